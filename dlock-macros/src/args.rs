@@ -1,0 +1,303 @@
+//! The arguments of `#[dlock(...)]`: parsed with one `custom_keyword` per key, one `Option` per
+//! key, each set once.
+
+use std::time::Duration;
+
+use proc_macro2::Span;
+use syn::ext::IdentExt as _;
+use syn::parse::{Parse, ParseStream};
+use syn::spanned::Spanned as _;
+use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
+
+use crate::duration;
+
+mod kw {
+    syn::custom_keyword!(key);
+    syn::custom_keyword!(timeout);
+    syn::custom_keyword!(expire);
+    syn::custom_keyword!(client);
+    syn::custom_keyword!(on_fail);
+    syn::custom_keyword!(on_lost);
+    syn::custom_keyword!(max_hold);
+}
+
+/// Every key `#[dlock]` accepts, in the order the docs present them.
+const KEYS: &str = "`key`, `timeout`, `expire`, `client`, `on_fail`, `crate`, `on_lost`, `max_hold`";
+
+/// The lease requested with `expire = ...`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Expire {
+    /// `expire = "30s"`: a fixed lease.
+    Fixed(Duration),
+    /// `expire = "auto"`: a lease the runtime renews while the body runs.
+    Auto,
+}
+
+/// What `on_lost = ...` asked for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum OnLost {
+    /// Drop the body and return `LockError::Lost`.
+    Abort,
+    /// Let the body finish; only report the loss.
+    Continue,
+}
+
+/// A value together with the span of the key that set it, for errors about the pair.
+pub(crate) struct Spanned<T> {
+    /// The span of the argument's name (`timeout` in `timeout = "5s"`).
+    pub(crate) key: Span,
+    /// The parsed value.
+    pub(crate) value: T,
+}
+
+/// The parsed and checked arguments of one `#[dlock(...)]`.
+// No `Debug`: syn's `Debug` impls need its `extra-traits` feature, a cost for no use here.
+#[derive(Default)]
+pub(crate) struct Args {
+    /// `key = "order:<id>"`; required, checked by [`Args::validate`].
+    pub(crate) key: Option<Spanned<LitStr>>,
+    pub(crate) timeout: Option<Spanned<Duration>>,
+    pub(crate) expire: Option<Spanned<Expire>>,
+    pub(crate) client: Option<Spanned<Expr>>,
+    pub(crate) on_fail: Option<Spanned<Path>>,
+    pub(crate) krate: Option<Spanned<Path>>,
+    pub(crate) on_lost: Option<Spanned<OnLost>>,
+    pub(crate) max_hold: Option<Spanned<Duration>>,
+}
+
+/// Stores `value` in `slot`, refusing a second value for the same key.
+fn set<T>(slot: &mut Option<Spanned<T>>, name: &str, key: Span, value: T) -> syn::Result<()> {
+    if slot.is_some() {
+        return Err(syn::Error::new(
+            key,
+            format!("duplicate argument `{name}`; give each argument once"),
+        ));
+    }
+    *slot = Some(Spanned { key, value });
+    Ok(())
+}
+
+/// Parses the value of a key that takes a string literal, with an error that shows the form.
+fn string_value(input: ParseStream<'_>, name: &str, example: &str) -> syn::Result<LitStr> {
+    let expr: Expr = input.parse()?;
+    match expr {
+        Expr::Lit(ExprLit { lit: Lit::Str(lit), .. }) => Ok(lit),
+        other => Err(syn::Error::new(
+            other.span(),
+            format!("`{name}` must be a string literal, like `{name} = {example}`"),
+        )),
+    }
+}
+
+impl Parse for Args {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let mut args = Args::default();
+        while !input.is_empty() {
+            let lookahead = input.lookahead1();
+            if lookahead.peek(kw::key) {
+                let token: kw::key = input.parse()?;
+                input.parse::<Token![=]>()?;
+                let lit = string_value(input, "key", "\"order:<id>\"")?;
+                set(&mut args.key, "key", token.span, lit)?;
+            } else if lookahead.peek(kw::timeout) {
+                let token: kw::timeout = input.parse()?;
+                input.parse::<Token![=]>()?;
+                let lit = string_value(input, "timeout", "\"5s\"")?;
+                set(&mut args.timeout, "timeout", token.span, duration::parse(&lit, "timeout")?)?;
+            } else if lookahead.peek(kw::expire) {
+                let token: kw::expire = input.parse()?;
+                input.parse::<Token![=]>()?;
+                let lit = string_value(input, "expire", "\"30s\"")?;
+                let expire = if lit.value() == "auto" {
+                    Expire::Auto
+                } else {
+                    Expire::Fixed(duration::parse_positive(&lit, "expire", EXPIRE_ZERO)?)
+                };
+                set(&mut args.expire, "expire", token.span, expire)?;
+            } else if lookahead.peek(kw::client) {
+                let token: kw::client = input.parse()?;
+                input.parse::<Token![=]>()?;
+                let expr: Expr = input.parse()?;
+                set(&mut args.client, "client", token.span, expr)?;
+            } else if lookahead.peek(kw::on_fail) {
+                let token: kw::on_fail = input.parse()?;
+                input.parse::<Token![=]>()?;
+                let expr: Expr = input.parse()?;
+                let Expr::Path(path) = expr else {
+                    return Err(syn::Error::new(
+                        expr.span(),
+                        "`on_fail` must be the path of a function, like `on_fail = handler`; \
+                         it is called as `handler(error)` with the `LockError`",
+                    ));
+                };
+                set(&mut args.on_fail, "on_fail", token.span, path.path)?;
+            } else if lookahead.peek(Token![crate]) {
+                let token: Token![crate] = input.parse()?;
+                input.parse::<Token![=]>()?;
+                let lit = string_value(input, "crate", "\"::my_dlock\"")?;
+                let path = lit.parse::<Path>().map_err(|_| {
+                    syn::Error::new(
+                        lit.span(),
+                        "`crate` must name a path, like `crate = \"::my_dlock\"` \
+                         for `dlock_runtime` renamed to `my_dlock`",
+                    )
+                })?;
+                set(&mut args.krate, "crate", token.span, path)?;
+            } else if lookahead.peek(kw::on_lost) {
+                let token: kw::on_lost = input.parse()?;
+                input.parse::<Token![=]>()?;
+                let lit = string_value(input, "on_lost", "\"abort\"")?;
+                let on_lost = match lit.value().as_str() {
+                    "abort" => OnLost::Abort,
+                    "continue" => OnLost::Continue,
+                    other => {
+                        return Err(syn::Error::new(
+                            lit.span(),
+                            format!(
+                                "unknown `on_lost` value `{other}`; \
+                                 expected `\"abort\"` (the default) or `\"continue\"`"
+                            ),
+                        ));
+                    }
+                };
+                set(&mut args.on_lost, "on_lost", token.span, on_lost)?;
+            } else if lookahead.peek(kw::max_hold) {
+                let token: kw::max_hold = input.parse()?;
+                input.parse::<Token![=]>()?;
+                let lit = string_value(input, "max_hold", "\"10m\"")?;
+                let max_hold = duration::parse_positive(&lit, "max_hold", MAX_HOLD_ZERO)?;
+                set(&mut args.max_hold, "max_hold", token.span, max_hold)?;
+            } else if input.peek(Ident::peek_any) {
+                let unknown = Ident::parse_any(input)?;
+                return Err(syn::Error::new(
+                    unknown.span(),
+                    format!("unknown argument `{unknown}`; expected one of {KEYS}"),
+                ));
+            } else {
+                return Err(lookahead.error());
+            }
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        Ok(args)
+    }
+}
+
+const EXPIRE_ZERO: &str = "a zero lease would be gone before the body starts: \
+                           give a positive duration like `expire = \"30s\"`, \
+                           or `expire = \"auto\"` for a lease renewed while the body runs";
+const MAX_HOLD_ZERO: &str = "a zero ceiling would end the lease at once: \
+                             give a positive duration like `max_hold = \"10m\"`, \
+                             or remove `max_hold`";
+
+/// The checked arguments: what [`Args::validate`] guarantees.
+pub(crate) struct Checked {
+    pub(crate) key: LitStr,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) expire: Option<Expire>,
+    pub(crate) client: Option<Expr>,
+    pub(crate) on_fail: Option<Path>,
+    pub(crate) krate: Option<Path>,
+    pub(crate) on_lost: OnLost,
+    pub(crate) max_hold: Option<Duration>,
+}
+
+impl Args {
+    /// Checks what a single argument cannot check alone: `key` is present and not empty,
+    /// `max_hold` comes with `expire = "auto"`.
+    ///
+    /// `attr_span` is where a missing `key` is reported: the attribute's arguments, or the
+    /// attribute itself when it has none.
+    pub(crate) fn validate(self, attr_span: Span) -> syn::Result<Checked> {
+        let Some(key) = self.key else {
+            return Err(syn::Error::new(
+                attr_span,
+                "missing `key`; name the resource to lock, like \
+                 `#[dlock(key = \"order:<id>\")]` where `<id>` is a parameter",
+            ));
+        };
+        let key = key.value;
+        if key.value().is_empty() {
+            return Err(syn::Error::new(
+                key.span(),
+                "`key` is empty; name the resource to lock, like `key = \"order:<id>\"`",
+            ));
+        }
+        if let Some(max_hold) = &self.max_hold {
+            if !matches!(self.expire, Some(Spanned { value: Expire::Auto, .. })) {
+                return Err(syn::Error::new(
+                    max_hold.key,
+                    "`max_hold` caps a renewed lease and needs `expire = \"auto\"`; \
+                     add `expire = \"auto\"` or remove `max_hold` (a fixed `expire` already \
+                     bounds the hold)",
+                ));
+            }
+        }
+        Ok(Checked {
+            key,
+            timeout: self.timeout.map(|t| t.value),
+            expire: self.expire.map(|e| e.value),
+            client: self.client.map(|c| c.value),
+            on_fail: self.on_fail.map(|f| f.value),
+            krate: self.krate.map(|k| k.value),
+            on_lost: self.on_lost.map_or(OnLost::Abort, |o| o.value),
+            max_hold: self.max_hold.map(|m| m.value),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(tokens: &str) -> syn::Result<Checked> {
+        syn::parse_str::<Args>(tokens)?.validate(Span::call_site())
+    }
+
+    fn error(tokens: &str) -> String {
+        parse(tokens).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn all_arguments() {
+        let args = parse(
+            r#"key = "a:<id>", timeout = "0s", expire = "auto", client = &state.locks,
+               on_fail = handlers::busy, crate = "::renamed", on_lost = "continue",
+               max_hold = "10m","#,
+        )
+        .unwrap();
+        assert_eq!(args.key.value(), "a:<id>");
+        assert_eq!(args.timeout, Some(Duration::ZERO));
+        assert!(matches!(args.expire, Some(Expire::Auto)));
+        assert!(matches!(args.on_lost, OnLost::Continue));
+        assert_eq!(args.max_hold, Some(Duration::from_secs(600)));
+    }
+
+    #[test]
+    fn unknown_lists_the_valid_keys() {
+        assert_eq!(
+            error(r#"key = "a", ttl = "5s""#),
+            "unknown argument `ttl`; expected one of `key`, `timeout`, `expire`, `client`, \
+             `on_fail`, `crate`, `on_lost`, `max_hold`"
+        );
+        assert!(error(r#"key = "a", fair = true"#).starts_with("unknown argument `fair`"));
+        assert!(error(r#"key = "a", type = 1"#).starts_with("unknown argument `type`"));
+    }
+
+    #[test]
+    fn rejections() {
+        assert!(error(r#"key = "a", key = "b""#).starts_with("duplicate argument `key`"));
+        assert!(error(r#"timeout = "5s""#).starts_with("missing `key`"));
+        assert!(error("").starts_with("missing `key`"));
+        assert!(error(r#"key = """#).starts_with("`key` is empty"));
+        assert!(error("key = id").starts_with("`key` must be a string literal"));
+        assert!(error(r#"key = "a", expire = "0s""#).contains("zero lease"));
+        assert!(error(r#"key = "a", max_hold = "5s""#).starts_with("`max_hold` caps"));
+        assert!(error(r#"key = "a", expire = "5s", max_hold = "5s""#).starts_with("`max_hold`"));
+        assert!(error(r#"key = "a", on_lost = "retry""#).starts_with("unknown `on_lost`"));
+        assert!(error(r#"key = "a", on_fail = |e| e"#).starts_with("`on_fail` must be"));
+        assert!(error(r#"key = "a", timeout = "5 parsecs""#).starts_with("invalid `timeout`"));
+    }
+}

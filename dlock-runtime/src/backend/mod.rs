@@ -1,0 +1,98 @@
+//! The backends behind one trait. A backend knows nothing of waiting, leases on the client's
+//! clock or guards: it answers single requests, each atomic on the server.
+
+use std::{fmt, future::Future, pin::Pin, time::Duration};
+
+use crate::error::BackendError;
+
+pub(crate) mod memory;
+#[cfg(feature = "redis")]
+pub(crate) mod redis;
+
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The answer to one acquisition attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// The lock is ours (newly, or already from an earlier attempt whose reply was lost).
+    Acquired { fence: u64 },
+    /// Someone else holds it; `ttl` is their remaining lease when the backend knows it.
+    Held { ttl: Option<Duration> },
+}
+
+/// One lock service.
+///
+/// - `acquire`: take the key for `token` if it is free or already ours; otherwise report the
+///   holder's remaining lease, and give a key without expiry one (the TTL recheck).
+/// - `release`: delete the key only while it holds `token`; `false` when it did not.
+/// - `extend`: reset the lease only while the key holds `token`; never re-creates the key.
+pub(crate) trait Backend: Send + Sync + 'static {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Attempt, BackendError>>;
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<bool, BackendError>>;
+
+    fn extend<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, BackendError>>;
+}
+
+/// 128 random bits from the OS generator, unique to one acquisition, as 32 hex digits.
+/// `Debug` never shows it.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub(crate) struct Token(String);
+
+impl Token {
+    pub(crate) fn generate() -> Result<Self, BackendError> {
+        let mut bytes = [0u8; 16];
+        getrandom::fill(&mut bytes)
+            .map_err(|e| BackendError::new(format!("the OS random generator failed: {e}")))?;
+        let mut hex = String::with_capacity(32);
+        for b in bytes {
+            hex.push(char::from_digit(u32::from(b >> 4), 16).unwrap_or('0'));
+            hex.push(char::from_digit(u32::from(b & 0xf), 16).unwrap_or('0'));
+        }
+        Ok(Self(hex))
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(***)")
+    }
+}
+
+/// Milliseconds for a server lease, at least 1.
+pub(crate) fn lease_millis(lease: Duration) -> u64 {
+    u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Token;
+
+    #[test]
+    fn tokens_are_128_bit_hex_and_distinct() {
+        let a = Token::generate().unwrap();
+        let b = Token::generate().unwrap();
+        assert_eq!(a.as_str().len(), 32);
+        assert!(a.as_str().chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+        assert_eq!(format!("{a:?}"), "Token(***)");
+    }
+}

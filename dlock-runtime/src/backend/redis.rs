@@ -1,0 +1,250 @@
+//! The Redis backend: one multiplexed, self-reconnecting connection per locker, and three Lua
+//! scripts sent by EVALSHA (reloaded on NOSCRIPT after a restart or `SCRIPT FLUSH`).
+
+use std::{sync::OnceLock, time::Duration};
+
+use redis::{
+    Script,
+    aio::{ConnectionManager, ConnectionManagerConfig},
+};
+use tokio::sync::OnceCell;
+
+use super::{Attempt, Backend, BoxFuture, Token, lease_millis};
+use crate::{config::RedisUrl, error::BackendError, LockError};
+
+static ACQUIRE: OnceLock<Script> = OnceLock::new();
+static RELEASE: OnceLock<Script> = OnceLock::new();
+static EXTEND: OnceLock<Script> = OnceLock::new();
+
+fn acquire_script() -> &'static Script {
+    ACQUIRE.get_or_init(|| Script::new(include_str!("acquire.lua")))
+}
+fn release_script() -> &'static Script {
+    RELEASE.get_or_init(|| Script::new(include_str!("release.lua")))
+}
+fn extend_script() -> &'static Script {
+    EXTEND.get_or_init(|| Script::new(include_str!("extend.lua")))
+}
+
+pub(crate) struct RedisBackend {
+    client: redis::Client,
+    connection: OnceCell<ConnectionManager>,
+    request_timeout: Duration,
+    fence_prefix: String,
+}
+
+impl std::fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("connected", &self.connection.initialized())
+            .field("request_timeout", &self.request_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisBackend {
+    /// Parses the URL; makes no connection.
+    pub(crate) fn new(
+        url: &RedisUrl,
+        key_prefix: &str,
+        request_timeout: Duration,
+    ) -> Result<Self, LockError> {
+        let client = redis::Client::open(url.as_str()).map_err(|_| {
+            LockError::config(
+                "DLOCK_REDIS_URL: expected a URL like `redis://[user:password@]host:port[/db]`",
+            )
+        })?;
+        Ok(Self {
+            client,
+            connection: OnceCell::new(),
+            request_timeout,
+            fence_prefix: format!("{key_prefix}__fence:"),
+        })
+    }
+
+    /// The shared connection, made lazily on first use; it reconnects by itself afterwards.
+    async fn connection(&self) -> Result<ConnectionManager, BackendError> {
+        let manager = self
+            .connection
+            .get_or_try_init(|| async {
+                let config = ConnectionManagerConfig::new()
+                    .set_response_timeout(Some(self.request_timeout))
+                    .set_connection_timeout(Some(self.request_timeout))
+                    .set_number_of_retries(1)
+                    .set_min_delay(Duration::from_millis(10))
+                    .set_max_delay(Duration::from_millis(100));
+                ConnectionManager::new_lazy_with_config(self.client.clone(), config)
+                    .map_err(|e| BackendError::with_source("could not set up the Redis connection", e))
+            })
+            .await?;
+        Ok(manager.clone())
+    }
+
+    /// Runs one script call, bounded by the request timeout even while the connection is being
+    /// re-established.
+    async fn call<T: redis::FromRedisValue>(
+        &self,
+        what: &'static str,
+        invocation: redis::ScriptInvocation<'_>,
+    ) -> Result<T, BackendError> {
+        let mut connection = self.connection().await?;
+        // Two request timeouts: a NOSCRIPT answer costs a SCRIPT LOAD and a second EVALSHA.
+        match tokio::time::timeout(
+            self.request_timeout * 2,
+            invocation.invoke_async(&mut connection),
+        )
+        .await
+        {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(BackendError::with_source(format!("Redis {what} failed"), e)),
+            Err(_) => Err(BackendError::new(format!(
+                "Redis {what} got no reply within {:?}",
+                self.request_timeout * 2
+            ))),
+        }
+    }
+
+    /// The fencing counter in the same cluster slot as `key`: one counter per slot, so storage
+    /// stays bounded (at most 16384 counters) however many lock names come and go.
+    fn fence_key(&self, key: &str) -> String {
+        format!("{}{{{}}}", self.fence_prefix, slot_tag(slot(key.as_bytes())))
+    }
+}
+
+impl Backend for RedisBackend {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Attempt, BackendError>> {
+        Box::pin(async move {
+            let mut invocation = acquire_script().prepare_invoke();
+            invocation
+                .key(key)
+                .key(self.fence_key(key))
+                .arg(token.as_str())
+                .arg(lease_millis(lease));
+            let (acquired, value): (i64, i64) = self.call("acquire", invocation).await?;
+            let value = u64::try_from(value).unwrap_or(0);
+            Ok(if acquired == 1 {
+                Attempt::Acquired { fence: value }
+            } else {
+                // PTTL answers -2 when the key vanished between GET and PTTL: free now.
+                Attempt::Held {
+                    ttl: Some(Duration::from_millis(value)),
+                }
+            })
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let mut invocation = release_script().prepare_invoke();
+            invocation.key(key).arg(token.as_str());
+            let deleted: i64 = self.call("release", invocation).await?;
+            Ok(deleted == 1)
+        })
+    }
+
+    fn extend<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let mut invocation = extend_script().prepare_invoke();
+            invocation
+                .key(key)
+                .arg(token.as_str())
+                .arg(lease_millis(lease));
+            let extended: i64 = self.call("extend", invocation).await?;
+            Ok(extended == 1)
+        })
+    }
+}
+
+/// The Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag, or of the whole key.
+pub(crate) fn slot(key: &[u8]) -> u16 {
+    let hashed = match key.iter().position(|&b| b == b'{') {
+        Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
+            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
+            _ => key,
+        },
+        None => key,
+    };
+    crc16(hashed) % 16384
+}
+
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &b in bytes {
+        crc ^= u16::from(b) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    crc
+}
+
+/// A short hash tag that lands in `slot`: the first base-36 number, counting up, whose CRC16
+/// falls in it. The table is built once (about 170 000 CRCs of 1–4 bytes).
+fn slot_tag(slot: u16) -> &'static str {
+    static TAGS: OnceLock<Vec<String>> = OnceLock::new();
+    let tags = TAGS.get_or_init(|| {
+        let mut tags = vec![String::new(); 16384];
+        let mut missing = tags.len();
+        let mut n: u32 = 0;
+        while missing > 0 {
+            let tag = to_base36(n);
+            let s = usize::from(crc16(tag.as_bytes()) % 16384);
+            if tags[s].is_empty() {
+                tags[s] = tag;
+                missing -= 1;
+            }
+            n += 1;
+        }
+        tags
+    });
+    &tags[usize::from(slot)]
+}
+
+fn to_base36(mut n: u32) -> String {
+    let mut digits = Vec::new();
+    loop {
+        digits.push(char::from_digit(n % 36, 36).unwrap_or('0'));
+        n /= 36;
+        if n == 0 {
+            break;
+        }
+    }
+    digits.iter().rev().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_match_redis_cluster_spec() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
+        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        assert_eq!(slot(b"{}x"), crc16(b"{}x") % 16384);
+    }
+
+    #[test]
+    fn every_slot_has_a_tag_in_it() {
+        for s in [0u16, 1, 5000, 12182, 16383] {
+            let tag = slot_tag(s);
+            assert_eq!(slot(format!("x{{{tag}}}").as_bytes()), s);
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! Configuration: defaults, the `DLOCK_*` environment, and validation.
+
+use std::{fmt, time::Duration};
+
+use crate::LockError;
+
+/// Default wait for a lock (`DLOCK_TIMEOUT`).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default lease (`DLOCK_EXPIRE`); also the lease renewed by `expire = "auto"`.
+pub const DEFAULT_EXPIRE: Duration = Duration::from_secs(30);
+/// Default prefix of every lock key (`DLOCK_KEY_PREFIX`).
+pub const DEFAULT_KEY_PREFIX: &str = "dlock:";
+/// Default longest key accepted, prefix included (`DLOCK_MAX_KEY_LEN`).
+pub const DEFAULT_MAX_KEY_LEN: usize = 1024;
+/// Default Redis URL (`DLOCK_REDIS_URL`, then `REDIS_URL`).
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// Default bounds of the jittered pause between attempts (`DLOCK_RETRY`, `min..max`).
+pub const DEFAULT_RETRY: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(50));
+/// Default bound on one backend request (`DLOCK_REQUEST_TIMEOUT`): a reply that takes longer
+/// counts as a failed (ambiguous) attempt.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Which backend a [`Locker`](crate::Locker) talks to.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendKind {
+    /// A Redis server at this URL (`redis://[user[:password]@]host[:port][/db]`).
+    Redis(RedisUrl),
+    /// The embedded in-process backend.
+    Memory,
+}
+
+impl fmt::Debug for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Redis(url) => f.debug_tuple("Redis").field(url).finish(),
+            Self::Memory => f.write_str("Memory"),
+        }
+    }
+}
+
+/// A Redis URL whose `Debug` and `Display` hide the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisUrl(String);
+
+impl RedisUrl {
+    /// Checks the scheme; the rest is checked by the driver on first use.
+    pub(crate) fn parse(var: &str, url: &str) -> Result<Self, LockError> {
+        let url = url.trim();
+        if url.starts_with("redis://") || url.starts_with("redis+unix://") || url.starts_with("unix://") {
+            Ok(Self(url.to_owned()))
+        } else if url.starts_with("rediss://") {
+            Err(LockError::config(format!(
+                "{var}: `rediss://` (TLS) is not supported by this build of dlock yet; use `redis://`"
+            )))
+        } else {
+            Err(LockError::config(format!(
+                "{var}: expected a URL like `redis://[user:password@]host:port[/db]`"
+            )))
+        }
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL with any password replaced by `***`.
+    fn redacted(&self) -> String {
+        let url = &self.0;
+        let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+            return "***".to_owned();
+        };
+        let rest = &url[scheme_end..];
+        let authority_end = rest.find('/').unwrap_or(rest.len());
+        match rest[..authority_end].rfind('@') {
+            Some(at) => format!("{}***@{}", &url[..scheme_end], &rest[at + 1..]),
+            None => url.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "\"{}\"", self.redacted())
+    }
+}
+
+impl fmt::Display for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+/// Everything a [`Locker`](crate::Locker) is configured with.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub(crate) backend: BackendKind,
+    pub(crate) key_prefix: String,
+    pub(crate) timeout: Duration,
+    pub(crate) expire: Duration,
+    pub(crate) retry: (Duration, Duration),
+    pub(crate) max_key_len: usize,
+    pub(crate) request_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            backend: BackendKind::Redis(RedisUrl(DEFAULT_REDIS_URL.to_owned())),
+            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+            expire: DEFAULT_EXPIRE,
+            retry: DEFAULT_RETRY,
+            max_key_len: DEFAULT_MAX_KEY_LEN,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        }
+    }
+}
+
+impl Settings {
+    /// Reads the `DLOCK_*` variables through `var` (the process environment in production).
+    pub(crate) fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Self, LockError> {
+        let mut settings = Self::default();
+        let get = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+        let url = match get("DLOCK_REDIS_URL") {
+            Some(url) => Some(RedisUrl::parse("DLOCK_REDIS_URL", &url)?),
+            None => get("REDIS_URL")
+                .map(|url| RedisUrl::parse("REDIS_URL", &url))
+                .transpose()?,
+        };
+        settings.backend = match get("DLOCK_BACKEND").as_deref().map(str::trim) {
+            None | Some("redis") => BackendKind::Redis(
+                url.unwrap_or_else(|| RedisUrl(DEFAULT_REDIS_URL.to_owned())),
+            ),
+            Some("memory") => BackendKind::Memory,
+            Some(_) => {
+                return Err(LockError::config(
+                    "DLOCK_BACKEND: expected `redis` or `memory`",
+                ));
+            }
+        };
+        if let Some(prefix) = var("DLOCK_KEY_PREFIX") {
+            settings.key_prefix = prefix;
+        }
+        if let Some(v) = get("DLOCK_TIMEOUT") {
+            settings.timeout = parse_duration("DLOCK_TIMEOUT", &v, true)?;
+        }
+        if let Some(v) = get("DLOCK_EXPIRE") {
+            settings.expire = parse_duration("DLOCK_EXPIRE", &v, false)?;
+        }
+        if let Some(v) = get("DLOCK_RETRY") {
+            settings.retry = parse_retry(&v)?;
+        }
+        if let Some(v) = get("DLOCK_MAX_KEY_LEN") {
+            settings.max_key_len = match v.trim().parse::<usize>() {
+                Ok(n) if n > 0 => n,
+                _ => {
+                    return Err(LockError::config(
+                        "DLOCK_MAX_KEY_LEN: expected a positive whole number of bytes, like `1024`",
+                    ));
+                }
+            };
+        }
+        if let Some(v) = get("DLOCK_REQUEST_TIMEOUT") {
+            settings.request_timeout = parse_duration("DLOCK_REQUEST_TIMEOUT", &v, false)?;
+        }
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Checks what the builder cannot check field by field.
+    pub(crate) fn validate(&self) -> Result<(), LockError> {
+        if self.expire < Duration::from_millis(1) {
+            return Err(LockError::config("expire: the lease must be at least 1ms"));
+        }
+        if self.retry.0 > self.retry.1 || self.retry.1.is_zero() {
+            return Err(LockError::config(
+                "retry: expected `min..max` with 0 < max and min <= max",
+            ));
+        }
+        if self.request_timeout.is_zero() {
+            return Err(LockError::config("request timeout: must be positive"));
+        }
+        if self.key_prefix.len() >= self.max_key_len {
+            return Err(LockError::config(
+                "DLOCK_KEY_PREFIX: the prefix alone is as long as DLOCK_MAX_KEY_LEN",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Parses `"250ms"`, `"5s"`, `"1m30s"`, `"2h"`.
+pub(crate) fn parse_duration(var: &str, value: &str, zero_ok: bool) -> Result<Duration, LockError> {
+    match humantime::parse_duration(value.trim()) {
+        Ok(d) if zero_ok || !d.is_zero() => Ok(d),
+        Ok(_) => Err(LockError::config(format!(
+            "{var}: expected a positive duration like `30s`, got zero"
+        ))),
+        Err(_) => Err(LockError::config(format!(
+            "{var}: expected a duration like `250ms`, `5s` or `1m30s`"
+        ))),
+    }
+}
+
+fn parse_retry(value: &str) -> Result<(Duration, Duration), LockError> {
+    const EXPECTED: &str = "DLOCK_RETRY: expected `min..max` like `10ms..50ms`, with min <= max";
+    let (min, max) = value.split_once("..").ok_or_else(|| LockError::config(EXPECTED))?;
+    let min = humantime::parse_duration(min.trim()).map_err(|_| LockError::config(EXPECTED))?;
+    let max = humantime::parse_duration(max.trim()).map_err(|_| LockError::config(EXPECTED))?;
+    if min > max || max.is_zero() {
+        return Err(LockError::config(EXPECTED));
+    }
+    Ok((min, max))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Result<Settings, LockError> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        Settings::from_lookup(move |name| {
+            pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        })
+    }
+
+    #[test]
+    fn defaults() {
+        let s = env(&[]).unwrap();
+        assert_eq!(s.timeout, DEFAULT_TIMEOUT);
+        assert_eq!(s.expire, DEFAULT_EXPIRE);
+        assert_eq!(s.key_prefix, "dlock:");
+        assert_eq!(s.max_key_len, 1024);
+        assert_eq!(s.backend, BackendKind::Redis(RedisUrl(DEFAULT_REDIS_URL.into())));
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let s = env(&[
+            ("DLOCK_BACKEND", "memory"),
+            ("DLOCK_KEY_PREFIX", "app:"),
+            ("DLOCK_TIMEOUT", "0s"),
+            ("DLOCK_EXPIRE", "1m30s"),
+            ("DLOCK_RETRY", "5ms..7ms"),
+            ("DLOCK_MAX_KEY_LEN", "64"),
+            ("DLOCK_REQUEST_TIMEOUT", "2s"),
+        ])
+        .unwrap();
+        assert_eq!(s.backend, BackendKind::Memory);
+        assert_eq!(s.key_prefix, "app:");
+        assert_eq!(s.timeout, Duration::ZERO);
+        assert_eq!(s.expire, Duration::from_secs(90));
+        assert_eq!(s.retry, (Duration::from_millis(5), Duration::from_millis(7)));
+        assert_eq!(s.max_key_len, 64);
+        assert_eq!(s.request_timeout, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn redis_url_falls_back_to_redis_url() {
+        let s = env(&[("REDIS_URL", "redis://h:1")]).unwrap();
+        assert_eq!(s.backend, BackendKind::Redis(RedisUrl("redis://h:1".into())));
+        let s = env(&[("REDIS_URL", "redis://h:1"), ("DLOCK_REDIS_URL", "redis://d:2")]).unwrap();
+        assert_eq!(s.backend, BackendKind::Redis(RedisUrl("redis://d:2".into())));
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (var, value) in [
+            ("DLOCK_BACKEND", "etcd"),
+            ("DLOCK_REDIS_URL", "http://x"),
+            ("DLOCK_TIMEOUT", "soon"),
+            ("DLOCK_EXPIRE", "0s"),
+            ("DLOCK_EXPIRE", "-3s"),
+            ("DLOCK_RETRY", "50ms"),
+            ("DLOCK_RETRY", "50ms..10ms"),
+            ("DLOCK_MAX_KEY_LEN", "0"),
+            ("DLOCK_MAX_KEY_LEN", "big"),
+        ] {
+            let err = env(&[(var, value)]).unwrap_err();
+            assert!(err.is_config(), "{var}={value}: {err:?}");
+            assert!(err.to_string().contains(var), "{var}={value}: {err}");
+        }
+    }
+
+    #[test]
+    fn password_is_redacted() {
+        let url = RedisUrl::parse("X", "redis://user:s3cret@host:6379/2").unwrap();
+        assert_eq!(url.to_string(), "redis://***@host:6379/2");
+        assert!(!format!("{url:?}").contains("s3cret"));
+        let kind = BackendKind::Redis(url);
+        assert!(!format!("{kind:?}").contains("s3cret"));
+    }
+}

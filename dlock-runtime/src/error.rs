@@ -1,0 +1,170 @@
+//! The one error type of dlock.
+
+use std::{error::Error as StdError, fmt, time::Duration};
+
+/// Why a lock could not be had, or was lost.
+///
+/// Messages name the lock key (never the token, never a password) so they are safe to log.
+/// Inspect with the predicates ([`is_timeout`](Self::is_timeout), …) or match the variants;
+/// the enum is `#[non_exhaustive]` because later backends and features add cases.
+///
+/// ```
+/// # use dlock_runtime::LockError;
+/// # fn check(result: Result<(), LockError>) {
+/// match result {
+///     Ok(()) => {}
+///     Err(e) if e.is_timeout() => eprintln!("busy, try later: {e}"),
+///     Err(e) => eprintln!("lock failed: {e}"),
+/// }
+/// # }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// Another holder kept the lock for the whole wait.
+    #[error("timed out after {waited:?} waiting for lock `{key}`")]
+    #[non_exhaustive]
+    Timeout {
+        /// The full lock key (prefix included).
+        key: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+    /// The backend could not be reached or answered with an error.
+    #[error("lock backend error: {0}")]
+    Backend(#[source] BackendError),
+    /// The configuration (environment or builder) is invalid.
+    #[error("invalid dlock configuration: {0}")]
+    Config(String),
+    /// The key is empty or longer than the configured maximum; nothing was sent.
+    #[error("invalid lock key `{key}`: {reason}")]
+    #[non_exhaustive]
+    InvalidKey {
+        /// The offending key, shortened to its first 64 characters.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The lease was lost while held: it expired, or the key was deleted or taken over.
+    #[error("lock `{key}` was lost while held")]
+    #[non_exhaustive]
+    Lost {
+        /// The full lock key (prefix included).
+        key: String,
+    },
+}
+
+impl LockError {
+    /// `true` for [`LockError::Timeout`]: the lock was busy for the whole wait.
+    #[must_use]
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Self::Timeout { .. })
+    }
+
+    /// `true` for [`LockError::Backend`]: the server could not be reached or failed.
+    #[must_use]
+    pub fn is_backend(&self) -> bool {
+        matches!(self, Self::Backend(_))
+    }
+
+    /// `true` for [`LockError::Config`].
+    #[must_use]
+    pub fn is_config(&self) -> bool {
+        matches!(self, Self::Config(_))
+    }
+
+    /// `true` for [`LockError::InvalidKey`].
+    #[must_use]
+    pub fn is_invalid_key(&self) -> bool {
+        matches!(self, Self::InvalidKey { .. })
+    }
+
+    /// `true` for [`LockError::Lost`].
+    #[must_use]
+    pub fn is_lost(&self) -> bool {
+        matches!(self, Self::Lost { .. })
+    }
+
+    /// The lock key this error is about, when it is about one.
+    #[must_use]
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Self::Timeout { key, .. } | Self::InvalidKey { key, .. } | Self::Lost { key } => {
+                Some(key)
+            }
+            Self::Backend(_) | Self::Config(_) => None,
+        }
+    }
+
+    pub(crate) fn invalid_key(key: &str, reason: impl Into<String>) -> Self {
+        let mut shown: String = key.chars().take(64).collect();
+        if shown.len() < key.len() {
+            shown.push('…');
+        }
+        Self::InvalidKey {
+            key: shown,
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn config(message: impl Into<String>) -> Self {
+        Self::Config(message.into())
+    }
+}
+
+/// A backend failure: what went wrong, with the driver's error as [`source`](StdError::source).
+///
+/// The message is written by dlock and never holds a URL, a password or a lock token.
+pub struct BackendError {
+    message: String,
+    source: Option<Box<dyn StdError + Send + Sync>>,
+}
+
+impl BackendError {
+    pub(crate) fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    pub(crate) fn with_source(
+        message: impl Into<String>,
+        source: impl StdError + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            message: message.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+}
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl fmt::Debug for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackendError")
+            .field("message", &self.message)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl StdError for BackendError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+impl From<BackendError> for LockError {
+    fn from(error: BackendError) -> Self {
+        Self::Backend(error)
+    }
+}

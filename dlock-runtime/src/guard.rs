@@ -1,0 +1,282 @@
+//! What a holder holds: the guard, its lease on the client's clock, and the watchdog.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::{sync::watch, task::JoinHandle, time::Instant};
+
+use crate::{
+    LockError, Locker,
+    backend::Token,
+    locker::spawn_release,
+    options::Lease,
+};
+
+/// The hold as the client sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Ours until this instant of the client's monotonic clock (lease minus a safety margin,
+    /// counted from when the request that set it was sent).
+    Held { valid_until: Instant },
+    Lost,
+}
+
+/// Shared by the guard and its watchdog.
+#[derive(Debug)]
+pub(crate) struct Hold {
+    locker: Locker,
+    key: String,
+    token: Token,
+    fence: u64,
+    acquired_at: Instant,
+    lease: Duration,
+    state: watch::Sender<State>,
+}
+
+/// The part of a lease the client does not count on: the clock-drift allowance of the Redlock
+/// analysis (1%) plus 2ms for the reply's travel.
+fn valid_until(sent_at: Instant, lease: Duration) -> Instant {
+    let margin = lease / 100 + Duration::from_millis(2);
+    sent_at + lease.saturating_sub(margin)
+}
+
+impl Hold {
+    pub(crate) fn new(
+        locker: Locker,
+        key: String,
+        token: Token,
+        fence: u64,
+        sent_at: Instant,
+        lease: Duration,
+    ) -> Arc<Self> {
+        let (state, _) = watch::channel(State::Held {
+            valid_until: valid_until(sent_at, lease),
+        });
+        Arc::new(Self {
+            locker,
+            key,
+            token,
+            fence,
+            acquired_at: Instant::now(),
+            lease,
+            state,
+        })
+    }
+
+    /// Records a successful extension whose request was sent at `sent_at`. A hold already
+    /// counted lost stays lost: the body may have been stopped on it.
+    fn renewed(&self, sent_at: Instant, lease: Duration) {
+        self.state.send_if_modified(|state| match state {
+            State::Held { valid_until: until } => {
+                *until = valid_until(sent_at, lease);
+                true
+            }
+            State::Lost => false,
+        });
+    }
+
+    /// Marks the hold lost; reports it once.
+    fn mark_lost(&self, why: &'static str) {
+        let newly = self.state.send_if_modified(|state| {
+            let newly = *state != State::Lost;
+            *state = State::Lost;
+            newly
+        });
+        if newly {
+            tracing::warn!(key = %self.key, fencing_token = self.fence, why, "lock lost while held");
+        }
+    }
+
+    fn is_held(&self) -> bool {
+        match *self.state.borrow() {
+            State::Held { valid_until } => Instant::now() < valid_until,
+            State::Lost => false,
+        }
+    }
+
+    async fn lost(&self) {
+        let mut rx = self.state.subscribe();
+        loop {
+            let state = *rx.borrow_and_update();
+            let State::Held { valid_until } = state else {
+                return;
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(valid_until) => {
+                    // Only if nothing renewed it in the meantime.
+                    if *self.state.borrow() == state {
+                        self.mark_lost("the lease ran out on the client's clock");
+                    }
+                }
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Renews the lease at a third of its length until the guard goes, the hold is lost, or
+/// `max_hold` is reached. It never re-acquires: extend of a key that is gone fails.
+async fn watchdog(hold: Arc<Hold>, max_hold: Option<Duration>) {
+    let lease = hold.lease;
+    let period = lease / 3;
+    let ceiling = max_hold.map(|m| hold.acquired_at + m);
+    let mut next = Instant::now() + period;
+    loop {
+        tokio::time::sleep_until(next).await;
+        let now = Instant::now();
+        if ceiling.is_some_and(|c| now >= c) {
+            tracing::warn!(key = %hold.key, "max_hold reached: the lease is no longer renewed");
+            return;
+        }
+        if !hold.is_held() {
+            hold.mark_lost("the lease ran out before it could be renewed");
+            return;
+        }
+        match hold.locker.backend().extend(&hold.key, &hold.token, lease).await {
+            Ok(true) => {
+                hold.renewed(now, lease);
+                next = now + period;
+            }
+            Ok(false) => {
+                hold.mark_lost("the key was gone or held by another owner at renewal");
+                return;
+            }
+            Err(error) => {
+                tracing::debug!(key = %hold.key, error = %error, "lease renewal failed; retrying");
+                next = Instant::now() + (period / 4).max(Duration::from_millis(1));
+            }
+        }
+    }
+}
+
+/// Proof of holding a lock. Dropping it releases the lock.
+///
+/// # Behavior
+/// - **Release**: [`release`](Self::release) deletes the key only while it still holds this
+///   acquisition's token, and says [`LockError::Lost`] (deleting nothing) when it does not.
+/// - **Drop** (including a panic in the holder and a dropped future): the same release is handed
+///   to the current tokio runtime; nothing blocks in `Drop`. Without a runtime (it is shutting
+///   down) the lease frees the key.
+/// - **Expiry**: a fixed lease counts as lost on the client's monotonic clock shortly before the
+///   server lets it go (1% + 2ms early); [`is_held`](Self::is_held) and [`lost`](Self::lost) tell.
+/// - **Renewal** (`expire_auto`): a watchdog task extends the lease at a third of its length; it
+///   is aborted on release, drop and loss, and stops at `max_hold`. A renewal that finds the key
+///   gone or taken marks the hold lost; one that cannot reach the server keeps trying until the
+///   lease runs out on the client's clock.
+#[derive(Debug)]
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct LockGuard {
+    hold: Arc<Hold>,
+    watchdog: Option<JoinHandle<()>>,
+    released: bool,
+}
+
+impl LockGuard {
+    pub(crate) fn new(hold: Arc<Hold>, lease: Lease, max_hold: Option<Duration>) -> Self {
+        let watchdog = (lease == Lease::Auto).then(|| tokio::spawn(watchdog(hold.clone(), max_hold)));
+        Self {
+            hold,
+            watchdog,
+            released: false,
+        }
+    }
+
+    /// The full lock key, prefix included (`dlock:order:42`).
+    #[must_use]
+    pub fn key(&self) -> &str {
+        &self.hold.key
+    }
+
+    /// This acquisition's fencing token: greater than every token issued earlier for the same
+    /// key. Pass it to the resource you protect and have it refuse writes with a lower one.
+    #[must_use]
+    pub fn fencing_token(&self) -> u64 {
+        self.hold.fence
+    }
+
+    /// `true` while the lease is known to be ours: not lost, and not past its end on the
+    /// client's clock.
+    #[must_use]
+    pub fn is_held(&self) -> bool {
+        self.hold.is_held()
+    }
+
+    /// Resolves when the hold is lost: the lease ran out, or renewal found the key gone or
+    /// taken. Never resolves while renewal keeps succeeding.
+    pub async fn lost(&self) {
+        self.hold.lost().await;
+    }
+
+    /// Resets the lease to `lease` from now, if the key still holds this acquisition's token.
+    ///
+    /// # Errors
+    /// [`LockError::Lost`] when the key is gone or someone else's (nothing is re-created);
+    /// [`LockError::Backend`] when the server cannot be reached.
+    pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
+        let sent_at = Instant::now();
+        match self.hold.locker.backend().extend(&self.hold.key, &self.hold.token, lease).await {
+            Ok(true) => {
+                self.hold.renewed(sent_at, lease);
+                Ok(())
+            }
+            Ok(false) => {
+                self.hold.mark_lost("extend found the key gone or held by another owner");
+                Err(self.lost_error())
+            }
+            Err(error) => Err(LockError::Backend(error)),
+        }
+    }
+
+    /// Releases the lock now.
+    ///
+    /// # Errors
+    /// [`LockError::Lost`] when the key had expired or been taken over (nothing was deleted);
+    /// [`LockError::Backend`] when the server could not be reached (the lease will free it).
+    pub async fn release(mut self) -> Result<(), LockError> {
+        self.stop_watchdog();
+        self.released = true;
+        let hold = &self.hold;
+        match hold.locker.backend().release(&hold.key, &hold.token).await {
+            Ok(true) => {
+                tracing::debug!(key = %hold.key, held = ?hold.acquired_at.elapsed(), "lock released");
+                Ok(())
+            }
+            Ok(false) => {
+                hold.mark_lost("at release the key was gone or held by another owner");
+                Err(self.lost_error())
+            }
+            Err(error) => {
+                tracing::error!(key = %hold.key, error = %error, "lock release failed; the lease will free it");
+                Err(LockError::Backend(error))
+            }
+        }
+    }
+
+    pub(crate) fn lost_error(&self) -> LockError {
+        LockError::Lost {
+            key: self.hold.key.clone(),
+        }
+    }
+
+    fn stop_watchdog(&mut self) {
+        if let Some(watchdog) = self.watchdog.take() {
+            watchdog.abort();
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        self.stop_watchdog();
+        if !self.released {
+            spawn_release(
+                self.hold.locker.clone(),
+                self.hold.key.clone(),
+                self.hold.token.clone(),
+            );
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! Distributed locks around async functions.
+//!
+//! ```
+//! use dlock_runtime::{dlock, LockError};
+//!
+//! #[derive(Debug)]
+//! enum AppError {
+//!     Lock(LockError),
+//! }
+//!
+//! impl From<LockError> for AppError {
+//!     fn from(e: LockError) -> Self {
+//!         Self::Lock(e)
+//!     }
+//! }
+//!
+//! /// Two instances of the service never run this at the same time for the same `id`.
+//! #[dlock(key = "order:<id>", timeout = "5s", expire = "30s")]
+//! async fn create_order(id: u64, qty: u32) -> Result<u64, AppError> {
+//!     Ok(id * u64::from(qty))
+//! }
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! # dlock_runtime::set_global(dlock_runtime::Locker::memory()).unwrap();
+//! # assert_eq!(create_order(42, 2).await.unwrap(), 84);
+//! # }
+//! ```
+//!
+//! The attribute builds the key (`dlock:order:42`), waits up to `timeout` for the lock, runs the
+//! body with a lease of `expire`, and releases the lock on every path: return, `?`, panic and
+//! cancellation. The [`Locker`] is the programmatic API beneath it.
+//!
+//! # Configuration
+//!
+//! [`Locker::from_env`] and [`global`] read:
+//!
+//! | variable | meaning | default |
+//! | --- | --- | --- |
+//! | `DLOCK_BACKEND` | `redis` or `memory` | `redis` |
+//! | `DLOCK_REDIS_URL` | `redis://[user[:password]@]host[:port][/db]`; `REDIS_URL` when unset | `redis://127.0.0.1:6379` |
+//! | `DLOCK_KEY_PREFIX` | prefix of every lock key | `dlock:` |
+//! | `DLOCK_TIMEOUT` | default wait | `5s` |
+//! | `DLOCK_EXPIRE` | default lease, and the renewed lease of `expire = "auto"` | `30s` |
+//! | `DLOCK_RETRY` | jittered pause between attempts, `min..max` | `10ms..50ms` |
+//! | `DLOCK_MAX_KEY_LEN` | longest key accepted, prefix included (bytes) | `1024` |
+//! | `DLOCK_REQUEST_TIMEOUT` | bound on one request to the server | `500ms` |
+//!
+//! A bad value is a [`LockError::Config`] naming the variable, reported on first use.
+#![deny(missing_docs)]
+#![warn(unreachable_pub, missing_debug_implementations)]
+
+mod backend;
+mod config;
+mod error;
+mod guard;
+mod locker;
+mod options;
+#[doc(hidden)]
+pub mod __private;
+
+pub use config::{
+    BackendKind, DEFAULT_EXPIRE, DEFAULT_KEY_PREFIX, DEFAULT_MAX_KEY_LEN, DEFAULT_REDIS_URL,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_TIMEOUT, RedisUrl,
+};
+pub use error::{BackendError, LockError};
+pub use guard::LockGuard;
+pub use locker::{Locker, LockerBuilder, global, set_global};
+pub use options::LockOptions;
+pub use __private::fencing_token;
+
+#[cfg(feature = "macros")]
+pub use dlock_macros::dlock;

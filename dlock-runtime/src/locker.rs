@@ -1,0 +1,438 @@
+//! The handle users hold: configuration plus one backend connection.
+
+use std::{fmt, sync::Arc, sync::OnceLock, time::Duration};
+
+use tokio::time::Instant;
+use tracing::Instrument as _;
+
+use crate::{
+    LockError, LockGuard, LockOptions,
+    backend::{Attempt, Backend, Token, memory::MemoryBackend},
+    config::{BackendKind, RedisUrl, Settings},
+    guard::Hold,
+    options::Lease,
+};
+
+/// A connection to a lock service, with its defaults. Cheap to clone (an `Arc`); clones share
+/// the connection. `Send + Sync`.
+///
+/// ```
+/// # async fn demo() -> Result<(), dlock_runtime::LockError> {
+/// use std::time::Duration;
+/// use dlock_runtime::{LockOptions, Locker};
+///
+/// let locker = Locker::memory();
+/// let guard = locker
+///     .acquire("order:42", LockOptions::new().timeout(Duration::from_secs(1)))
+///     .await?;
+/// assert_eq!(guard.key(), "dlock:order:42");
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Behavior
+/// - **Connection**: [`from_env`](Self::from_env) and the [builder](Self::builder) do no I/O; the
+///   Redis connection is made on first use, multiplexed for every lock of this locker and its
+///   clones, and re-established by itself after the server or the network drops it.
+/// - **Waiting**: an acquisition tries at once, then sleeps a jittered pause (`DLOCK_RETRY`,
+///   never longer than the holder's remaining lease nor past the deadline) between attempts; the
+///   last attempt is made at the deadline. A timeout of zero makes exactly one attempt.
+/// - **Ambiguous replies**: an attempt whose reply is lost keeps the same token, so the next
+///   attempt recognises a lock it set itself; giving up removes such a lock.
+/// - **Cancellation**: dropping an acquisition future leaves no lock behind.
+/// - **Backend errors** while waiting are retried until the deadline; the last one is returned as
+///   [`LockError::Backend`] when the deadline passes.
+#[derive(Clone)]
+pub struct Locker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    settings: Settings,
+    backend: Arc<dyn Backend>,
+}
+
+impl fmt::Debug for Locker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.inner.settings;
+        f.debug_struct("Locker")
+            .field("backend", &s.backend)
+            .field("key_prefix", &s.key_prefix)
+            .field("timeout", &s.timeout)
+            .field("expire", &s.expire)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Locker {
+    /// Builds a locker from the `DLOCK_*` environment variables, without any I/O.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] naming the variable whose value is invalid.
+    pub fn from_env() -> Result<Self, LockError> {
+        LockerBuilder::from_env()?.build()
+    }
+
+    /// A locker on a new, private embedded table: locks exclude each other among this locker and
+    /// its clones only. For tests and single-process programs.
+    #[must_use]
+    pub fn memory() -> Self {
+        Self::with_backend(Settings {
+            backend: BackendKind::Memory,
+            ..Settings::default()
+        }, Arc::new(MemoryBackend::default()))
+    }
+
+    /// A builder starting from the built-in defaults (not the environment; see
+    /// [`LockerBuilder::from_env`]).
+    pub fn builder() -> LockerBuilder {
+        LockerBuilder::default()
+    }
+
+    fn with_backend(settings: Settings, backend: Arc<dyn Backend>) -> Self {
+        Self {
+            inner: Arc::new(Inner { settings, backend }),
+        }
+    }
+
+    /// The configured prefix of every lock key (`DLOCK_KEY_PREFIX`).
+    #[must_use]
+    pub fn key_prefix(&self) -> &str {
+        &self.inner.settings.key_prefix
+    }
+
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        &*self.inner.backend
+    }
+
+    /// Waits for the lock on `key` (the configured prefix is put in front) and returns a guard
+    /// that releases it when dropped or [released](LockGuard::release).
+    ///
+    /// # Errors
+    /// - [`LockError::Timeout`] when another holder kept it for the whole wait;
+    /// - [`LockError::Backend`] when the server could not be reached until the deadline;
+    /// - [`LockError::InvalidKey`] for an empty key or one longer than `DLOCK_MAX_KEY_LEN`
+    ///   (nothing is sent);
+    /// - [`LockError::Config`] for a zero lease.
+    pub async fn acquire(&self, key: &str, options: LockOptions) -> Result<LockGuard, LockError> {
+        let full_key = self.full_key(key)?;
+        let settings = &self.inner.settings;
+        let timeout = options.timeout.unwrap_or(settings.timeout);
+        let lease = options.lease.unwrap_or(Lease::Fixed(settings.expire));
+        let lease_len = match lease {
+            Lease::Fixed(d) => d,
+            Lease::Auto => settings.expire,
+        };
+        if lease_len < Duration::from_millis(1) {
+            return Err(LockError::config("expire: the lease must be at least 1ms"));
+        }
+        let span = tracing::debug_span!("dlock.acquire", key = %full_key, ?timeout, expire = ?lease);
+        self.wait_for(full_key, timeout, lease, lease_len, options.max_hold)
+            .instrument(span)
+            .await
+    }
+
+    /// One attempt: the guard when the lock was free, `None` when it is held.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire), except that a busy lock is `Ok(None)`.
+    pub async fn try_acquire(
+        &self,
+        key: &str,
+        expire: Duration,
+    ) -> Result<Option<LockGuard>, LockError> {
+        match self
+            .acquire(key, LockOptions::new().timeout(Duration::ZERO).expire(expire))
+            .await
+        {
+            Ok(guard) => Ok(Some(guard)),
+            Err(LockError::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn full_key(&self, key: &str) -> Result<String, LockError> {
+        let settings = &self.inner.settings;
+        if key.is_empty() {
+            return Err(LockError::invalid_key(key, "the key is empty"));
+        }
+        let len = settings.key_prefix.len() + key.len();
+        if len > settings.max_key_len {
+            return Err(LockError::invalid_key(
+                key,
+                format!(
+                    "the key is {len} bytes with its prefix; the longest accepted is {} (DLOCK_MAX_KEY_LEN)",
+                    settings.max_key_len
+                ),
+            ));
+        }
+        Ok(format!("{}{key}", settings.key_prefix))
+    }
+
+    async fn wait_for(
+        &self,
+        key: String,
+        timeout: Duration,
+        lease: Lease,
+        lease_len: Duration,
+        max_hold: Option<Duration>,
+    ) -> Result<LockGuard, LockError> {
+        let token = Token::generate()?;
+        let started = Instant::now();
+        let deadline = started + timeout;
+        let mut orphan = OrphanCleanup {
+            locker: self,
+            key,
+            token,
+            armed: false,
+        };
+        let (key, token) = (&orphan.key, &orphan.token);
+        let mut attempts: u32 = 0;
+        let mut last_error = None;
+        loop {
+            attempts += 1;
+            let sent_at = Instant::now();
+            // Until a definite answer arrives, the request may have set the key.
+            let was_armed = orphan.armed;
+            orphan.armed = true;
+            let holder_ttl = match self.backend().acquire(key, token, lease_len).await {
+                Ok(Attempt::Acquired { fence }) => {
+                    let waited = started.elapsed();
+                    tracing::debug!(attempts, ?waited, fencing_token = fence, "lock acquired");
+                    let (key, token) = orphan.disarm();
+                    let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease_len);
+                    return Ok(LockGuard::new(hold, lease, max_hold));
+                }
+                Ok(Attempt::Held { ttl }) => {
+                    // A definite "not ours" clears nothing an earlier lost reply may have set.
+                    orphan.armed = was_armed;
+                    last_error = None;
+                    ttl
+                }
+                Err(error) => {
+                    if last_error.is_none() {
+                        tracing::error!(error = %error, "lock backend error; retrying until the deadline");
+                    } else {
+                        tracing::debug!(error = %error, "lock backend error");
+                    }
+                    last_error = Some(error);
+                    None
+                }
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            let (min, max) = self.inner.settings.retry;
+            let mut pause = jitter(min, max).min(deadline - now);
+            if let Some(ttl) = holder_ttl {
+                pause = pause.min(ttl.max(Duration::from_millis(1)));
+            }
+            tokio::time::sleep(pause).await;
+        }
+        orphan.cleanup_now();
+        let (key, _) = orphan.disarm();
+        let waited = started.elapsed();
+        match last_error {
+            Some(error) => {
+                tracing::error!(attempts, ?waited, error = %error, "lock backend unreachable until the deadline");
+                Err(LockError::Backend(error))
+            }
+            None => {
+                tracing::info!(attempts, ?waited, "lock wait timed out");
+                Err(LockError::Timeout { key, waited })
+            }
+        }
+    }
+}
+
+/// Removes a lock that an attempt with a lost reply may have set, when the wait gives up or is
+/// dropped. Compare-and-delete by token, so it never touches another holder's lock.
+struct OrphanCleanup<'a> {
+    locker: &'a Locker,
+    key: String,
+    token: Token,
+    armed: bool,
+}
+
+impl OrphanCleanup<'_> {
+    fn cleanup_now(&mut self) {
+        if std::mem::take(&mut self.armed) {
+            spawn_release(self.locker.clone(), self.key.clone(), self.token.clone());
+        }
+    }
+
+    /// Hands the key and token on (to a guard, or to an error) with nothing left to clean.
+    fn disarm(mut self) -> (String, Token) {
+        self.armed = false;
+        (std::mem::take(&mut self.key), std::mem::take(&mut self.token))
+    }
+}
+
+impl Drop for OrphanCleanup<'_> {
+    fn drop(&mut self) {
+        self.cleanup_now();
+    }
+}
+
+/// Hands a compare-and-delete to the current tokio runtime, if any; the lease is the backstop.
+pub(crate) fn spawn_release(locker: Locker, key: String, token: Token) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        if let Err(error) = locker.backend().release(&key, &token).await {
+            tracing::error!(key = %key, error = %error, "lock release after drop failed; the lease will free it");
+        }
+    });
+}
+
+/// A uniformly random pause in `min..=max`.
+fn jitter(min: Duration, max: Duration) -> Duration {
+    let span = u64::try_from((max - min).as_micros()).unwrap_or(u64::MAX);
+    let r = getrandom::u64().unwrap_or(0);
+    min + Duration::from_micros(if span == 0 { 0 } else { r % (span + 1) })
+}
+
+/// Sets everything by code. Start from the built-in defaults with [`Locker::builder`], or from
+/// the environment with [`LockerBuilder::from_env`].
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_runtime::Locker;
+///
+/// let locker = Locker::builder()
+///     .redis_url("redis://127.0.0.1:6379")
+///     .key_prefix("shop:")
+///     .timeout(Duration::from_secs(2))
+///     .expire(Duration::from_secs(10))
+///     .build()?;
+/// # Ok::<(), dlock_runtime::LockError>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+#[must_use]
+pub struct LockerBuilder {
+    settings: Settings,
+    url: Option<String>,
+    /// `memory()` by code makes a private table; `DLOCK_BACKEND=memory` shares the process's.
+    private_memory: bool,
+}
+
+impl LockerBuilder {
+    /// Starts from the `DLOCK_*` environment (see the crate docs for the table).
+    ///
+    /// # Errors
+    /// [`LockError::Config`] naming the first invalid variable.
+    pub fn from_env() -> Result<Self, LockError> {
+        Ok(Self {
+            settings: Settings::from_lookup(|name| std::env::var(name).ok())?,
+            url: None,
+            private_memory: false,
+        })
+    }
+
+    /// Use Redis at this URL (`redis://[user[:password]@]host[:port][/db]`). Default:
+    /// `redis://127.0.0.1:6379`.
+    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
+        self.url = Some(url.into());
+        self
+    }
+
+    /// Use a new private embedded table instead of a server.
+    pub fn memory(mut self) -> Self {
+        self.settings.backend = BackendKind::Memory;
+        self.url = None;
+        self.private_memory = true;
+        self
+    }
+
+    /// Prefix of every lock key. Default: `dlock:`.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.settings.key_prefix = prefix.into();
+        self
+    }
+
+    /// Default wait. Default: 5s.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.settings.timeout = timeout;
+        self
+    }
+
+    /// Default lease, and the lease renewed by `expire = "auto"`. Default: 30s.
+    pub fn expire(mut self, expire: Duration) -> Self {
+        self.settings.expire = expire;
+        self
+    }
+
+    /// Bounds of the jittered pause between attempts. Default: 10ms..50ms.
+    pub fn retry(mut self, min: Duration, max: Duration) -> Self {
+        self.settings.retry = (min, max);
+        self
+    }
+
+    /// Longest key accepted, prefix included, in bytes. Default: 1024.
+    pub fn max_key_len(mut self, max: usize) -> Self {
+        self.settings.max_key_len = max;
+        self
+    }
+
+    /// Bound on one backend request (a reply later than this is a failed, ambiguous attempt).
+    /// Default: 500ms.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.request_timeout = timeout;
+        self
+    }
+
+    /// Checks the settings and builds the locker, without any I/O.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for an invalid URL, a zero lease, an empty retry range, or a prefix
+    /// as long as the key limit.
+    pub fn build(mut self) -> Result<Locker, LockError> {
+        if let Some(url) = self.url.take() {
+            self.settings.backend = BackendKind::Redis(RedisUrl::parse("redis url", &url)?);
+        }
+        self.settings.validate()?;
+        let backend: Arc<dyn Backend> = match &self.settings.backend {
+            BackendKind::Memory if self.private_memory => Arc::new(MemoryBackend::default()),
+            BackendKind::Memory => Arc::new(MemoryBackend::shared()),
+            #[cfg(feature = "redis")]
+            BackendKind::Redis(url) => Arc::new(crate::backend::redis::RedisBackend::new(
+                url,
+                &self.settings.key_prefix,
+                self.settings.request_timeout,
+            )?),
+            #[cfg(not(feature = "redis"))]
+            BackendKind::Redis(_) => {
+                return Err(LockError::config(
+                    "DLOCK_BACKEND: `redis` needs dlock-runtime's `redis` feature",
+                ));
+            }
+        };
+        Ok(Locker::with_backend(self.settings, backend))
+    }
+}
+
+static GLOBAL: OnceLock<Locker> = OnceLock::new();
+
+/// The process-wide locker used by `#[dlock]` functions without `client = …`: the one installed
+/// by [`set_global`], or else one built from the environment on first use.
+///
+/// # Errors
+/// [`LockError::Config`] when the environment is invalid (reported on every use until fixed).
+pub fn global() -> Result<&'static Locker, LockError> {
+    if let Some(locker) = GLOBAL.get() {
+        return Ok(locker);
+    }
+    let locker = Locker::from_env()?;
+    Ok(GLOBAL.get_or_init(|| locker))
+}
+
+/// Installs the process-wide locker. Call it before the first locked call.
+///
+/// # Errors
+/// Gives the locker back when one is already installed (or was already built from the
+/// environment by an earlier [`global`]).
+pub fn set_global(locker: Locker) -> Result<(), Locker> {
+    GLOBAL.set(locker)
+}

@@ -1,0 +1,76 @@
+//! Per-call options.
+
+use std::time::Duration;
+
+/// How one acquisition waits and how long it holds.
+///
+/// What is not set comes from the [`Locker`](crate::Locker)'s configuration
+/// (`DLOCK_TIMEOUT`, `DLOCK_EXPIRE`, or the builder).
+///
+/// ```
+/// use std::time::Duration;
+/// use dlock_runtime::LockOptions;
+///
+/// let wait_then_hold = LockOptions::new()
+///     .timeout(Duration::from_secs(2))
+///     .expire(Duration::from_secs(10));
+/// let try_once = LockOptions::new().timeout(Duration::ZERO);
+/// let renewed = LockOptions::new().expire_auto().max_hold(Duration::from_secs(600));
+/// # let _ = (wait_then_hold, try_once, renewed);
+/// ```
+#[derive(Clone, Debug, Default)]
+#[must_use]
+pub struct LockOptions {
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) lease: Option<Lease>,
+    pub(crate) max_hold: Option<Duration>,
+}
+
+/// The lease of one hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lease {
+    /// Expires after this long unless extended by hand.
+    Fixed(Duration),
+    /// Renewed by a watchdog while held; each renewal is the configured default expire.
+    Auto,
+}
+
+impl LockOptions {
+    /// Options that take everything from the locker's configuration.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How long to wait for the lock. `Duration::ZERO` makes exactly one attempt (try-lock).
+    /// Default: the locker's (`DLOCK_TIMEOUT`, 5s).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// A fixed lease: the lock expires this long after it is taken unless released or
+    /// [extended](crate::LockGuard::extend) first. Default: the locker's (`DLOCK_EXPIRE`, 30s).
+    ///
+    /// A zero lease is refused by [`Locker::acquire`](crate::Locker::acquire) with
+    /// [`LockError::Config`](crate::LockError::Config).
+    pub fn expire(mut self, lease: Duration) -> Self {
+        self.lease = Some(Lease::Fixed(lease));
+        self
+    }
+
+    /// A renewed lease: a watchdog extends it at a third of its length (the locker's default
+    /// expire) while the guard lives, so a long critical section keeps the lock and a crashed
+    /// process loses it within one lease.
+    pub fn expire_auto(mut self) -> Self {
+        self.lease = Some(Lease::Auto);
+        self
+    }
+
+    /// With [`expire_auto`](Self::expire_auto): stop renewing this long after the lock was taken,
+    /// so a hung task cannot hold a key forever. The hold is then lost when the last lease runs
+    /// out. Default: no ceiling.
+    pub fn max_hold(mut self, ceiling: Duration) -> Self {
+        self.max_hold = Some(ceiling);
+        self
+    }
+}

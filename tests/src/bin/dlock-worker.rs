@@ -1,0 +1,74 @@
+//! A worker process for the multi-process tests: increments a Redis counter non-atomically
+//! (GET, pause, SET) under a lock, `iterations` times, with its own connection.
+//!
+//! `dlock-worker <redis-url> <key> <iterations> <api|attr>`
+
+use std::time::Duration;
+
+use dlock_runtime::{LockError, LockOptions, Locker, dlock};
+use redis::AsyncCommands as _;
+
+#[derive(Debug)]
+enum WorkerError {
+    Lock(LockError),
+    Redis(redis::RedisError),
+}
+
+impl From<LockError> for WorkerError {
+    fn from(e: LockError) -> Self {
+        Self::Lock(e)
+    }
+}
+
+impl From<redis::RedisError> for WorkerError {
+    fn from(e: redis::RedisError) -> Self {
+        Self::Redis(e)
+    }
+}
+
+/// GET, yield, SET: loses updates unless the lock excludes the other processes.
+async fn increment(
+    redis: &mut redis::aio::MultiplexedConnection,
+    counter: &str,
+) -> Result<(), WorkerError> {
+    let value: Option<u64> = redis.get(counter).await?;
+    tokio::time::sleep(Duration::from_micros(200)).await;
+    let () = redis.set(counter, value.unwrap_or(0) + 1).await?;
+    Ok(())
+}
+
+#[dlock(key = "<key>", client = locker, timeout = "30s", expire = "10s")]
+async fn locked_increment(
+    locker: &Locker,
+    key: &str,
+    redis: &mut redis::aio::MultiplexedConnection,
+) -> Result<(), WorkerError> {
+    increment(redis, &format!("{key}:counter")).await
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), WorkerError> {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, url, key, iterations, mode] = args.as_slice() else {
+        eprintln!("usage: dlock-worker <redis-url> <key> <iterations> <api|attr>");
+        std::process::exit(2);
+    };
+    let iterations: u32 = iterations.parse().expect("iterations is a number");
+    let locker = Locker::builder().redis_url(url.as_str()).build()?;
+    let mut redis = redis::Client::open(url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    for _ in 0..iterations {
+        match mode.as_str() {
+            "api" => {
+                let guard = locker
+                    .acquire(key, LockOptions::new().timeout(Duration::from_secs(30)))
+                    .await?;
+                increment(&mut redis, &format!("{key}:counter")).await?;
+                guard.release().await?;
+            }
+            _ => locked_increment(&locker, key, &mut redis).await?,
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,205 @@
+//! Test harness for dlock: starts real `redis-server` processes on free loopback ports and stops
+//! them when dropped, with the faults the fault tests need (kill, restart on the same port,
+//! SIGSTOP/SIGCONT).
+//!
+//! A missing `redis-server` binary fails the test with the command that installs it.
+#![warn(unreachable_pub, missing_debug_implementations)]
+
+use std::{
+    io::{Read, Write},
+    net::{TcpListener, TcpStream},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::atomic::{AtomicU64, Ordering},
+    time::{Duration, Instant},
+};
+
+use dlock_runtime::Locker;
+
+/// How to install what the tests need, printed when it is missing.
+pub const INSTALL_REDIS: &str =
+    "redis-server not found on PATH: install it with `sudo apt-get install -y redis-server` (or run .ci/run, which does)";
+
+/// A `redis-server` owned by one test: no persistence, loopback only, stopped on drop.
+#[derive(Debug)]
+pub struct RedisServer {
+    port: u16,
+    child: Option<Child>,
+    dir: PathBuf,
+}
+
+impl RedisServer {
+    /// Starts a server on a free loopback port and waits until it answers PING.
+    ///
+    /// # Panics
+    /// When `redis-server` is not installed (with the install command) or does not come up.
+    #[must_use]
+    pub fn start() -> Self {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("dlock-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create a directory for redis-server");
+        let mut server = Self {
+            port,
+            child: None,
+            dir,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--protected-mode",
+                "no",
+                "--loglevel",
+                "warning",
+                "--dir",
+            ])
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn();
+        let child = match child {
+            Ok(child) => child,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_REDIS}"),
+            Err(e) => panic!("could not start redis-server: {e}"),
+        };
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if self.ping() {
+                return;
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!("redis-server exited at start ({status}); is port {} taken?", self.port);
+            }
+            assert!(Instant::now() < deadline, "redis-server did not answer PING within 10s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// `true` when the server answers PING now.
+    #[must_use]
+    pub fn ping(&self) -> bool {
+        self.command(&["PING"]).is_some_and(|r| r.starts_with("+PONG"))
+    }
+
+    /// Sends one command over a fresh plain connection and returns the raw RESP reply
+    /// (`None` when the server does not answer within a second).
+    #[must_use]
+    pub fn command(&self, args: &[&str]) -> Option<String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        let mut request = format!("*{}\r\n", args.len());
+        for a in args {
+            request.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        stream.write_all(request.as_bytes()).ok()?;
+        let mut buf = vec![0u8; 64 * 1024];
+        let n = stream.read(&mut buf).ok()?;
+        (n > 0).then(|| String::from_utf8_lossy(&buf[..n]).into_owned())
+    }
+
+    /// The port it listens on (127.0.0.1).
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    #[must_use]
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A new locker (its own connection) on this server with short defaults for tests.
+    #[must_use]
+    pub fn locker(&self) -> Locker {
+        Locker::builder()
+            .redis_url(self.url())
+            .timeout(Duration::from_secs(5))
+            .expire(Duration::from_secs(10))
+            .build()
+            .expect("valid test locker")
+    }
+
+    /// A blocking redis-rs client for assertions.
+    #[must_use]
+    pub fn client(&self) -> redis::Client {
+        redis::Client::open(self.url()).expect("valid url")
+    }
+
+    /// Kills the server (SIGKILL) and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server and starts a new empty one on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing is answered.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Resumes a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("server running").id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound, then released for the server to take).
+#[must_use]
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind a free loopback port")
+}
+
+/// A key no other test in this process uses.
+#[must_use]
+pub fn unique_key(name: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!("{name}:{}:{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}

@@ -1,0 +1,294 @@
+//! Behaviour specific to the Redis backend, against a real `redis-server` per test.
+
+use std::{process::Command, time::Duration};
+
+use dlock_runtime::{LockOptions, Locker};
+use dlock_tests::{RedisServer, free_port, unique_key};
+use redis::Commands as _;
+use tokio::time::Instant;
+
+fn short_locker(server: &RedisServer, request_timeout: Duration) -> Locker {
+    Locker::builder()
+        .redis_url(server.url())
+        .request_timeout(request_timeout)
+        .build()
+        .unwrap()
+}
+
+/// `calls` of a command from `INFO commandstats`.
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    let info = server.command(&["INFO", "commandstats"]).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test]
+async fn lock_key_is_prefix_plus_key_with_a_lease() {
+    let server = RedisServer::start();
+    let locker = server.locker();
+    let key = unique_key("order");
+    let guard = locker
+        .acquire(&key, LockOptions::new().expire(Duration::from_secs(7)))
+        .await
+        .unwrap();
+    let mut redis = server.client().get_connection().unwrap();
+    let value: String = redis.get(format!("dlock:{key}")).unwrap();
+    let ttl: i64 = redis.pttl(format!("dlock:{key}")).unwrap();
+    assert!(ttl > 6000 && ttl <= 7000, "ttl {ttl}");
+    // "<128-bit hex token>:<fence>"
+    let (token, fence) = value.split_once(':').unwrap();
+    assert_eq!(token.len(), 32);
+    assert_eq!(fence.parse::<u64>().unwrap(), guard.fencing_token());
+    guard.release().await.unwrap();
+    assert!(!redis.exists::<_, bool>(format!("dlock:{key}")).unwrap());
+}
+
+#[tokio::test]
+async fn acquire_and_release_take_one_round_trip_each() {
+    let server = RedisServer::start();
+    let locker = server.locker();
+    let key = unique_key("trips");
+    // Warm up: connect and load the scripts.
+    locker.acquire(&key, LockOptions::new()).await.unwrap().release().await.unwrap();
+    let before = calls(&server, "evalsha") + calls(&server, "eval");
+    locker.acquire(&key, LockOptions::new()).await.unwrap().release().await.unwrap();
+    assert_eq!(calls(&server, "evalsha") + calls(&server, "eval") - before, 2);
+}
+
+#[tokio::test]
+async fn try_once_sends_exactly_one_attempt() {
+    let server = RedisServer::start();
+    let (a, b) = (server.locker(), server.locker());
+    let key = unique_key("once");
+    let _held = a.acquire(&key, LockOptions::new()).await.unwrap();
+    b.acquire(&unique_key("warm"), LockOptions::new()).await.unwrap();
+    let before = calls(&server, "evalsha");
+    assert!(b.try_acquire(&key, Duration::from_secs(1)).await.unwrap().is_none());
+    assert_eq!(calls(&server, "evalsha") - before, 1);
+}
+
+#[tokio::test]
+async fn ttl_recheck_gives_an_immortal_key_an_expiry() {
+    let server = RedisServer::start();
+    let locker = server.locker();
+    let key = unique_key("immortal");
+    let mut redis = server.client().get_connection().unwrap();
+    let () = redis.set(format!("dlock:{key}"), "left-by-a-crashed-writer").unwrap();
+    assert_eq!(redis.pttl::<_, i64>(format!("dlock:{key}")).unwrap(), -1);
+    let err = locker
+        .acquire(&key, LockOptions::new().timeout(Duration::ZERO).expire(Duration::from_millis(500)))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout());
+    let ttl: i64 = redis.pttl(format!("dlock:{key}")).unwrap();
+    assert!(ttl > 0 && ttl <= 500, "the recheck did not set an expiry: {ttl}");
+    // And so the lock becomes available once that expiry passes.
+    let guard = locker
+        .acquire(&key, LockOptions::new().timeout(Duration::from_secs(3)))
+        .await;
+    assert!(guard.is_ok(), "{guard:?}");
+}
+
+#[tokio::test]
+async fn scripts_are_reloaded_after_script_flush_and_restart() {
+    let mut server = RedisServer::start();
+    let locker = server.locker();
+    let key = unique_key("noscript");
+    locker.acquire(&key, LockOptions::new()).await.unwrap().release().await.unwrap();
+    assert!(server.command(&["SCRIPT", "FLUSH"]).unwrap().starts_with("+OK"));
+    locker.acquire(&key, LockOptions::new()).await.unwrap().release().await.unwrap();
+    server.restart();
+    // The connection was cut and the script cache is empty: the locker reconnects and reloads.
+    let guard = locker
+        .acquire(&key, LockOptions::new().timeout(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn unreachable_server_is_a_backend_error_within_the_timeout() {
+    let port = free_port();
+    let locker = Locker::builder()
+        .redis_url(format!("redis://127.0.0.1:{port}"))
+        .request_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let err = locker
+        .acquire("nowhere", LockOptions::new().timeout(Duration::from_millis(500)))
+        .await
+        .unwrap_err();
+    assert!(err.is_backend(), "{err:?}");
+    assert!(std::error::Error::source(&err).is_some());
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn stalled_server_is_a_backend_error_within_the_timeout() {
+    let server = RedisServer::start();
+    let locker = short_locker(&server, Duration::from_millis(100));
+    locker.acquire(&unique_key("warm"), LockOptions::new()).await.unwrap();
+    server.pause();
+    let started = Instant::now();
+    let result = locker
+        .acquire(&unique_key("stall"), LockOptions::new().timeout(Duration::from_millis(300)))
+        .await;
+    let took = started.elapsed();
+    server.resume();
+    let err = result.unwrap_err();
+    assert!(err.is_backend(), "{err:?}");
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+}
+
+/// The first attempt's reply is lost (the server is frozen past the request timeout) but the
+/// command runs when the server resumes: the next attempt must recognise its own token.
+#[tokio::test]
+async fn attempt_with_lost_reply_recognises_its_own_lock() {
+    let server = RedisServer::start();
+    let locker = short_locker(&server, Duration::from_millis(100));
+    let key = unique_key("ambiguous");
+    locker.acquire(&unique_key("warm"), LockOptions::new()).await.unwrap();
+    server.pause();
+    let waiting = {
+        let (locker, key) = (locker.clone(), key.clone());
+        tokio::spawn(async move {
+            locker
+                .acquire(
+                    &key,
+                    LockOptions::new().timeout(Duration::from_secs(4)).expire(Duration::from_secs(30)),
+                )
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    server.resume();
+    let guard = waiting.await.unwrap();
+    assert!(guard.is_ok(), "its own lock blocked it: {guard:?}");
+}
+
+/// An acquisition dropped while its request is in flight must not leave a lock behind.
+#[tokio::test]
+async fn dropped_in_flight_acquire_leaves_no_lock() {
+    let server = RedisServer::start();
+    let locker = server.locker();
+    let key = unique_key("inflight");
+    locker.acquire(&unique_key("warm"), LockOptions::new()).await.unwrap();
+    server.pause();
+    let attempt = locker.acquire(&key, LockOptions::new().expire(Duration::from_secs(30)));
+    assert!(tokio::time::timeout(Duration::from_millis(50), attempt).await.is_err());
+    server.resume();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut redis = server.client().get_connection().unwrap();
+    assert!(
+        !redis.exists::<_, bool>(format!("dlock:{key}")).unwrap(),
+        "an orphan lock was left by the dropped acquisition"
+    );
+}
+
+#[tokio::test]
+async fn fencing_counters_are_bounded_and_monotonic_over_a_restart() {
+    let mut server = RedisServer::start();
+    let locker = server.locker();
+    let mut last = 0;
+    for i in 0..200 {
+        let guard = locker
+            .acquire(&format!("{}:{i}", unique_key("many")), LockOptions::new())
+            .await
+            .unwrap();
+        last = last.max(guard.fencing_token());
+        guard.release().await.unwrap();
+    }
+    let mut redis = server.client().get_connection().unwrap();
+    let keys: Vec<String> = redis.keys("*").unwrap();
+    assert!(keys.iter().all(|k| k.starts_with("dlock:__fence:")), "left behind: {keys:?}");
+    assert!(keys.len() <= 200);
+    // A restart without persistence loses the counters; fences still go up.
+    server.restart();
+    let guard = locker
+        .acquire("after-restart", LockOptions::new().timeout(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert!(guard.fencing_token() > last, "{} <= {last}", guard.fencing_token());
+}
+
+#[tokio::test]
+async fn secrets_never_appear_in_errors() {
+    let server = RedisServer::start();
+    assert!(server.command(&["CONFIG", "SET", "requirepass", "pw-right"]).unwrap().starts_with("+OK"));
+    let locker = Locker::builder()
+        .redis_url(format!("redis://:hunter2-secret@127.0.0.1:{}", server.port()))
+        .request_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    assert!(!format!("{locker:?}").contains("hunter2"));
+    let err = locker
+        .acquire("k", LockOptions::new().timeout(Duration::from_millis(300)))
+        .await
+        .unwrap_err();
+    assert!(err.is_backend(), "{err:?}");
+    let mut texts = vec![err.to_string(), format!("{err:?}")];
+    let mut source = std::error::Error::source(&err);
+    while let Some(s) = source {
+        texts.push(s.to_string());
+        source = s.source();
+    }
+    for t in &texts {
+        assert!(!t.contains("hunter2"), "password leaked: {t}");
+    }
+
+    // Tokens: the value stored in Redis never shows in an error or a guard's Debug.
+    let locker = Locker::builder()
+        .redis_url(format!("redis://:pw-right@127.0.0.1:{}", server.port()))
+        .build()
+        .unwrap();
+    let key = unique_key("token");
+    let guard = locker
+        .acquire(&key, LockOptions::new().expire(Duration::from_millis(100)))
+        .await
+        .unwrap();
+    let mut redis = redis::Client::open(format!("redis://:pw-right@127.0.0.1:{}", server.port()))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let value: String = redis.get(format!("dlock:{key}")).unwrap();
+    let token = value.split(':').next().unwrap().to_owned();
+    assert!(!format!("{guard:?}").contains(&token));
+    assert!(!format!("{locker:?}").contains("pw-right"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let err = guard.release().await.unwrap_err();
+    assert!(!err.to_string().contains(&token) && !format!("{err:?}").contains(&token));
+}
+
+fn worker_processes(mode: &str) {
+    const PROCESSES: usize = 4;
+    const ITERATIONS: u64 = 50;
+    let server = RedisServer::start();
+    let key = unique_key(mode);
+    let children: Vec<_> = (0..PROCESSES)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_dlock-worker"))
+                .args([&server.url(), &key, &ITERATIONS.to_string(), mode])
+                .spawn()
+                .expect("start worker")
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success(), "a worker failed");
+    }
+    let mut redis = server.client().get_connection().unwrap();
+    let counter: u64 = redis.get(format!("{key}:counter")).unwrap();
+    assert_eq!(counter, PROCESSES as u64 * ITERATIONS, "lost updates: the lock let processes overlap");
+}
+
+#[test]
+fn four_processes_exclude_each_other_through_the_api() {
+    worker_processes("api");
+}
+
+#[test]
+fn four_processes_exclude_each_other_through_the_attribute() {
+    worker_processes("attr");
+}

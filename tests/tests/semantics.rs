@@ -1,0 +1,349 @@
+//! One suite of lock semantics, run against every backend: a real `redis-server` started by the
+//! harness, and the embedded memory backend.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use dlock_runtime::{LockError, LockOptions, Locker};
+use dlock_tests::{RedisServer, unique_key};
+use tokio::time::Instant;
+
+/// A backend under test. `locker()` gives a new client: a new connection for Redis, a clone
+/// sharing the table for memory.
+enum Env {
+    Redis(RedisServer),
+    Memory(Locker),
+}
+
+impl Env {
+    fn redis() -> Self {
+        Self::Redis(RedisServer::start())
+    }
+
+    fn memory() -> Self {
+        Self::Memory(
+            Locker::builder()
+                .memory()
+                .timeout(Duration::from_secs(5))
+                .expire(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+        )
+    }
+
+    /// A client whose default (and renewed) lease is `expire`. For memory it is a private table.
+    fn locker_with_expire(&self, expire: Duration) -> Locker {
+        match self {
+            Self::Redis(server) => Locker::builder()
+                .redis_url(server.url())
+                .expire(expire)
+                .build()
+                .unwrap(),
+            Self::Memory(_) => Locker::builder().memory().expire(expire).build().unwrap(),
+        }
+    }
+
+    fn locker(&self) -> Locker {
+        match self {
+            Self::Redis(server) => server.locker(),
+            Self::Memory(locker) => locker.clone(),
+        }
+    }
+}
+
+macro_rules! suite {
+    ($($name:ident),* $(,)?) => {
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Env::redis()).await;
+                }
+            )*
+        }
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::Env::memory()).await;
+                }
+            )*
+        }
+    };
+}
+
+suite!(
+    acquire_then_release,
+    busy_lock_is_not_granted,
+    mutual_exclusion_under_contention,
+    timeout_is_bounded,
+    try_once_makes_one_attempt_and_returns,
+    stale_release_is_lost_and_deletes_nothing,
+    release_on_drop_frees_the_lock,
+    release_after_panic_frees_the_lock,
+    cancelled_waiter_leaves_nothing,
+    fencing_tokens_increase,
+    extend_keeps_and_never_resurrects,
+    renewed_lease_outlives_its_length,
+    fixed_lease_is_reported_lost,
+    oversized_and_empty_keys_are_refused,
+    waiter_gets_the_lock_after_release,
+);
+
+const SHORT: Duration = Duration::from_millis(300);
+
+async fn acquire_then_release(env: Env) {
+    let locker = env.locker();
+    let key = unique_key("basic");
+    let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
+    assert_eq!(guard.key(), format!("dlock:{key}"));
+    assert!(guard.is_held());
+    guard.release().await.unwrap();
+    let again = locker.try_acquire(&key, SHORT).await.unwrap();
+    assert!(again.is_some(), "a released lock is free");
+}
+
+async fn busy_lock_is_not_granted(env: Env) {
+    let (a, b) = (env.locker(), env.locker());
+    let key = unique_key("busy");
+    let _held = a.acquire(&key, LockOptions::new()).await.unwrap();
+    assert!(b.try_acquire(&key, SHORT).await.unwrap().is_none());
+    assert!(a.try_acquire(&key, SHORT).await.unwrap().is_none(), "not reentrant across acquisitions");
+    let other = b.try_acquire(&unique_key("other"), SHORT).await.unwrap();
+    assert!(other.is_some(), "another key is independent");
+}
+
+async fn mutual_exclusion_under_contention(env: Env) {
+    const LOCKERS: usize = 8;
+    const ROUNDS: u64 = 40;
+    let key = unique_key("counter");
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for _ in 0..LOCKERS {
+        let (locker, key, counter, inside) =
+            (env.locker(), key.clone(), counter.clone(), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let guard = locker
+                    .acquire(&key, LockOptions::new().timeout(Duration::from_secs(60)))
+                    .await
+                    .unwrap();
+                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                // Non-atomic read-modify-write across an await: loses updates on overlap.
+                let seen = counter.load(Ordering::SeqCst);
+                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_micros(100)).await;
+                counter.store(seen + 1, Ordering::SeqCst);
+                inside.store(false, Ordering::SeqCst);
+                guard.release().await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), LOCKERS as u64 * ROUNDS);
+}
+
+async fn timeout_is_bounded(env: Env) {
+    let (a, b) = (env.locker(), env.locker());
+    let key = unique_key("timeout");
+    let _held = a.acquire(&key, LockOptions::new()).await.unwrap();
+    let started = Instant::now();
+    let err = b
+        .acquire(&key, LockOptions::new().timeout(SHORT))
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    let LockError::Timeout { key: k, waited } = &err else {
+        panic!("expected a timeout, got {err:?}");
+    };
+    assert_eq!(k, &format!("dlock:{key}"));
+    assert!(err.is_timeout());
+    assert!(*waited >= SHORT, "gave up early: {waited:?}");
+    assert!(took < SHORT + Duration::from_secs(2), "gave up late: {took:?}");
+}
+
+async fn try_once_makes_one_attempt_and_returns(env: Env) {
+    let (a, b) = (env.locker(), env.locker());
+    let key = unique_key("try");
+    let _held = a.acquire(&key, LockOptions::new()).await.unwrap();
+    let started = Instant::now();
+    let err = b
+        .acquire(&key, LockOptions::new().timeout(Duration::ZERO))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout());
+    // No pause was slept: well under the smallest retry pause of a generous bound.
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+async fn stale_release_is_lost_and_deletes_nothing(env: Env) {
+    let (a, b) = (env.locker(), env.locker());
+    let key = unique_key("stale");
+    let old = a
+        .acquire(&key, LockOptions::new().expire(Duration::from_millis(100)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let new = b.acquire(&key, LockOptions::new()).await.unwrap();
+    let err = old.release().await.unwrap_err();
+    assert!(err.is_lost(), "{err:?}");
+    assert!(new.is_held());
+    assert!(
+        env.locker().try_acquire(&key, SHORT).await.unwrap().is_none(),
+        "the new holder's lock survived the stale release"
+    );
+    new.release().await.unwrap();
+}
+
+async fn release_on_drop_frees_the_lock(env: Env) {
+    let locker = env.locker();
+    let key = unique_key("drop");
+    drop(locker.acquire(&key, LockOptions::new()).await.unwrap());
+    // The release runs on the runtime; the 10s lease is far longer than this wait.
+    let guard = env
+        .locker()
+        .acquire(&key, LockOptions::new().timeout(Duration::from_secs(2)))
+        .await;
+    assert!(guard.is_ok(), "dropped guard was not released: {guard:?}");
+}
+
+async fn release_after_panic_frees_the_lock(env: Env) {
+    let locker = env.locker();
+    let key = unique_key("panic");
+    let task = {
+        let (locker, key) = (locker.clone(), key.clone());
+        tokio::spawn(async move {
+            let _guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
+            panic!("body failed");
+        })
+    };
+    assert!(task.await.unwrap_err().is_panic());
+    let guard = env
+        .locker()
+        .acquire(&key, LockOptions::new().timeout(Duration::from_secs(2)))
+        .await;
+    assert!(guard.is_ok(), "panicked holder's lock was not released: {guard:?}");
+}
+
+async fn cancelled_waiter_leaves_nothing(env: Env) {
+    let (a, b) = (env.locker(), env.locker());
+    let key = unique_key("cancel");
+    let held = a.acquire(&key, LockOptions::new()).await.unwrap();
+    let waiting = b.acquire(&key, LockOptions::new().timeout(Duration::from_secs(30)));
+    assert!(tokio::time::timeout(Duration::from_millis(200), waiting).await.is_err());
+    held.release().await.unwrap();
+    let next = env.locker().try_acquire(&key, SHORT).await.unwrap();
+    assert!(next.is_some(), "the cancelled waiter left a lock behind");
+}
+
+async fn fencing_tokens_increase(env: Env) {
+    let locker = env.locker();
+    let key = unique_key("fence");
+    let mut last = 0;
+    for i in 0..5 {
+        let other = locker
+            .acquire(&format!("{key}:other{i}"), LockOptions::new())
+            .await
+            .unwrap();
+        let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
+        assert!(guard.fencing_token() > last, "fence went backwards");
+        last = guard.fencing_token();
+        guard.release().await.unwrap();
+        other.release().await.unwrap();
+    }
+}
+
+async fn extend_keeps_and_never_resurrects(env: Env) {
+    let (a, b) = (env.locker(), env.locker());
+    let key = unique_key("extend");
+    let guard = a
+        .acquire(&key, LockOptions::new().expire(Duration::from_millis(200)))
+        .await
+        .unwrap();
+    guard.extend(Duration::from_secs(5)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(guard.is_held(), "extend did not move the client's deadline");
+    assert!(b.try_acquire(&key, SHORT).await.unwrap().is_none(), "extend did not reach the server");
+    guard.release().await.unwrap();
+
+    let old = a
+        .acquire(&key, LockOptions::new().expire(Duration::from_millis(100)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let err = old.extend(Duration::from_secs(5)).await.unwrap_err();
+    assert!(err.is_lost());
+    assert!(!old.is_held());
+    assert!(
+        b.try_acquire(&key, SHORT).await.unwrap().is_some(),
+        "a failed extend re-created the key"
+    );
+}
+
+async fn renewed_lease_outlives_its_length(env: Env) {
+    // A 300ms lease; the prober is a second acquisition through the same client.
+    let locker = env.locker_with_expire(Duration::from_millis(300));
+    let key = unique_key("renew");
+    let guard = locker
+        .acquire(&key, LockOptions::new().expire_auto())
+        .await
+        .unwrap();
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(locker.try_acquire(&key, SHORT).await.unwrap().is_none(), "renewal let the lease lapse");
+        assert!(guard.is_held());
+    }
+    guard.release().await.unwrap();
+    assert!(locker.try_acquire(&key, SHORT).await.unwrap().is_some());
+}
+
+async fn fixed_lease_is_reported_lost(env: Env) {
+    let locker = env.locker();
+    let key = unique_key("lost");
+    let guard = locker
+        .acquire(&key, LockOptions::new().expire(Duration::from_millis(200)))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("lost() resolves when the lease runs out");
+    assert!(!guard.is_held());
+}
+
+async fn oversized_and_empty_keys_are_refused(env: Env) {
+    let locker = env.locker();
+    let err = locker
+        .acquire(&"k".repeat(2000), LockOptions::new())
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_key(), "{err:?}");
+    assert!(err.to_string().contains("DLOCK_MAX_KEY_LEN"), "{err}");
+    let err = locker.acquire("", LockOptions::new()).await.unwrap_err();
+    assert!(err.is_invalid_key(), "{err:?}");
+    // At the limit exactly it is accepted: the prefix counts.
+    let fits = "k".repeat(1024 - "dlock:".len());
+    locker.acquire(&fits, LockOptions::new()).await.unwrap();
+}
+
+async fn waiter_gets_the_lock_after_release(env: Env) {
+    let (a, b) = (env.locker(), env.locker());
+    let key = unique_key("handoff");
+    let held = a.acquire(&key, LockOptions::new()).await.unwrap();
+    let waiter = {
+        let key = key.clone();
+        tokio::spawn(async move { b.acquire(&key, LockOptions::new()).await.map(|g| g.fencing_token()) })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let first = held.fencing_token();
+    held.release().await.unwrap();
+    let second = waiter.await.unwrap().unwrap();
+    assert!(second > first);
+}
