@@ -22,7 +22,8 @@ mod kw {
 }
 
 /// Every key `#[dlock]` accepts, in the order the docs present them.
-const KEYS: &str = "`key`, `timeout`, `expire`, `client`, `on_fail`, `crate`, `on_lost`, `max_hold`";
+const KEYS: &str =
+    "`key`, `timeout`, `expire`, `client`, `on_fail`, `crate`, `on_lost`, `max_hold`";
 
 /// The lease requested with `expire = ...`.
 #[derive(Debug, Clone, Copy)]
@@ -81,7 +82,9 @@ fn set<T>(slot: &mut Option<Spanned<T>>, name: &str, key: Span, value: T) -> syn
 fn string_value(input: ParseStream<'_>, name: &str, example: &str) -> syn::Result<LitStr> {
     let expr: Expr = input.parse()?;
     match expr {
-        Expr::Lit(ExprLit { lit: Lit::Str(lit), .. }) => Ok(lit),
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(lit), ..
+        }) => Ok(lit),
         other => Err(syn::Error::new(
             other.span(),
             format!("`{name}` must be a string literal, like `{name} = {example}`"),
@@ -103,7 +106,12 @@ impl Parse for Args {
                 let token: kw::timeout = input.parse()?;
                 input.parse::<Token![=]>()?;
                 let lit = string_value(input, "timeout", "\"5s\"")?;
-                set(&mut args.timeout, "timeout", token.span, duration::parse(&lit, "timeout")?)?;
+                set(
+                    &mut args.timeout,
+                    "timeout",
+                    token.span,
+                    duration::parse(&lit, "timeout")?,
+                )?;
             } else if lookahead.peek(kw::expire) {
                 let token: kw::expire = input.parse()?;
                 input.parse::<Token![=]>()?;
@@ -225,15 +233,21 @@ impl Args {
                 "`key` is empty; name the resource to lock, like `key = \"order:<id>\"`",
             ));
         }
-        if let Some(max_hold) = &self.max_hold {
-            if !matches!(self.expire, Some(Spanned { value: Expire::Auto, .. })) {
-                return Err(syn::Error::new(
-                    max_hold.key,
-                    "`max_hold` caps a renewed lease and needs `expire = \"auto\"`; \
-                     add `expire = \"auto\"` or remove `max_hold` (a fixed `expire` already \
-                     bounds the hold)",
-                ));
-            }
+        if let Some(max_hold) = &self.max_hold
+            && !matches!(
+                self.expire,
+                Some(Spanned {
+                    value: Expire::Auto,
+                    ..
+                })
+            )
+        {
+            return Err(syn::Error::new(
+                max_hold.key,
+                "`max_hold` caps a renewed lease and needs `expire = \"auto\"`; \
+                 add `expire = \"auto\"` or remove `max_hold` (a fixed `expire` already \
+                 bounds the hold)",
+            ));
         }
         Ok(Checked {
             key,
@@ -257,7 +271,10 @@ mod tests {
     }
 
     fn error(tokens: &str) -> String {
-        parse(tokens).unwrap_err().to_string()
+        match parse(tokens) {
+            Ok(_) => panic!("`{tokens}` should be rejected"),
+            Err(error) => error.to_string(),
+        }
     }
 
     #[test]

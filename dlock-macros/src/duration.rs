@@ -22,7 +22,11 @@ pub(crate) fn parse(lit: &LitStr, name: &str) -> syn::Result<Duration> {
 }
 
 /// Like [`parse`], and refuses zero with `why_not_zero` as the explanation.
-pub(crate) fn parse_positive(lit: &LitStr, name: &str, why_not_zero: &str) -> syn::Result<Duration> {
+pub(crate) fn parse_positive(
+    lit: &LitStr,
+    name: &str,
+    why_not_zero: &str,
+) -> syn::Result<Duration> {
     let duration = parse(lit, name)?;
     if duration.is_zero() {
         return Err(syn::Error::new(
@@ -74,7 +78,16 @@ mod tests {
 
     #[test]
     fn rejected() {
-        for text in ["", " ", "5", "five seconds", "5 parsecs", "-5s", "5s!", "100000y"] {
+        for text in [
+            "",
+            " ",
+            "5",
+            "five seconds",
+            "5 parsecs",
+            "-5s",
+            "5s!",
+            "100000y",
+        ] {
             assert!(parse_str(text).is_err(), "{text:?} should be rejected");
         }
     }
@@ -82,6 +95,9 @@ mod tests {
     #[test]
     fn tokens_rebuild_the_duration() {
         let tokens = to_tokens(Duration::from_millis(1500)).to_string();
-        assert_eq!(tokens, ":: core :: time :: Duration :: new (1u64 , 500000000u32)");
+        assert_eq!(
+            tokens,
+            ":: core :: time :: Duration :: new (1u64 , 500000000u32)"
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! body in calls to `#krate::__private`. No lock semantics live here.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned, ToTokens as _};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::visit_mut::{self, VisitMut};
 use syn::{Block, Expr, ExprPath, Ident, ItemFn, LitStr, ReturnType, Stmt, Type};
 
@@ -14,7 +14,7 @@ use crate::key::{self, Field, Part, Placeholder};
 /// The whole attribute: on success the locked function; on error the function unchanged plus
 /// one `compile_error!`, so the rest of the crate still sees the function.
 pub(crate) fn dlock(args: TokenStream, item: TokenStream) -> TokenStream {
-    match try_dlock(args, item.clone()) {
+    match try_dlock(args, &item) {
         Ok(tokens) => tokens,
         Err(error) => {
             let error = error.into_compile_error();
@@ -24,9 +24,9 @@ pub(crate) fn dlock(args: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 /// Parse, then validate, then expand.
-fn try_dlock(args: TokenStream, item: TokenStream) -> syn::Result<TokenStream> {
+fn try_dlock(args: TokenStream, item: &TokenStream) -> syn::Result<TokenStream> {
     let args = syn::parse2::<Args>(args)?.validate(Span::call_site())?;
-    let item: ItemFn = syn::parse2(item).map_err(|error| {
+    let item: ItemFn = syn::parse2(item.clone()).map_err(|error| {
         syn::Error::new(
             error.span(),
             format!("`#[dlock]` applies to an `async fn` with a body ({error})"),
@@ -57,12 +57,16 @@ impl Plan {
     /// `on_fail`.
     fn validate(args: Checked, input: &Input) -> syn::Result<Self> {
         let key = args.key.clone();
-        let parts = key::parse(&key.value()).map_err(|message| syn::Error::new(key.span(), message))?;
+        let parts =
+            key::parse(&key.value()).map_err(|message| syn::Error::new(key.span(), message))?;
         for part in &parts {
-            if let Part::Placeholder(placeholder) = part {
-                if !input.names.iter().any(|name| *name == placeholder.root) {
-                    return Err(syn::Error::new(key.span(), unknown_name(placeholder, &input.names)));
-                }
+            if let Part::Placeholder(placeholder) = part
+                && !input.names.contains(&placeholder.root)
+            {
+                return Err(syn::Error::new(
+                    key.span(),
+                    unknown_name(placeholder, &input.names),
+                ));
             }
         }
 
@@ -71,10 +75,12 @@ impl Plan {
                 ReturnType::Default => None,
                 ReturnType::Type(_, ty) => Some((**ty).clone()),
             },
-            Form::AsyncTrait { output } => Some(output.clone()).filter(|ty| !input::is_unit(ty)),
+            Form::AsyncTrait { output } => Some((**output).clone()).filter(|ty| !input::is_unit(ty)),
         };
-        if args.on_fail.is_none() {
-            if let Some(what) = not_a_result(output.as_ref()) {
+        if args.on_fail.is_none()
+            && let Some(what) = not_a_result(output.as_ref())
+        {
+            {
                 return Err(syn::Error::new(
                     input.return_span(),
                     format!(
@@ -83,16 +89,18 @@ impl Plan {
                          or pass `on_fail = handler` with `fn handler(dlock_runtime::LockError) \
                          -> {}`",
                         input.item.sig.ident,
-                        output.as_ref().map_or("()".to_owned(), |ty| ty.to_token_stream().to_string())
+                        output
+                            .as_ref()
+                            .map_or("()".to_owned(), |ty| ty.to_token_stream().to_string())
                     ),
                 ));
             }
         }
 
-        let krate = match &args.krate {
-            Some(path) => path.to_token_stream(),
-            None => quote!(::dlock_runtime),
-        };
+        let krate = args
+            .krate
+            .as_ref()
+            .map_or_else(|| quote!(::dlock_runtime), ToTokens::to_token_stream);
         let self_ident = match input.form {
             Form::Async => Ident::new("self", key.span()),
             Form::AsyncTrait { .. } => Ident::new("__self", key.span()),
@@ -114,13 +122,19 @@ impl Plan {
         match input.form {
             Form::Async => {
                 let body = std::mem::take(&mut item.block.stmts);
-                let body = Block { brace_token: item.block.brace_token, stmts: body };
+                let body = Block {
+                    brace_token: item.block.brace_token,
+                    stmts: body,
+                };
                 let locked = self.locked(&body.to_token_stream(), None);
                 item.block.stmts = vec![Stmt::Expr(Expr::Verbatim(locked), None)];
             }
             Form::AsyncTrait { .. } => {
                 let Some(slot) = input::async_trait_slot(&mut item.block) else {
-                    return Err(syn::Error::new(item.sig.ident.span(), "internal: lost the body"));
+                    return Err(syn::Error::new(
+                        item.sig.ident.span(),
+                        "internal: lost the body",
+                    ));
                 };
                 let body = slot.body.to_token_stream();
                 let locked = self.locked(&body, Some(self.self_ident.clone()));
@@ -268,7 +282,10 @@ impl Plan {
                     tokens.extend(quote_spanned!(span=> .#name));
                 }
                 Field::Index(index) => {
-                    let index = syn::Index { index: *index, span };
+                    let index = syn::Index {
+                        index: *index,
+                        span,
+                    };
                     tokens.extend(quote_spanned!(span=> .#index));
                 }
             }
@@ -352,7 +369,10 @@ fn display_check(name: &Ident, placeholder: &Placeholder, span: Span) -> TokenSt
         &format!("the `#[dlock]` key placeholder `{source}` must implement `Display`"),
         span,
     );
-    let label = LitStr::new(&format!("`{source}` is a `{{Self}}`, which is not `Display`"), span);
+    let label = LitStr::new(
+        &format!("`{source}` is a `{{Self}}`, which is not `Display`"),
+        span,
+    );
     let note = LitStr::new(
         "the key is formatted with `Display`; name a field that implements it, \
          or implement `Display` for `{Self}`",
@@ -430,7 +450,10 @@ fn erase_impl_trait(mut ty: Type) -> Type {
         fn visit_type_mut(&mut self, ty: &mut Type) {
             if let Type::ImplTrait(impl_trait) = ty {
                 let span = syn::spanned::Spanned::span(&*impl_trait);
-                *ty = Type::Infer(syn::TypeInfer { attrs: Vec::new(), underscore_token: syn::Token![_](span) });
+                *ty = Type::Infer(syn::TypeInfer {
+                    attrs: Vec::new(),
+                    underscore_token: syn::Token![_](span),
+                });
             } else {
                 visit_mut::visit_type_mut(self, ty);
             }

@@ -38,7 +38,7 @@ pub(crate) enum Form {
     /// and `self` is spelled `__self`.
     AsyncTrait {
         /// `R`, the output of the boxed future.
-        output: Type,
+        output: Box<Type>,
     },
 }
 
@@ -55,7 +55,11 @@ impl Input {
         }
         if sig.asyncness.is_some() {
             let names = names::bound_by(sig);
-            return Ok(Input { item, form: Form::Async, names });
+            return Ok(Input {
+                item,
+                form: Form::Async,
+                names,
+            });
         }
         let fn_span = sig.fn_token.span;
         let mut names = names::bound_by(&item.sig);
@@ -71,8 +75,12 @@ impl Input {
                 names::pattern(&local.pat, &mut names);
             }
         }
-        let output = slot.output.clone();
-        Ok(Input { item, form: Form::AsyncTrait { output }, names })
+        let output = Box::new(slot.output.clone());
+        Ok(Input {
+            item,
+            form: Form::AsyncTrait { output },
+            names,
+        })
     }
 
     /// The span errors about the return type go to: the type, or the name when there is none.
@@ -111,7 +119,12 @@ pub(crate) fn async_trait_slot(block: &mut Block) -> Option<AsyncTraitSlot<'_>> 
     let Expr::Path(func) = &*call.func else {
         return None;
     };
-    let segments: Vec<String> = func.path.segments.iter().map(|s| s.ident.to_string()).collect();
+    let segments: Vec<String> = func
+        .path
+        .segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect();
     if !segments.ends_with(&["Box".to_owned(), "pin".to_owned()]) || call.args.len() != 1 {
         return None;
     }
@@ -121,8 +134,12 @@ pub(crate) fn async_trait_slot(block: &mut Block) -> Option<AsyncTraitSlot<'_>> 
     async_block.capture?;
     let stmts = async_block.block.stmts.as_mut_slice();
     let index = stmts.iter().position(|stmt| {
-        let Stmt::Local(local) = stmt else { return false };
-        let Pat::Type(typed) = &local.pat else { return false };
+        let Stmt::Local(local) = stmt else {
+            return false;
+        };
+        let Pat::Type(typed) = &local.pat else {
+            return false;
+        };
         let named = match &*typed.pat {
             Pat::Ident(ident) => ident.ident == "__ret",
             Pat::Wild(_) => is_unit(&typed.ty),
@@ -142,5 +159,9 @@ pub(crate) fn async_trait_slot(block: &mut Block) -> Option<AsyncTraitSlot<'_>> 
         return None;
     };
     let init = local.init.as_mut()?;
-    Some(AsyncTraitSlot { prefix, output: &typed.ty, body: &mut init.expr })
+    Some(AsyncTraitSlot {
+        prefix,
+        output: &typed.ty,
+        body: &mut init.expr,
+    })
 }

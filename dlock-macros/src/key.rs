@@ -35,9 +35,10 @@ impl Placeholder {
     pub(crate) fn source(&self) -> String {
         let mut text = format!("<{}", self.root);
         for field in &self.fields {
+            text.push('.');
             match field {
-                Field::Named(name) => text.push_str(&format!(".{name}")),
-                Field::Index(index) => text.push_str(&format!(".{index}")),
+                Field::Named(name) => text.push_str(name),
+                Field::Index(index) => text.push_str(&index.to_string()),
             }
         }
         text.push('>');
@@ -116,7 +117,10 @@ fn parse_placeholder(inside: &str) -> Result<Placeholder, String> {
             return Err(invalid());
         }
     }
-    Ok(Placeholder { root: root.to_owned(), fields })
+    Ok(Placeholder {
+        root: root.to_owned(),
+        fields,
+    })
 }
 
 /// `name`, `_name`, `r#type`: what can follow a `.` or start a placeholder.
@@ -152,7 +156,10 @@ mod tests {
     }
 
     fn ph(root: &str, fields: &[Field]) -> Part {
-        Part::Placeholder(Placeholder { root: root.to_owned(), fields: fields.to_vec() })
+        Part::Placeholder(Placeholder {
+            root: root.to_owned(),
+            fields: fields.to_vec(),
+        })
     }
 
     #[test]
@@ -164,7 +171,10 @@ mod tests {
 
     #[test]
     fn placeholders() {
-        assert_eq!(parse("order:<id>").unwrap(), vec![text("order:"), ph("id", &[])]);
+        assert_eq!(
+            parse("order:<id>").unwrap(),
+            vec![text("order:"), ph("id", &[])]
+        );
         assert_eq!(
             parse("<self.tenant>:<req.user.0>!").unwrap(),
             vec![
@@ -183,24 +193,50 @@ mod tests {
     #[test]
     fn escapes() {
         assert_eq!(parse("a<<b").unwrap(), vec![text("a<b")]);
-        assert_eq!(parse("<<<id>>").unwrap(), vec![text("<"), ph("id", &[]), text(">")]);
+        assert_eq!(
+            parse("<<<id>>").unwrap(),
+            vec![text("<"), ph("id", &[]), text(">")]
+        );
         assert_eq!(parse("<<>").unwrap(), vec![text("<>")]);
     }
 
     #[test]
     fn errors() {
-        assert!(parse("a<>").unwrap_err().starts_with("empty placeholder `<>`"));
-        assert!(parse("a< >").unwrap_err().starts_with("empty placeholder `< >`"));
-        assert!(parse("order:<id").unwrap_err().starts_with("unterminated placeholder `<id`"));
-        assert!(parse("<a<b>").unwrap_err().starts_with("unterminated placeholder `<a`"));
-        for bad in ["<a b>", "<a.>", "<.a>", "<a..b>", "<1>", "<a+1>", "<a.01>", "<_>", "<a()>"] {
-            assert!(parse(bad).unwrap_err().starts_with("invalid placeholder"), "{bad}");
+        assert!(
+            parse("a<>")
+                .unwrap_err()
+                .starts_with("empty placeholder `<>`")
+        );
+        assert!(
+            parse("a< >")
+                .unwrap_err()
+                .starts_with("empty placeholder `< >`")
+        );
+        assert!(
+            parse("order:<id")
+                .unwrap_err()
+                .starts_with("unterminated placeholder `<id`")
+        );
+        assert!(
+            parse("<a<b>")
+                .unwrap_err()
+                .starts_with("unterminated placeholder `<a`")
+        );
+        for bad in [
+            "<a b>", "<a.>", "<.a>", "<a..b>", "<1>", "<a+1>", "<a.01>", "<_>", "<a()>",
+        ] {
+            assert!(
+                parse(bad).unwrap_err().starts_with("invalid placeholder"),
+                "{bad}"
+            );
         }
     }
 
     #[test]
     fn source_round_trips() {
-        let Part::Placeholder(p) = &parse("<req.user.0>").unwrap()[0] else { panic!() };
+        let Part::Placeholder(p) = &parse("<req.user.0>").unwrap()[0] else {
+            panic!()
+        };
         assert_eq!(p.source(), "<req.user.0>");
     }
 

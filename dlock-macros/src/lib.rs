@@ -253,6 +253,9 @@ mod names;
 /// fn f() -> Result<(), LockError> { Ok(()) }
 /// ```
 #[proc_macro_attribute]
-pub fn dlock(args: proc_macro::TokenStream, item: proc_macro::TokenStream) -> proc_macro::TokenStream {
+pub fn dlock(
+    args: proc_macro::TokenStream,
+    item: proc_macro::TokenStream,
+) -> proc_macro::TokenStream {
     expand::dlock(args.into(), item.into()).into()
 }

@@ -65,15 +65,25 @@ mod tests {
 
     #[test]
     fn patterns() {
-        assert_eq!(names("fn f(Path(id): Path<u64>, State(app): State<App>)"), ["id", "app"]);
+        assert_eq!(
+            names("fn f(Path(id): Path<u64>, State(app): State<App>)"),
+            ["id", "app"]
+        );
         assert_eq!(
             names("fn f(Json(CreateOrder { sku, qty: q, .. }): Json<CreateOrder>)"),
             ["sku", "q"]
         );
-        assert_eq!(names("fn f((a, (b, _)): (u8, (u8, u8)), &c: &u8)"), ["a", "b", "c"]);
-        assert_eq!(names("fn f([x, .., y]: [u8; 4], all @ (m, n): (u8, u8))"), [
-            "x", "y", "all", "m", "n"
-        ]);
-        assert_eq!(names("fn f(Wrapper { 0: inner }: Wrapper, _: u8)"), ["inner"]);
+        assert_eq!(
+            names("fn f((a, (b, _)): (u8, (u8, u8)), &c: &u8)"),
+            ["a", "b", "c"]
+        );
+        assert_eq!(
+            names("fn f([x, .., y]: [u8; 4], all @ (m, n): (u8, u8))"),
+            ["x", "y", "all", "m", "n"]
+        );
+        assert_eq!(
+            names("fn f(Wrapper { 0: inner }: Wrapper, _: u8)"),
+            ["inner"]
+        );
     }
 }

@@ -138,7 +138,6 @@ impl BackendError {
         }
     }
 }
-}
 
 impl fmt::Display for BackendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
