@@ -63,7 +63,7 @@ async fn try_once_sends_exactly_one_attempt() {
     let (a, b) = (server.locker(), server.locker());
     let key = unique_key("once");
     let _held = a.acquire(&key, LockOptions::new()).await.unwrap();
-    b.acquire(&unique_key("warm"), LockOptions::new()).await.unwrap();
+    b.acquire(&unique_key("warm"), LockOptions::new()).await.unwrap().release().await.unwrap();
     let before = calls(&server, "evalsha");
     assert!(b.try_acquire(&key, Duration::from_secs(1)).await.unwrap().is_none());
     assert_eq!(calls(&server, "evalsha") - before, 1);
@@ -130,7 +130,7 @@ async fn unreachable_server_is_a_backend_error_within_the_timeout() {
 async fn stalled_server_is_a_backend_error_within_the_timeout() {
     let server = RedisServer::start();
     let locker = short_locker(&server, Duration::from_millis(100));
-    locker.acquire(&unique_key("warm"), LockOptions::new()).await.unwrap();
+    locker.acquire(&unique_key("warm"), LockOptions::new()).await.unwrap().release().await.unwrap();
     server.pause();
     let started = Instant::now();
     let result = locker
@@ -150,7 +150,7 @@ async fn attempt_with_lost_reply_recognises_its_own_lock() {
     let server = RedisServer::start();
     let locker = short_locker(&server, Duration::from_millis(100));
     let key = unique_key("ambiguous");
-    locker.acquire(&unique_key("warm"), LockOptions::new()).await.unwrap();
+    locker.acquire(&unique_key("warm"), LockOptions::new()).await.unwrap().release().await.unwrap();
     server.pause();
     let waiting = {
         let (locker, key) = (locker.clone(), key.clone());
@@ -175,7 +175,7 @@ async fn dropped_in_flight_acquire_leaves_no_lock() {
     let server = RedisServer::start();
     let locker = server.locker();
     let key = unique_key("inflight");
-    locker.acquire(&unique_key("warm"), LockOptions::new()).await.unwrap();
+    locker.acquire(&unique_key("warm"), LockOptions::new()).await.unwrap().release().await.unwrap();
     server.pause();
     let attempt = locker.acquire(&key, LockOptions::new().expire(Duration::from_secs(30)));
     assert!(tokio::time::timeout(Duration::from_millis(50), attempt).await.is_err());

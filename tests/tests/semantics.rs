@@ -161,7 +161,7 @@ async fn timeout_is_bounded(env: Env) {
         .await
         .unwrap_err();
     let took = started.elapsed();
-    let LockError::Timeout { key: k, waited } = &err else {
+    let LockError::Timeout { key: k, waited, .. } = &err else {
         panic!("expected a timeout, got {err:?}");
     };
     assert_eq!(k, &format!("dlock:{key}"));
@@ -330,7 +330,7 @@ async fn oversized_and_empty_keys_are_refused(env: Env) {
     assert!(err.is_invalid_key(), "{err:?}");
     // At the limit exactly it is accepted: the prefix counts.
     let fits = "k".repeat(1024 - "dlock:".len());
-    locker.acquire(&fits, LockOptions::new()).await.unwrap();
+    let _guard = locker.acquire(&fits, LockOptions::new()).await.unwrap();
 }
 
 async fn waiter_gets_the_lock_after_release(env: Env) {

@@ -46,8 +46,24 @@ async fn locked_increment(
     increment(redis, &format!("{key}:counter")).await
 }
 
+impl std::fmt::Display for WorkerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Lock(e) => write!(f, "lock: {e}"),
+            Self::Redis(e) => write!(f, "redis: {e}"),
+        }
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), WorkerError> {
+async fn main() {
+    if let Err(e) = run().await {
+        eprintln!("dlock-worker: {e}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<(), WorkerError> {
     let args: Vec<String> = std::env::args().collect();
     let [_, url, key, iterations, mode] = args.as_slice() else {
         eprintln!("usage: dlock-worker <redis-url> <key> <iterations> <api|attr>");
