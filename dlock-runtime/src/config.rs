@@ -15,7 +15,8 @@ pub const DEFAULT_MAX_KEY_LEN: usize = 1024;
 /// Default Redis URL (`DLOCK_REDIS_URL`, then `REDIS_URL`).
 pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
 /// Default bounds of the jittered pause between attempts (`DLOCK_RETRY`, `min..max`).
-pub const DEFAULT_RETRY: (Duration, Duration) = (Duration::from_millis(10), Duration::from_millis(50));
+pub const DEFAULT_RETRY: (Duration, Duration) =
+    (Duration::from_millis(10), Duration::from_millis(50));
 /// Default bound on one backend request (`DLOCK_REQUEST_TIMEOUT`): a reply that takes longer
 /// counts as a failed (ambiguous) attempt.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
@@ -47,7 +48,10 @@ impl RedisUrl {
     /// Checks the scheme; the rest is checked by the driver on first use.
     pub(crate) fn parse(var: &str, url: &str) -> Result<Self, LockError> {
         let url = url.trim();
-        if url.starts_with("redis://") || url.starts_with("redis+unix://") || url.starts_with("unix://") {
+        if url.starts_with("redis://")
+            || url.starts_with("redis+unix://")
+            || url.starts_with("unix://")
+        {
             Ok(Self(url.to_owned()))
         } else if url.starts_with("rediss://") {
             Err(LockError::config(format!(
@@ -129,9 +133,9 @@ impl Settings {
                 .transpose()?,
         };
         settings.backend = match get("DLOCK_BACKEND").as_deref().map(str::trim) {
-            None | Some("redis") => BackendKind::Redis(
-                url.unwrap_or_else(|| RedisUrl(DEFAULT_REDIS_URL.to_owned())),
-            ),
+            None | Some("redis") => {
+                BackendKind::Redis(url.unwrap_or_else(|| RedisUrl(DEFAULT_REDIS_URL.to_owned())))
+            }
             Some("memory") => BackendKind::Memory,
             Some(_) => {
                 return Err(LockError::config(
@@ -205,7 +209,9 @@ pub(crate) fn parse_duration(var: &str, value: &str, zero_ok: bool) -> Result<Du
 
 fn parse_retry(value: &str) -> Result<(Duration, Duration), LockError> {
     const EXPECTED: &str = "DLOCK_RETRY: expected `min..max` like `10ms..50ms`, with min <= max";
-    let (min, max) = value.split_once("..").ok_or_else(|| LockError::config(EXPECTED))?;
+    let (min, max) = value
+        .split_once("..")
+        .ok_or_else(|| LockError::config(EXPECTED))?;
     let min = humantime::parse_duration(min.trim()).map_err(|_| LockError::config(EXPECTED))?;
     let max = humantime::parse_duration(max.trim()).map_err(|_| LockError::config(EXPECTED))?;
     if min > max || max.is_zero() {
@@ -224,7 +230,10 @@ mod tests {
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
         Settings::from_lookup(move |name| {
-            pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+            pairs
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
         })
     }
 
@@ -235,7 +244,10 @@ mod tests {
         assert_eq!(s.expire, DEFAULT_EXPIRE);
         assert_eq!(s.key_prefix, "dlock:");
         assert_eq!(s.max_key_len, 1024);
-        assert_eq!(s.backend, BackendKind::Redis(RedisUrl(DEFAULT_REDIS_URL.into())));
+        assert_eq!(
+            s.backend,
+            BackendKind::Redis(RedisUrl(DEFAULT_REDIS_URL.into()))
+        );
     }
 
     #[test]
@@ -254,7 +266,10 @@ mod tests {
         assert_eq!(s.key_prefix, "app:");
         assert_eq!(s.timeout, Duration::ZERO);
         assert_eq!(s.expire, Duration::from_secs(90));
-        assert_eq!(s.retry, (Duration::from_millis(5), Duration::from_millis(7)));
+        assert_eq!(
+            s.retry,
+            (Duration::from_millis(5), Duration::from_millis(7))
+        );
         assert_eq!(s.max_key_len, 64);
         assert_eq!(s.request_timeout, Duration::from_secs(2));
     }
@@ -262,9 +277,19 @@ mod tests {
     #[test]
     fn redis_url_falls_back_to_redis_url() {
         let s = env(&[("REDIS_URL", "redis://h:1")]).unwrap();
-        assert_eq!(s.backend, BackendKind::Redis(RedisUrl("redis://h:1".into())));
-        let s = env(&[("REDIS_URL", "redis://h:1"), ("DLOCK_REDIS_URL", "redis://d:2")]).unwrap();
-        assert_eq!(s.backend, BackendKind::Redis(RedisUrl("redis://d:2".into())));
+        assert_eq!(
+            s.backend,
+            BackendKind::Redis(RedisUrl("redis://h:1".into()))
+        );
+        let s = env(&[
+            ("REDIS_URL", "redis://h:1"),
+            ("DLOCK_REDIS_URL", "redis://d:2"),
+        ])
+        .unwrap();
+        assert_eq!(
+            s.backend,
+            BackendKind::Redis(RedisUrl("redis://d:2".into()))
+        );
     }
 
     #[test]

@@ -4,19 +4,16 @@ use std::{sync::Arc, time::Duration};
 
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
-use crate::{
-    LockError, Locker,
-    backend::Token,
-    locker::spawn_release,
-    options::Lease,
-};
+use crate::{LockError, Locker, backend::Token, locker::spawn_release, options::Lease};
 
 /// The hold as the client sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
     /// Ours until this instant of the client's monotonic clock (lease minus a safety margin,
     /// counted from when the request that set it was sent).
-    Held { valid_until: Instant },
+    Held {
+        valid_until: Instant,
+    },
     Lost,
 }
 
@@ -135,7 +132,12 @@ async fn watchdog(hold: Arc<Hold>, max_hold: Option<Duration>) {
             hold.mark_lost("the lease ran out before it could be renewed");
             return;
         }
-        match hold.locker.backend().extend(&hold.key, &hold.token, lease).await {
+        match hold
+            .locker
+            .backend()
+            .extend(&hold.key, &hold.token, lease)
+            .await
+        {
             Ok(true) => {
                 hold.renewed(now, lease);
                 next = now + period;
@@ -176,7 +178,8 @@ pub struct LockGuard {
 
 impl LockGuard {
     pub(crate) fn new(hold: Arc<Hold>, lease: Lease, max_hold: Option<Duration>) -> Self {
-        let watchdog = (lease == Lease::Auto).then(|| tokio::spawn(watchdog(hold.clone(), max_hold)));
+        let watchdog =
+            (lease == Lease::Auto).then(|| tokio::spawn(watchdog(hold.clone(), max_hold)));
         Self {
             hold,
             watchdog,
@@ -217,13 +220,20 @@ impl LockGuard {
     /// [`LockError::Backend`] when the server cannot be reached.
     pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
         let sent_at = Instant::now();
-        match self.hold.locker.backend().extend(&self.hold.key, &self.hold.token, lease).await {
+        match self
+            .hold
+            .locker
+            .backend()
+            .extend(&self.hold.key, &self.hold.token, lease)
+            .await
+        {
             Ok(true) => {
                 self.hold.renewed(sent_at, lease);
                 Ok(())
             }
             Ok(false) => {
-                self.hold.mark_lost("extend found the key gone or held by another owner");
+                self.hold
+                    .mark_lost("extend found the key gone or held by another owner");
                 Err(self.lost_error())
             }
             Err(error) => Err(LockError::Backend(error)),

@@ -49,15 +49,18 @@
 #![deny(missing_docs)]
 #![warn(unreachable_pub, missing_debug_implementations)]
 
+#[doc(hidden)]
+pub mod __private;
+#[cfg(feature = "axum")]
+mod axum;
 mod backend;
 mod config;
 mod error;
 mod guard;
 mod locker;
 mod options;
-#[doc(hidden)]
-pub mod __private;
 
+pub use __private::fencing_token;
 pub use config::{
     BackendKind, DEFAULT_EXPIRE, DEFAULT_KEY_PREFIX, DEFAULT_MAX_KEY_LEN, DEFAULT_REDIS_URL,
     DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_TIMEOUT, RedisUrl,
@@ -66,7 +69,6 @@ pub use error::{BackendError, LockError};
 pub use guard::LockGuard;
 pub use locker::{Locker, LockerBuilder, global, set_global};
 pub use options::LockOptions;
-pub use __private::fencing_token;
 
 #[cfg(feature = "macros")]
 pub use dlock_macros::dlock;

@@ -77,10 +77,13 @@ impl Locker {
     /// its clones only. For tests and single-process programs.
     #[must_use]
     pub fn memory() -> Self {
-        Self::with_backend(Settings {
-            backend: BackendKind::Memory,
-            ..Settings::default()
-        }, Arc::new(MemoryBackend::default()))
+        Self::with_backend(
+            Settings {
+                backend: BackendKind::Memory,
+                ..Settings::default()
+            },
+            Arc::new(MemoryBackend::default()),
+        )
     }
 
     /// A builder starting from the built-in defaults (not the environment; see
@@ -126,7 +129,8 @@ impl Locker {
         if lease_len < Duration::from_millis(1) {
             return Err(LockError::config("expire: the lease must be at least 1ms"));
         }
-        let span = tracing::debug_span!("dlock.acquire", key = %full_key, ?timeout, expire = ?lease);
+        let span =
+            tracing::debug_span!("dlock.acquire", key = %full_key, ?timeout, expire = ?lease);
         self.wait_for(full_key, timeout, lease, lease_len, options.max_hold)
             .instrument(span)
             .await
@@ -142,7 +146,10 @@ impl Locker {
         expire: Duration,
     ) -> Result<Option<LockGuard>, LockError> {
         match self
-            .acquire(key, LockOptions::new().timeout(Duration::ZERO).expire(expire))
+            .acquire(
+                key,
+                LockOptions::new().timeout(Duration::ZERO).expire(expire),
+            )
             .await
         {
             Ok(guard) => Ok(Some(guard)),
@@ -265,7 +272,10 @@ impl OrphanCleanup<'_> {
     /// Hands the key and token on (to a guard, or to an error) with nothing left to clean.
     fn disarm(mut self) -> (String, Token) {
         self.armed = false;
-        (std::mem::take(&mut self.key), std::mem::take(&mut self.token))
+        (
+            std::mem::take(&mut self.key),
+            std::mem::take(&mut self.token),
+        )
     }
 }
 

@@ -17,8 +17,7 @@ use std::{
 use dlock_runtime::Locker;
 
 /// How to install what the tests need, printed when it is missing.
-pub const INSTALL_REDIS: &str =
-    "redis-server not found on PATH: install it with `sudo apt-get install -y redis-server` (or run .ci/run, which does)";
+pub const INSTALL_REDIS: &str = "redis-server not found on PATH: install it with `sudo apt-get install -y redis-server` (or run .ci/run, which does)";
 
 /// A `redis-server` owned by one test: no persistence, loopback only, stopped on drop.
 #[derive(Debug)]
@@ -89,9 +88,15 @@ impl RedisServer {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                panic!("redis-server exited at start ({status}); is port {} taken?", self.port);
+                panic!(
+                    "redis-server exited at start ({status}); is port {} taken?",
+                    self.port
+                );
             }
-            assert!(Instant::now() < deadline, "redis-server did not answer PING within 10s");
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not answer PING within 10s"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -99,7 +104,8 @@ impl RedisServer {
     /// `true` when the server answers PING now.
     #[must_use]
     pub fn ping(&self) -> bool {
-        self.command(&["PING"]).is_some_and(|r| r.starts_with("+PONG"))
+        self.command(&["PING"])
+            .is_some_and(|r| r.starts_with("+PONG"))
     }
 
     /// Sends one command over a fresh plain connection and returns the raw RESP reply
@@ -201,5 +207,9 @@ pub fn free_port() -> u16 {
 #[must_use]
 pub fn unique_key(name: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!("{name}:{}:{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{name}:{}:{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }

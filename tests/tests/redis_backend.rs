@@ -51,10 +51,25 @@ async fn acquire_and_release_take_one_round_trip_each() {
     let locker = server.locker();
     let key = unique_key("trips");
     // Warm up: connect and load the scripts.
-    locker.acquire(&key, LockOptions::new()).await.unwrap().release().await.unwrap();
+    locker
+        .acquire(&key, LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     let before = calls(&server, "evalsha") + calls(&server, "eval");
-    locker.acquire(&key, LockOptions::new()).await.unwrap().release().await.unwrap();
-    assert_eq!(calls(&server, "evalsha") + calls(&server, "eval") - before, 2);
+    locker
+        .acquire(&key, LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert_eq!(
+        calls(&server, "evalsha") + calls(&server, "eval") - before,
+        2
+    );
 }
 
 #[tokio::test]
@@ -63,9 +78,19 @@ async fn try_once_sends_exactly_one_attempt() {
     let (a, b) = (server.locker(), server.locker());
     let key = unique_key("once");
     let _held = a.acquire(&key, LockOptions::new()).await.unwrap();
-    b.acquire(&unique_key("warm"), LockOptions::new()).await.unwrap().release().await.unwrap();
+    b.acquire(&unique_key("warm"), LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     let before = calls(&server, "evalsha");
-    assert!(b.try_acquire(&key, Duration::from_secs(1)).await.unwrap().is_none());
+    assert!(
+        b.try_acquire(&key, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_none()
+    );
     assert_eq!(calls(&server, "evalsha") - before, 1);
 }
 
@@ -75,15 +100,25 @@ async fn ttl_recheck_gives_an_immortal_key_an_expiry() {
     let locker = server.locker();
     let key = unique_key("immortal");
     let mut redis = server.client().get_connection().unwrap();
-    let () = redis.set(format!("dlock:{key}"), "left-by-a-crashed-writer").unwrap();
+    let () = redis
+        .set(format!("dlock:{key}"), "left-by-a-crashed-writer")
+        .unwrap();
     assert_eq!(redis.pttl::<_, i64>(format!("dlock:{key}")).unwrap(), -1);
     let err = locker
-        .acquire(&key, LockOptions::new().timeout(Duration::ZERO).expire(Duration::from_millis(500)))
+        .acquire(
+            &key,
+            LockOptions::new()
+                .timeout(Duration::ZERO)
+                .expire(Duration::from_millis(500)),
+        )
         .await
         .unwrap_err();
     assert!(err.is_timeout());
     let ttl: i64 = redis.pttl(format!("dlock:{key}")).unwrap();
-    assert!(ttl > 0 && ttl <= 500, "the recheck did not set an expiry: {ttl}");
+    assert!(
+        ttl > 0 && ttl <= 500,
+        "the recheck did not set an expiry: {ttl}"
+    );
     // And so the lock becomes available once that expiry passes.
     let guard = locker
         .acquire(&key, LockOptions::new().timeout(Duration::from_secs(3)))
@@ -96,9 +131,26 @@ async fn scripts_are_reloaded_after_script_flush_and_restart() {
     let mut server = RedisServer::start();
     let locker = server.locker();
     let key = unique_key("noscript");
-    locker.acquire(&key, LockOptions::new()).await.unwrap().release().await.unwrap();
-    assert!(server.command(&["SCRIPT", "FLUSH"]).unwrap().starts_with("+OK"));
-    locker.acquire(&key, LockOptions::new()).await.unwrap().release().await.unwrap();
+    locker
+        .acquire(&key, LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert!(
+        server
+            .command(&["SCRIPT", "FLUSH"])
+            .unwrap()
+            .starts_with("+OK")
+    );
+    locker
+        .acquire(&key, LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     server.restart();
     // The connection was cut and the script cache is empty: the locker reconnects and reloads.
     let guard = locker
@@ -118,23 +170,39 @@ async fn unreachable_server_is_a_backend_error_within_the_timeout() {
         .unwrap();
     let started = Instant::now();
     let err = locker
-        .acquire("nowhere", LockOptions::new().timeout(Duration::from_millis(500)))
+        .acquire(
+            "nowhere",
+            LockOptions::new().timeout(Duration::from_millis(500)),
+        )
         .await
         .unwrap_err();
     assert!(err.is_backend(), "{err:?}");
     assert!(std::error::Error::source(&err).is_some());
-    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
 async fn stalled_server_is_a_backend_error_within_the_timeout() {
     let server = RedisServer::start();
     let locker = short_locker(&server, Duration::from_millis(100));
-    locker.acquire(&unique_key("warm"), LockOptions::new()).await.unwrap().release().await.unwrap();
+    locker
+        .acquire(&unique_key("warm"), LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     server.pause();
     let started = Instant::now();
     let result = locker
-        .acquire(&unique_key("stall"), LockOptions::new().timeout(Duration::from_millis(300)))
+        .acquire(
+            &unique_key("stall"),
+            LockOptions::new().timeout(Duration::from_millis(300)),
+        )
         .await;
     let took = started.elapsed();
     server.resume();
@@ -150,7 +218,13 @@ async fn attempt_with_lost_reply_recognises_its_own_lock() {
     let server = RedisServer::start();
     let locker = short_locker(&server, Duration::from_millis(100));
     let key = unique_key("ambiguous");
-    locker.acquire(&unique_key("warm"), LockOptions::new()).await.unwrap().release().await.unwrap();
+    locker
+        .acquire(&unique_key("warm"), LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     server.pause();
     let waiting = {
         let (locker, key) = (locker.clone(), key.clone());
@@ -158,7 +232,9 @@ async fn attempt_with_lost_reply_recognises_its_own_lock() {
             locker
                 .acquire(
                     &key,
-                    LockOptions::new().timeout(Duration::from_secs(4)).expire(Duration::from_secs(30)),
+                    LockOptions::new()
+                        .timeout(Duration::from_secs(4))
+                        .expire(Duration::from_secs(30)),
                 )
                 .await
         })
@@ -175,10 +251,20 @@ async fn dropped_in_flight_acquire_leaves_no_lock() {
     let server = RedisServer::start();
     let locker = server.locker();
     let key = unique_key("inflight");
-    locker.acquire(&unique_key("warm"), LockOptions::new()).await.unwrap().release().await.unwrap();
+    locker
+        .acquire(&unique_key("warm"), LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     server.pause();
     let attempt = locker.acquire(&key, LockOptions::new().expire(Duration::from_secs(30)));
-    assert!(tokio::time::timeout(Duration::from_millis(50), attempt).await.is_err());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), attempt)
+            .await
+            .is_err()
+    );
     server.resume();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut redis = server.client().get_connection().unwrap();
@@ -203,23 +289,41 @@ async fn fencing_counters_are_bounded_and_monotonic_over_a_restart() {
     }
     let mut redis = server.client().get_connection().unwrap();
     let keys: Vec<String> = redis.keys("*").unwrap();
-    assert!(keys.iter().all(|k| k.starts_with("dlock:__fence:")), "left behind: {keys:?}");
+    assert!(
+        keys.iter().all(|k| k.starts_with("dlock:__fence:")),
+        "left behind: {keys:?}"
+    );
     assert!(keys.len() <= 200);
     // A restart without persistence loses the counters; fences still go up.
     server.restart();
     let guard = locker
-        .acquire("after-restart", LockOptions::new().timeout(Duration::from_secs(5)))
+        .acquire(
+            "after-restart",
+            LockOptions::new().timeout(Duration::from_secs(5)),
+        )
         .await
         .unwrap();
-    assert!(guard.fencing_token() > last, "{} <= {last}", guard.fencing_token());
+    assert!(
+        guard.fencing_token() > last,
+        "{} <= {last}",
+        guard.fencing_token()
+    );
 }
 
 #[tokio::test]
 async fn secrets_never_appear_in_errors() {
     let server = RedisServer::start();
-    assert!(server.command(&["CONFIG", "SET", "requirepass", "pw-right"]).unwrap().starts_with("+OK"));
+    assert!(
+        server
+            .command(&["CONFIG", "SET", "requirepass", "pw-right"])
+            .unwrap()
+            .starts_with("+OK")
+    );
     let locker = Locker::builder()
-        .redis_url(format!("redis://:hunter2-secret@127.0.0.1:{}", server.port()))
+        .redis_url(format!(
+            "redis://:hunter2-secret@127.0.0.1:{}",
+            server.port()
+        ))
         .request_timeout(Duration::from_millis(300))
         .build()
         .unwrap();
@@ -280,7 +384,11 @@ fn worker_processes(mode: &str) {
     }
     let mut redis = server.client().get_connection().unwrap();
     let counter: u64 = redis.get(format!("{key}:counter")).unwrap();
-    assert_eq!(counter, PROCESSES as u64 * ITERATIONS, "lost updates: the lock let processes overlap");
+    assert_eq!(
+        counter,
+        PROCESSES as u64 * ITERATIONS,
+        "lost updates: the lock let processes overlap"
+    );
 }
 
 #[test]

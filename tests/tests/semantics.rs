@@ -113,7 +113,10 @@ async fn busy_lock_is_not_granted(env: Env) {
     let key = unique_key("busy");
     let _held = a.acquire(&key, LockOptions::new()).await.unwrap();
     assert!(b.try_acquire(&key, SHORT).await.unwrap().is_none());
-    assert!(a.try_acquire(&key, SHORT).await.unwrap().is_none(), "not reentrant across acquisitions");
+    assert!(
+        a.try_acquire(&key, SHORT).await.unwrap().is_none(),
+        "not reentrant across acquisitions"
+    );
     let other = b.try_acquire(&unique_key("other"), SHORT).await.unwrap();
     assert!(other.is_some(), "another key is independent");
 }
@@ -167,7 +170,10 @@ async fn timeout_is_bounded(env: Env) {
     assert_eq!(k, &format!("dlock:{key}"));
     assert!(err.is_timeout());
     assert!(*waited >= SHORT, "gave up early: {waited:?}");
-    assert!(took < SHORT + Duration::from_secs(2), "gave up late: {took:?}");
+    assert!(
+        took < SHORT + Duration::from_secs(2),
+        "gave up late: {took:?}"
+    );
 }
 
 async fn try_once_makes_one_attempt_and_returns(env: Env) {
@@ -197,7 +203,11 @@ async fn stale_release_is_lost_and_deletes_nothing(env: Env) {
     assert!(err.is_lost(), "{err:?}");
     assert!(new.is_held());
     assert!(
-        env.locker().try_acquire(&key, SHORT).await.unwrap().is_none(),
+        env.locker()
+            .try_acquire(&key, SHORT)
+            .await
+            .unwrap()
+            .is_none(),
         "the new holder's lock survived the stale release"
     );
     new.release().await.unwrap();
@@ -230,7 +240,10 @@ async fn release_after_panic_frees_the_lock(env: Env) {
         .locker()
         .acquire(&key, LockOptions::new().timeout(Duration::from_secs(2)))
         .await;
-    assert!(guard.is_ok(), "panicked holder's lock was not released: {guard:?}");
+    assert!(
+        guard.is_ok(),
+        "panicked holder's lock was not released: {guard:?}"
+    );
 }
 
 async fn cancelled_waiter_leaves_nothing(env: Env) {
@@ -238,7 +251,11 @@ async fn cancelled_waiter_leaves_nothing(env: Env) {
     let key = unique_key("cancel");
     let held = a.acquire(&key, LockOptions::new()).await.unwrap();
     let waiting = b.acquire(&key, LockOptions::new().timeout(Duration::from_secs(30)));
-    assert!(tokio::time::timeout(Duration::from_millis(200), waiting).await.is_err());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), waiting)
+            .await
+            .is_err()
+    );
     held.release().await.unwrap();
     let next = env.locker().try_acquire(&key, SHORT).await.unwrap();
     assert!(next.is_some(), "the cancelled waiter left a lock behind");
@@ -271,7 +288,10 @@ async fn extend_keeps_and_never_resurrects(env: Env) {
     guard.extend(Duration::from_secs(5)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(guard.is_held(), "extend did not move the client's deadline");
-    assert!(b.try_acquire(&key, SHORT).await.unwrap().is_none(), "extend did not reach the server");
+    assert!(
+        b.try_acquire(&key, SHORT).await.unwrap().is_none(),
+        "extend did not reach the server"
+    );
     guard.release().await.unwrap();
 
     let old = a
@@ -298,7 +318,10 @@ async fn renewed_lease_outlives_its_length(env: Env) {
         .unwrap();
     for _ in 0..6 {
         tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(locker.try_acquire(&key, SHORT).await.unwrap().is_none(), "renewal let the lease lapse");
+        assert!(
+            locker.try_acquire(&key, SHORT).await.unwrap().is_none(),
+            "renewal let the lease lapse"
+        );
         assert!(guard.is_held());
     }
     guard.release().await.unwrap();
@@ -339,7 +362,11 @@ async fn waiter_gets_the_lock_after_release(env: Env) {
     let held = a.acquire(&key, LockOptions::new()).await.unwrap();
     let waiter = {
         let key = key.clone();
-        tokio::spawn(async move { b.acquire(&key, LockOptions::new()).await.map(|g| g.fencing_token()) })
+        tokio::spawn(async move {
+            b.acquire(&key, LockOptions::new())
+                .await
+                .map(|g| g.fencing_token())
+        })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
     let first = held.fencing_token();

@@ -42,7 +42,10 @@ impl MemoryBackend {
     fn with_table<T>(&self, f: impl FnOnce(&mut Table, Instant) -> T) -> T {
         // A panic while the table is locked cannot leave it half-written (every update is one
         // insert or remove), so a poisoned lock is still usable.
-        let mut table = self.table.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut table = self
+            .table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         f(&mut table, Instant::now())
     }
 }

@@ -10,7 +10,7 @@ use redis::{
 use tokio::sync::OnceCell;
 
 use super::{Attempt, Backend, BoxFuture, Token, lease_millis};
-use crate::{config::RedisUrl, error::BackendError, LockError};
+use crate::{LockError, config::RedisUrl, error::BackendError};
 
 static ACQUIRE: OnceLock<Script> = OnceLock::new();
 static RELEASE: OnceLock<Script> = OnceLock::new();
@@ -73,8 +73,9 @@ impl RedisBackend {
                     .set_number_of_retries(1)
                     .set_min_delay(Duration::from_millis(10))
                     .set_max_delay(Duration::from_millis(100));
-                ConnectionManager::new_lazy_with_config(self.client.clone(), config)
-                    .map_err(|e| BackendError::with_source("could not set up the Redis connection", e))
+                ConnectionManager::new_lazy_with_config(self.client.clone(), config).map_err(|e| {
+                    BackendError::with_source("could not set up the Redis connection", e)
+                })
             })
             .await?;
         Ok(manager.clone())
@@ -107,7 +108,11 @@ impl RedisBackend {
     /// The fencing counter in the same cluster slot as `key`: one counter per slot, so storage
     /// stays bounded (at most 16384 counters) however many lock names come and go.
     fn fence_key(&self, key: &str) -> String {
-        format!("{}{{{}}}", self.fence_prefix, slot_tag(slot(key.as_bytes())))
+        format!(
+            "{}{{{}}}",
+            self.fence_prefix,
+            slot_tag(slot(key.as_bytes()))
+        )
     }
 }
 
@@ -186,7 +191,11 @@ fn crc16(bytes: &[u8]) -> u16 {
     for &b in bytes {
         crc ^= u16::from(b) << 8;
         for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
         }
     }
     crc

@@ -2,6 +2,10 @@
 //! (GET, pause, SET) under a lock, `iterations` times, with its own connection.
 //!
 //! `dlock-worker <redis-url> <key> <iterations> <api|attr>`
+//!
+//! `dlock-worker <redis-url> <key> 1 pause-holder`: the paused-holder fault test's child. It
+//! takes the lock with a 1s lease, prints `acquired <fence>`, waits for a line on stdin (the test
+//! freezes it meanwhile), then tries a fenced write and a release and prints what happened.
 
 use std::time::Duration;
 
@@ -74,6 +78,9 @@ async fn run() -> Result<(), WorkerError> {
     let mut redis = redis::Client::open(url.as_str())?
         .get_multiplexed_async_connection()
         .await?;
+    if mode == "pause-holder" {
+        return pause_holder(&locker, key, &mut redis).await;
+    }
     for _ in 0..iterations {
         match mode.as_str() {
             "api" => {
@@ -86,5 +93,48 @@ async fn run() -> Result<(), WorkerError> {
             _ => locked_increment(&locker, key, &mut redis).await?,
         }
     }
+    Ok(())
+}
+
+/// The resource a fenced writer protects: it accepts a write only with a fence at least as high
+/// as every fence it has seen.
+pub const FENCED_WRITE: &str = r"
+local highest = tonumber(redis.call('GET', KEYS[2]) or '0')
+if tonumber(ARGV[1]) < highest then return 0 end
+redis.call('SET', KEYS[2], ARGV[1])
+redis.call('SET', KEYS[1], ARGV[2])
+return 1";
+
+async fn pause_holder(
+    locker: &Locker,
+    key: &str,
+    redis: &mut redis::aio::MultiplexedConnection,
+) -> Result<(), WorkerError> {
+    let guard = locker
+        .acquire(key, LockOptions::new().expire(Duration::from_secs(1)))
+        .await?;
+    println!("acquired {}", guard.fencing_token());
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).expect("read stdin");
+    let held = guard.is_held();
+    let lost_resolved = tokio::time::timeout(Duration::from_millis(100), guard.lost())
+        .await
+        .is_ok();
+    let accepted: i64 = redis::Script::new(FENCED_WRITE)
+        .key(format!("{key}:resource"))
+        .key(format!("{key}:resource:fence"))
+        .arg(guard.fencing_token())
+        .arg("written by the paused holder")
+        .invoke_async(redis)
+        .await?;
+    let release = match guard.release().await {
+        Ok(()) => "released".to_owned(),
+        Err(e) if e.is_lost() => "lost".to_owned(),
+        Err(e) => format!("error {e}"),
+    };
+    println!(
+        "held={held} lost_resolved={lost_resolved} write_accepted={} release={release}",
+        accepted == 1
+    );
     Ok(())
 }

@@ -1,0 +1,8 @@
+use dlock_runtime::{dlock, LockError};
+
+#[dlock(key = "order:<id>", timeout = "5s", timeout = "1s")]
+async fn create_order(id: u64) -> Result<u64, LockError> {
+    Ok(id)
+}
+
+fn main() {}

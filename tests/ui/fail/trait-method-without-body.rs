@@ -1,0 +1,8 @@
+use dlock_runtime::{dlock, LockError};
+
+pub trait Orders {
+    #[dlock(key = "order:<id>")]
+    async fn create_order(&self, id: u64) -> Result<u64, LockError>;
+}
+
+fn main() {}

@@ -1,0 +1,8 @@
+use dlock_runtime::dlock;
+
+#[dlock(key = "order:<id>")]
+async fn create_order(id: u64) {
+    println!("{id}");
+}
+
+fn main() {}
