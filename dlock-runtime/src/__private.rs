@@ -1,11 +1,33 @@
 //! What `#[dlock]` expands to calls. Not public API: no semver guarantees.
 
-use std::future::Future;
+use std::{future::Future, sync::Arc};
 
+use crate::guard::Hold;
 pub use crate::{LockError, LockGuard, LockOptions, Locker};
 
+/// What the locked bodies running on this task hold, innermost last.
+#[derive(Clone)]
+struct Scope {
+    holds: Vec<Arc<Hold>>,
+}
+
 tokio::task_local! {
-    static FENCE: u64;
+    static SCOPE: Scope;
+}
+
+/// The hold on `key` through `locker` that an enclosing locked body of this task has.
+pub(crate) fn scoped_hold(locker: &Locker, key: &str) -> Option<Arc<Hold>> {
+    SCOPE
+        .try_with(|scope| {
+            scope
+                .holds
+                .iter()
+                .rev()
+                .find(|h| h.key() == key && h.locker().same_as(locker))
+                .cloned()
+        })
+        .ok()
+        .flatten()
 }
 
 /// The fencing token of the lock held by the innermost `#[dlock]` function running on this task.
@@ -27,7 +49,10 @@ tokio::task_local! {
 /// ```
 #[must_use]
 pub fn fencing_token() -> Option<u64> {
-    FENCE.try_with(|fence| *fence).ok()
+    SCOPE
+        .try_with(|scope| scope.holds.last().map(|h| h.fence()))
+        .ok()
+        .flatten()
 }
 
 /// The key text of a template.
@@ -89,7 +114,9 @@ pub async fn run<F: Future>(
     on_lost: OnLost,
     body: F,
 ) -> Result<F::Output, LockError> {
-    let body = FENCE.scope(guard.fencing_token(), body);
+    let mut holds = SCOPE.try_with(|s| s.holds.clone()).unwrap_or_default();
+    holds.push(guard.hold().clone());
+    let body = SCOPE.scope(Scope { holds }, body);
     let output = match on_lost {
         OnLost::Abort => {
             tokio::select! {

@@ -1,6 +1,12 @@
 //! What a holder holds: the guard, its lease on the client's clock, and the watchdog.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
@@ -27,6 +33,11 @@ pub(crate) struct Hold {
     acquired_at: Instant,
     lease: Duration,
     state: watch::Sender<State>,
+    /// Guards sharing this hold: the first acquisition plus re-entries by the same task.
+    holders: AtomicUsize,
+    watchdog: Mutex<Option<JoinHandle<()>>>,
+    /// The task that acquired it, for re-entry.
+    task: Option<tokio::task::Id>,
 }
 
 /// The part of a lease the client does not count on: the clock-drift allowance of the Redlock
@@ -56,7 +67,55 @@ impl Hold {
             acquired_at: Instant::now(),
             lease,
             state,
+            holders: AtomicUsize::new(1),
+            watchdog: Mutex::new(None),
+            task: tokio::task::try_id(),
         })
+    }
+
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub(crate) fn locker(&self) -> &Locker {
+        &self.locker
+    }
+
+    pub(crate) fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    pub(crate) fn task(&self) -> Option<tokio::task::Id> {
+        self.task
+    }
+
+    /// Adds a holder if the hold is still good; `false` when it is lost or already let go.
+    pub(crate) fn reenter(&self) -> bool {
+        if !self.is_held() {
+            return false;
+        }
+        self.holders
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n > 0).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Removes a holder; `true` for the last one, who must release the key.
+    fn leave(&self) -> bool {
+        let last = self.holders.fetch_sub(1, Ordering::AcqRel) == 1;
+        if last {
+            self.locker.forget_hold(self);
+            if let Some(watchdog) = self
+                .watchdog
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take()
+            {
+                watchdog.abort();
+            }
+        }
+        last
     }
 
     /// Records a successful extension whose request was sent at `sent_at`. A hold already
@@ -172,17 +231,28 @@ async fn watchdog(hold: Arc<Hold>, max_hold: Option<Duration>) {
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard {
     hold: Arc<Hold>,
-    watchdog: Option<JoinHandle<()>>,
     released: bool,
 }
 
 impl LockGuard {
     pub(crate) fn new(hold: Arc<Hold>, lease: Lease, max_hold: Option<Duration>) -> Self {
-        let watchdog =
-            (lease == Lease::Auto).then(|| tokio::spawn(watchdog(hold.clone(), max_hold)));
+        if lease == Lease::Auto {
+            let task = tokio::spawn(watchdog(hold.clone(), max_hold));
+            *hold
+                .watchdog
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(task);
+        }
         Self {
             hold,
-            watchdog,
+            released: false,
+        }
+    }
+
+    /// A further guard on a hold this task already has (re-entry): no request is sent.
+    pub(crate) fn reentered(hold: Arc<Hold>) -> Self {
+        Self {
+            hold,
             released: false,
         }
     }
@@ -246,9 +316,16 @@ impl LockGuard {
     /// [`LockError::Lost`] when the key had expired or been taken over (nothing was deleted);
     /// [`LockError::Backend`] when the server could not be reached (the lease will free it).
     pub async fn release(mut self) -> Result<(), LockError> {
-        self.stop_watchdog();
         self.released = true;
         let hold = &self.hold;
+        if !hold.leave() {
+            // An outer holder on this task still holds it.
+            return if hold.is_held() {
+                Ok(())
+            } else {
+                Err(self.lost_error())
+            };
+        }
         match hold.locker.backend().release(&hold.key, &hold.token).await {
             Ok(true) => {
                 tracing::debug!(key = %hold.key, held = ?hold.acquired_at.elapsed(), "lock released");
@@ -265,23 +342,20 @@ impl LockGuard {
         }
     }
 
+    pub(crate) fn hold(&self) -> &Arc<Hold> {
+        &self.hold
+    }
+
     pub(crate) fn lost_error(&self) -> LockError {
         LockError::Lost {
             key: self.hold.key.clone(),
-        }
-    }
-
-    fn stop_watchdog(&mut self) {
-        if let Some(watchdog) = self.watchdog.take() {
-            watchdog.abort();
         }
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        self.stop_watchdog();
-        if !self.released {
+        if !self.released && self.hold.leave() {
             spawn_release(
                 self.hold.locker.clone(),
                 self.hold.key.clone(),

@@ -1,6 +1,11 @@
 //! The handle users hold: configuration plus one backend connection.
 
-use std::{fmt, sync::Arc, sync::OnceLock, time::Duration};
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{Arc, Mutex, OnceLock, PoisonError, Weak},
+    time::Duration,
+};
 
 use tokio::time::Instant;
 use tracing::Instrument as _;
@@ -50,6 +55,8 @@ pub struct Locker {
 struct Inner {
     settings: Settings,
     backend: Arc<dyn Backend>,
+    /// Holds by the task that took them, for re-entry.
+    holds: Mutex<HashMap<(tokio::task::Id, String), Weak<Hold>>>,
 }
 
 impl fmt::Debug for Locker {
@@ -94,7 +101,11 @@ impl Locker {
 
     fn with_backend(settings: Settings, backend: Arc<dyn Backend>) -> Self {
         Self {
-            inner: Arc::new(Inner { settings, backend }),
+            inner: Arc::new(Inner {
+                settings,
+                backend,
+                holds: Mutex::default(),
+            }),
         }
     }
 
@@ -129,6 +140,9 @@ impl Locker {
         if lease_len < Duration::from_millis(1) {
             return Err(LockError::config("expire: the lease must be at least 1ms"));
         }
+        if let Some(guard) = self.reenter(&full_key) {
+            return Ok(guard);
+        }
         let span =
             tracing::debug_span!("dlock.acquire", key = %full_key, ?timeout, expire = ?lease);
         self.wait_for(full_key, timeout, lease, lease_len, options.max_hold)
@@ -155,6 +169,51 @@ impl Locker {
             Ok(guard) => Ok(Some(guard)),
             Err(LockError::Timeout { .. }) => Ok(None),
             Err(e) => Err(e),
+        }
+    }
+
+    pub(crate) fn same_as(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    fn holds(&self) -> std::sync::MutexGuard<'_, HashMap<(tokio::task::Id, String), Weak<Hold>>> {
+        // Every update is one insert or remove: a poisoned map is still consistent.
+        self.inner
+            .holds
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A further guard when this task already holds `key` through this locker.
+    fn reenter(&self, key: &str) -> Option<LockGuard> {
+        let hold = crate::__private::scoped_hold(self, key).or_else(|| {
+            let task = tokio::task::try_id()?;
+            self.holds().get(&(task, key.to_owned()))?.upgrade()
+        })?;
+        if !hold.reenter() {
+            return None;
+        }
+        tracing::debug!(key = %key, fencing_token = hold.fence(), "lock re-entered by its holding task");
+        Some(LockGuard::reentered(hold))
+    }
+
+    fn remember_hold(&self, hold: &Arc<Hold>) {
+        if let Some(task) = hold.task() {
+            self.holds()
+                .insert((task, hold.key().to_owned()), Arc::downgrade(hold));
+        }
+    }
+
+    pub(crate) fn forget_hold(&self, hold: &Hold) {
+        if let Some(task) = hold.task() {
+            let mut holds = self.holds();
+            let id = (task, hold.key().to_owned());
+            if holds
+                .get(&id)
+                .is_some_and(|w| std::ptr::eq(w.as_ptr(), hold))
+            {
+                holds.remove(&id);
+            }
         }
     }
 
@@ -208,6 +267,7 @@ impl Locker {
                     tracing::debug!(attempts, ?waited, fencing_token = fence, "lock acquired");
                     let (key, token) = orphan.disarm();
                     let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease_len);
+                    self.remember_hold(&hold);
                     return Ok(LockGuard::new(hold, lease, max_hold));
                 }
                 Ok(Attempt::Held { ttl }) => {

@@ -93,6 +93,8 @@ suite!(
     fixed_lease_is_reported_lost,
     oversized_and_empty_keys_are_refused,
     waiter_gets_the_lock_after_release,
+    same_task_reenters_and_the_outermost_releases,
+    another_task_does_not_reenter,
 );
 
 const SHORT: Duration = Duration::from_millis(300);
@@ -373,4 +375,72 @@ async fn waiter_gets_the_lock_after_release(env: Env) {
     held.release().await.unwrap();
     let second = waiter.await.unwrap().unwrap();
     assert!(second > first);
+}
+
+async fn same_task_reenters_and_the_outermost_releases(env: Env) {
+    // Re-entry is by task: run it in a spawned one (a test body is not a task).
+    let (locker, other) = (env.locker(), env.locker());
+    let key = unique_key("reenter");
+    tokio::spawn(reenter_in_task(locker, other, key))
+        .await
+        .unwrap();
+}
+
+/// Whether another task can take `key` right now (it releases at once if so).
+async fn free_for_another_task(locker: &Locker, key: &str) -> bool {
+    let (locker, key) = (locker.clone(), key.to_owned());
+    tokio::spawn(async move { locker.try_acquire(&key, SHORT).await.unwrap().is_some() })
+        .await
+        .unwrap()
+}
+
+async fn reenter_in_task(locker: Locker, other: Locker, key: String) {
+    let outer = locker.acquire(&key, LockOptions::new()).await.unwrap();
+    let inner = locker
+        .acquire(&key, LockOptions::new().timeout(Duration::ZERO))
+        .await
+        .expect("the holding task re-enters at once");
+    assert_eq!(inner.fencing_token(), outer.fencing_token());
+    inner.release().await.unwrap();
+    assert!(outer.is_held());
+    assert!(
+        !free_for_another_task(&other, &key).await,
+        "an inner release freed the key"
+    );
+    // Dropped in the other order: the key stays held until the last guard goes.
+    let inner = locker
+        .acquire(&key, LockOptions::new().timeout(Duration::ZERO))
+        .await
+        .unwrap();
+    drop(outer);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !free_for_another_task(&other, &key).await,
+        "the outer drop freed a key still held"
+    );
+    inner.release().await.unwrap();
+    assert!(
+        free_for_another_task(&other, &key).await,
+        "the last holder did not release"
+    );
+}
+
+async fn another_task_does_not_reenter(env: Env) {
+    let locker = env.locker();
+    let key = unique_key("reenter-other");
+    let held = locker.acquire(&key, LockOptions::new()).await.unwrap();
+    let other_task = {
+        let (locker, key) = (locker.clone(), key.clone());
+        tokio::spawn(async move {
+            locker
+                .acquire(&key, LockOptions::new().timeout(SHORT))
+                .await
+        })
+    };
+    let err = other_task.await.unwrap().unwrap_err();
+    assert!(
+        err.is_timeout(),
+        "another task of the same process got in: {err:?}"
+    );
+    held.release().await.unwrap();
 }

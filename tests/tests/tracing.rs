@@ -1,0 +1,123 @@
+//! The events dlock emits, captured from a real subscriber: each one named in the docs is there,
+//! at its level, and no token or password appears in any of them.
+
+use std::{
+    io::Write,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use dlock_runtime::{LockOptions, Locker};
+use dlock_tests::{RedisServer, unique_key};
+use redis::Commands as _;
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Self;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+#[test]
+fn events_are_emitted_without_secrets() {
+    let server = RedisServer::start();
+    assert!(
+        server
+            .command(&["CONFIG", "SET", "requirepass", "pw-secret-1"])
+            .unwrap()
+            .starts_with("+OK")
+    );
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(captured.clone())
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .finish();
+    let url = format!("redis://:pw-secret-1@127.0.0.1:{}", server.port());
+    let key = unique_key("traced");
+    let mut tokens = Vec::new();
+    tracing::subscriber::with_default(subscriber, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let locker = Locker::builder().redis_url(&url).build().unwrap();
+            let mut redis = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
+            let value: String = redis.get(format!("dlock:{key}")).unwrap();
+            tokens.push(value.split(':').next().unwrap().to_owned());
+            // timed out
+            assert!(
+                locker
+                    .acquire(&key, LockOptions::new().timeout(Duration::from_millis(50)))
+                    .await
+                    .is_err()
+            );
+            guard.release().await.unwrap();
+            // lost: the lease runs out under the holder
+            let guard = locker
+                .acquire(&key, LockOptions::new().expire(Duration::from_millis(100)))
+                .await
+                .unwrap();
+            let value: String = redis.get(format!("dlock:{key}")).unwrap();
+            tokens.push(value.split(':').next().unwrap().to_owned());
+            guard.lost().await;
+            // backend error: wrong password
+            let bad = Locker::builder()
+                .redis_url(format!("redis://:pw-wrong-2@127.0.0.1:{}", server.port()))
+                .build()
+                .unwrap();
+            assert!(
+                bad.acquire("x", LockOptions::new().timeout(Duration::from_millis(50)))
+                    .await
+                    .is_err()
+            );
+        });
+    });
+    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    for (level, message) in [
+        ("DEBUG", "lock acquired"),
+        ("INFO", "lock wait timed out"),
+        ("DEBUG", "lock released"),
+        ("WARN", "lock lost while held"),
+        ("ERROR", "lock backend"),
+    ] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains(level) && l.contains(message)),
+            "no {level} `{message}` event in:\n{log}"
+        );
+    }
+    assert!(log.contains("dlock.acquire"), "no acquisition span:\n{log}");
+    assert!(
+        log.contains("fencing_token="),
+        "acquired event lacks the fence:\n{log}"
+    );
+    for secret in tokens
+        .iter()
+        .map(String::as_str)
+        .chain(["pw-secret-1", "pw-wrong-2"])
+    {
+        assert!(
+            !log.contains(secret),
+            "`{secret}` leaked into the log:\n{log}"
+        );
+    }
+}
