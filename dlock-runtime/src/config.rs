@@ -105,6 +105,7 @@ pub(crate) struct Settings {
     pub(crate) retry: (Duration, Duration),
     pub(crate) max_key_len: usize,
     pub(crate) request_timeout: Duration,
+    pub(crate) notify: bool,
 }
 
 impl Default for Settings {
@@ -117,6 +118,7 @@ impl Default for Settings {
             retry: DEFAULT_RETRY,
             max_key_len: DEFAULT_MAX_KEY_LEN,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            notify: true,
         }
     }
 }
@@ -167,6 +169,13 @@ impl Settings {
         }
         if let Some(v) = get("DLOCK_REQUEST_TIMEOUT") {
             settings.request_timeout = parse_duration("DLOCK_REQUEST_TIMEOUT", &v, false)?;
+        }
+        if let Some(v) = get("DLOCK_NOTIFY") {
+            settings.notify = match v.trim() {
+                "on" | "true" | "1" => true,
+                "off" | "false" | "0" => false,
+                _ => return Err(LockError::config("DLOCK_NOTIFY: expected `on` or `off`")),
+            };
         }
         settings.validate()?;
         Ok(settings)
@@ -260,6 +269,7 @@ mod tests {
             ("DLOCK_RETRY", "5ms..7ms"),
             ("DLOCK_MAX_KEY_LEN", "64"),
             ("DLOCK_REQUEST_TIMEOUT", "2s"),
+            ("DLOCK_NOTIFY", "off"),
         ])
         .unwrap();
         assert_eq!(s.backend, BackendKind::Memory);
@@ -272,6 +282,7 @@ mod tests {
         );
         assert_eq!(s.max_key_len, 64);
         assert_eq!(s.request_timeout, Duration::from_secs(2));
+        assert!(!s.notify);
     }
 
     #[test]
@@ -304,6 +315,7 @@ mod tests {
             ("DLOCK_RETRY", "50ms..10ms"),
             ("DLOCK_MAX_KEY_LEN", "0"),
             ("DLOCK_MAX_KEY_LEN", "big"),
+            ("DLOCK_NOTIFY", "maybe"),
         ] {
             let err = env(&[(var, value)]).unwrap_err();
             assert!(err.is_config(), "{var}={value}: {err:?}");

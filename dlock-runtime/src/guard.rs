@@ -38,6 +38,7 @@ pub(crate) struct Hold {
     watchdog: Mutex<Option<JoinHandle<()>>>,
     /// The task that acquired it, for re-entry.
     task: Option<tokio::task::Id>,
+    fair: bool,
 }
 
 /// The part of a lease the client does not count on: the clock-drift allowance of the Redlock
@@ -55,6 +56,7 @@ impl Hold {
         fence: u64,
         sent_at: Instant,
         lease: Duration,
+        fair: bool,
     ) -> Arc<Self> {
         let (state, _) = watch::channel(State::Held {
             valid_until: valid_until(sent_at, lease),
@@ -70,6 +72,7 @@ impl Hold {
             holders: AtomicUsize::new(1),
             watchdog: Mutex::new(None),
             task: tokio::task::try_id(),
+            fair,
         })
     }
 
@@ -326,7 +329,12 @@ impl LockGuard {
                 Err(self.lost_error())
             };
         }
-        match hold.locker.backend().release(&hold.key, &hold.token).await {
+        match hold
+            .locker
+            .backend()
+            .release(&hold.key, &hold.token, hold.fair)
+            .await
+        {
             Ok(true) => {
                 tracing::debug!(key = %hold.key, held = ?hold.acquired_at.elapsed(), "lock released");
                 Ok(())
@@ -360,6 +368,7 @@ impl Drop for LockGuard {
                 self.hold.locker.clone(),
                 self.hold.key.clone(),
                 self.hold.token.clone(),
+                self.hold.fair,
             );
         }
     }

@@ -12,7 +12,7 @@ use tracing::Instrument as _;
 
 use crate::{
     LockError, LockGuard, LockOptions,
-    backend::{Attempt, Backend, Token, memory::MemoryBackend},
+    backend::{Attempt, Backend, Request, Token, memory::MemoryBackend},
     config::{BackendKind, RedisUrl, Settings},
     guard::Hold,
     options::Lease,
@@ -145,7 +145,7 @@ impl Locker {
         }
         let span =
             tracing::debug_span!("dlock.acquire", key = %full_key, ?timeout, expire = ?lease);
-        self.wait_for(full_key, timeout, lease, lease_len, options.max_hold)
+        self.wait_for(full_key, timeout, lease, lease_len, &options)
             .instrument(span)
             .await
     }
@@ -241,39 +241,66 @@ impl Locker {
         timeout: Duration,
         lease: Lease,
         lease_len: Duration,
-        max_hold: Option<Duration>,
+        options: &LockOptions,
     ) -> Result<LockGuard, LockError> {
+        let settings = &self.inner.settings;
         let token = Token::generate()?;
         let started = Instant::now();
         let deadline = started + timeout;
+        let fair = options.fair;
         let mut orphan = OrphanCleanup {
             locker: self,
             key,
             token,
+            fair,
             armed: false,
         };
         let (key, token) = (&orphan.key, &orphan.token);
+        let request = Request {
+            key,
+            token,
+            lease: lease_len,
+            fair: fair.then(|| waiter_liveness(settings)),
+        };
+        let mut watch = None;
+        let mut watch_asked = !settings.notify;
         let mut attempts: u32 = 0;
         let mut last_error = None;
         loop {
             attempts += 1;
+            // Armed before the request, so a release published while it is in flight still wakes us.
+            let notify = watch.as_ref().map(crate::backend::Watch::notify);
+            let mut notified = std::pin::pin!(notify.as_deref().map(tokio::sync::Notify::notified));
+            if let Some(notified) = notified.as_mut().as_pin_mut() {
+                notified.enable();
+            }
             let sent_at = Instant::now();
-            // Until a definite answer arrives, the request may have set the key.
+            // Until a definite answer arrives, the request may have set the key. A fair waiter
+            // may also have joined the queue: it always leaves it when it gives up.
             let was_armed = orphan.armed;
             orphan.armed = true;
-            let holder_ttl = match self.backend().acquire(key, token, lease_len).await {
+            let holder_ttl = match self.backend().acquire(request).await {
                 Ok(Attempt::Acquired { fence }) => {
                     let waited = started.elapsed();
                     tracing::debug!(attempts, ?waited, fencing_token = fence, "lock acquired");
                     let (key, token) = orphan.disarm();
-                    let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease_len);
+                    let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease_len, fair);
                     self.remember_hold(&hold);
-                    return Ok(LockGuard::new(hold, lease, max_hold));
+                    return Ok(LockGuard::new(hold, lease, options.max_hold));
                 }
                 Ok(Attempt::Held { ttl }) => {
                     // A definite "not ours" clears nothing an earlier lost reply may have set.
-                    orphan.armed = was_armed;
+                    orphan.armed = was_armed || fair;
                     last_error = None;
+                    if !watch_asked && Instant::now() < deadline {
+                        // Subscribe on the first refusal, then try again at once: the release
+                        // may have come before the subscription did.
+                        watch_asked = true;
+                        watch = self.backend().watch(key).await;
+                        if watch.is_some() {
+                            continue;
+                        }
+                    }
                     ttl
                 }
                 Err(error) => {
@@ -290,12 +317,22 @@ impl Locker {
             if now >= deadline {
                 break;
             }
-            let (min, max) = self.inner.settings.retry;
+            let (min, max) = settings.retry;
             let mut pause = jitter(min, max).min(deadline - now);
             if let Some(ttl) = holder_ttl {
                 pause = pause.min(ttl.max(Duration::from_millis(1)));
             }
-            tokio::time::sleep(pause).await;
+            // A release wakes us at once; the pause is the fallback (an expired lease publishes
+            // nothing) and never outlasts the holder's lease nor the deadline.
+            match notified.as_mut().as_pin_mut() {
+                Some(notified) => {
+                    tokio::select! {
+                        () = tokio::time::sleep(pause) => {}
+                        () = notified => {}
+                    }
+                }
+                None => tokio::time::sleep(pause).await,
+            }
         }
         orphan.cleanup_now();
         let (key, _) = orphan.disarm();
@@ -319,13 +356,19 @@ struct OrphanCleanup<'a> {
     locker: &'a Locker,
     key: String,
     token: Token,
+    fair: bool,
     armed: bool,
 }
 
 impl OrphanCleanup<'_> {
     fn cleanup_now(&mut self) {
         if std::mem::take(&mut self.armed) {
-            spawn_release(self.locker.clone(), self.key.clone(), self.token.clone());
+            spawn_release(
+                self.locker.clone(),
+                self.key.clone(),
+                self.token.clone(),
+                self.fair,
+            );
         }
     }
 
@@ -346,15 +389,21 @@ impl Drop for OrphanCleanup<'_> {
 }
 
 /// Hands a compare-and-delete to the current tokio runtime, if any; the lease is the backstop.
-pub(crate) fn spawn_release(locker: Locker, key: String, token: Token) {
+pub(crate) fn spawn_release(locker: Locker, key: String, token: Token, fair: bool) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
     runtime.spawn(async move {
-        if let Err(error) = locker.backend().release(&key, &token).await {
+        if let Err(error) = locker.backend().release(&key, &token, fair).await {
             tracing::error!(key = %key, error = %error, "lock release after drop failed; the lease will free it");
         }
     });
+}
+
+/// How long a fair waiter keeps its place in the queue without trying again: several of its
+/// longest pauses plus a request timeout, so only a waiter that is gone loses its place.
+fn waiter_liveness(settings: &Settings) -> Duration {
+    (settings.retry.1 * 4 + settings.request_timeout).max(Duration::from_millis(250))
 }
 
 /// A uniformly random pause in `min..=max`.
@@ -453,6 +502,13 @@ impl LockerBuilder {
         self
     }
 
+    /// Wake waiters by release notifications (Redis pub/sub; in-process for memory) instead of
+    /// only polling. Default: on (`DLOCK_NOTIFY=off` turns it off).
+    pub fn notify(mut self, on: bool) -> Self {
+        self.settings.notify = on;
+        self
+    }
+
     /// Checks the settings and builds the locker, without any I/O.
     ///
     /// # Errors
@@ -471,6 +527,7 @@ impl LockerBuilder {
                 url,
                 &self.settings.key_prefix,
                 self.settings.request_timeout,
+                self.settings.notify,
             )?),
             #[cfg(not(feature = "redis"))]
             BackendKind::Redis(_) => {

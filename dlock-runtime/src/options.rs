@@ -16,7 +16,8 @@ use std::time::Duration;
 ///     .expire(Duration::from_secs(10));
 /// let try_once = LockOptions::new().timeout(Duration::ZERO);
 /// let renewed = LockOptions::new().expire_auto().max_hold(Duration::from_secs(600));
-/// # let _ = (wait_then_hold, try_once, renewed);
+/// let first_come_first_served = LockOptions::new().fair();
+/// # let _ = (wait_then_hold, try_once, renewed, first_come_first_served);
 /// ```
 #[derive(Clone, Debug, Default)]
 #[must_use]
@@ -24,6 +25,7 @@ pub struct LockOptions {
     pub(crate) timeout: Option<Duration>,
     pub(crate) lease: Option<Lease>,
     pub(crate) max_hold: Option<Duration>,
+    pub(crate) fair: bool,
 }
 
 /// The lease of one hold.
@@ -63,6 +65,17 @@ impl LockOptions {
     /// process loses it within one lease.
     pub fn expire_auto(mut self) -> Self {
         self.lease = Some(Lease::Auto);
+        self
+    }
+
+    /// Fair mode: waiters are served first come, first served across all processes (a queue
+    /// next to the lock key), instead of whoever retries first. A waiter that gives up or is
+    /// dropped leaves the queue at once; one that vanishes (a crashed process) is dropped from it
+    /// once it has not tried again for a while (see the crate docs). Use it for every
+    /// acquisition of a key or for none: a non-fair acquisition does not look at the queue.
+    /// Default: off.
+    pub fn fair(mut self) -> Self {
+        self.fair = true;
         self
     }
 

@@ -302,13 +302,14 @@ async fn cancelled_acquires_leave_nothing_behind() {
     let server = RedisServer::start();
     let locker = server.locker();
     let key = unique_key("cancel");
-    locker
-        .acquire(&unique_key("warm"), LockOptions::new())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    // Warm up: the connection, and the notification task a first wait starts (both live as
+    // long as the locker).
+    let warm = locker.acquire(&key, LockOptions::new()).await.unwrap();
+    let waited = locker
+        .acquire(&key, LockOptions::new().timeout(Duration::from_millis(50)))
+        .await;
+    assert!(waited.unwrap_err().is_timeout());
+    warm.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let metrics = tokio::runtime::Handle::current().metrics();
     let baseline = metrics.num_alive_tasks();

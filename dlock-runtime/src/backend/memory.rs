@@ -1,14 +1,14 @@
 //! The embedded backend: one in-process table, the same semantics as Redis.
 
 use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex, OnceLock},
+    collections::{HashMap, VecDeque},
+    sync::{Arc, Mutex, OnceLock, Weak},
     time::Duration,
 };
 
-use tokio::time::Instant;
+use tokio::{sync::Notify, time::Instant};
 
-use super::{Attempt, Backend, BoxFuture, Token};
+use super::{Attempt, Backend, BoxFuture, Request, Token, Watch};
 use crate::error::BackendError;
 
 #[derive(Debug)]
@@ -21,6 +21,11 @@ struct Entry {
 #[derive(Debug, Default)]
 struct Table {
     held: HashMap<String, Entry>,
+    /// Fair-mode waiters per key, first come first served, each with the instant it counts as
+    /// gone unless it tries again.
+    queues: HashMap<String, VecDeque<(Token, Instant)>>,
+    /// Release wake-ups per key, alive while a waiter holds the `Arc`.
+    watchers: HashMap<String, Weak<Notify>>,
     /// One counter for every key: strictly increasing per key as a consequence.
     fence: u64,
 }
@@ -40,8 +45,8 @@ impl MemoryBackend {
     }
 
     fn with_table<T>(&self, f: impl FnOnce(&mut Table, Instant) -> T) -> T {
-        // A panic while the table is locked cannot leave it half-written (every update is one
-        // insert or remove), so a poisoned lock is still usable.
+        // Every update is a handful of inserts and removes that cannot panic half-way, so a
+        // poisoned lock is still consistent.
         let mut table = self
             .table
             .lock()
@@ -59,32 +64,87 @@ impl Table {
         self.held.get_mut(key)
     }
 
+    /// Drops expired entries and dead registrations now and then, so the table stays bounded.
     fn sweep(&mut self, now: Instant) {
         if self.held.len() >= 1024 && self.held.len().is_power_of_two() {
             self.held.retain(|_, e| e.expires_at > now);
+        }
+        if self.watchers.len() >= 1024 && self.watchers.len().is_power_of_two() {
+            self.watchers.retain(|_, w| w.strong_count() > 0);
+        }
+    }
+
+    /// Drops queued waiters that stopped trying from the head of `key`'s queue; returns the head.
+    fn queue_head(&mut self, key: &str, now: Instant) -> Option<&Token> {
+        let queue = self.queues.get_mut(key)?;
+        while queue.front().is_some_and(|(_, gone_at)| *gone_at <= now) {
+            queue.pop_front();
+        }
+        if queue.is_empty() {
+            self.queues.remove(key);
+            return None;
+        }
+        self.queues.get(key).and_then(|q| q.front()).map(|(t, _)| t)
+    }
+
+    /// Joins the queue, or refreshes this waiter's place in it.
+    fn wait_in_line(&mut self, key: &str, token: &Token, gone_at: Instant) {
+        let queue = self.queues.entry(key.to_owned()).or_default();
+        match queue.iter_mut().find(|(t, _)| t == token) {
+            Some(place) => place.1 = gone_at,
+            None => queue.push_back((token.clone(), gone_at)),
+        }
+    }
+
+    fn leave_queue(&mut self, key: &str, token: &Token) -> bool {
+        let Some(queue) = self.queues.get_mut(key) else {
+            return false;
+        };
+        let before = queue.len();
+        queue.retain(|(t, _)| t != token);
+        let left = queue.len() < before;
+        if queue.is_empty() {
+            self.queues.remove(key);
+        }
+        left
+    }
+
+    fn wake(&self, key: &str) {
+        if let Some(notify) = self.watchers.get(key).and_then(Weak::upgrade) {
+            notify.notify_waiters();
         }
     }
 }
 
 impl Backend for MemoryBackend {
-    fn acquire<'a>(
-        &'a self,
-        key: &'a str,
-        token: &'a Token,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Attempt, BackendError>> {
+    fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Attempt, BackendError>> {
+        let Request {
+            key,
+            token,
+            lease,
+            fair,
+        } = request;
         let attempt = self.with_table(|table, now| {
-            match table.live(key, now) {
+            let head_is_other = match fair {
+                Some(_) => table.queue_head(key, now).is_some_and(|head| head != token),
+                None => false,
+            };
+            let held_ttl = match table.live(key, now) {
                 Some(entry) if entry.token == *token => {
                     entry.expires_at = now + lease;
                     return Attempt::Acquired { fence: entry.fence };
                 }
-                Some(entry) => {
-                    return Attempt::Held {
-                        ttl: Some(entry.expires_at - now),
-                    };
+                Some(entry) => Some(entry.expires_at - now),
+                None => None,
+            };
+            if held_ttl.is_some() || head_is_other {
+                if let Some(live) = fair {
+                    table.wait_in_line(key, token, now + live);
                 }
-                None => {}
+                return Attempt::Held { ttl: held_ttl };
+            }
+            if fair.is_some() {
+                table.leave_queue(key, token);
             }
             table.sweep(now);
             table.fence += 1;
@@ -106,11 +166,16 @@ impl Backend for MemoryBackend {
         &'a self,
         key: &'a str,
         token: &'a Token,
+        fair: bool,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         let released = self.with_table(|table, now| {
             let mine = table.live(key, now).is_some_and(|e| e.token == *token);
             if mine {
                 table.held.remove(key);
+            }
+            let left = fair && table.leave_queue(key, token);
+            if mine || left {
+                table.wake(key);
             }
             mine
         });
@@ -131,5 +196,19 @@ impl Backend for MemoryBackend {
             _ => false,
         });
         Box::pin(std::future::ready(Ok(extended)))
+    }
+
+    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Option<Watch>> {
+        let notify = self.with_table(|table, _| {
+            if let Some(notify) = table.watchers.get(key).and_then(Weak::upgrade) {
+                return notify;
+            }
+            let notify = Arc::new(Notify::new());
+            table
+                .watchers
+                .insert(key.to_owned(), Arc::downgrade(&notify));
+            notify
+        });
+        Box::pin(std::future::ready(Some(Watch::new(notify, ()))))
     }
 }

@@ -1,7 +1,9 @@
 //! The backends behind one trait. A backend knows nothing of waiting, leases on the client's
 //! clock or guards: it answers single requests, each atomic on the server.
 
-use std::{fmt, future::Future, pin::Pin, time::Duration};
+use std::{any::Any, fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
+
+use tokio::sync::Notify;
 
 use crate::error::BackendError;
 
@@ -20,25 +22,38 @@ pub(crate) enum Attempt {
     Held { ttl: Option<Duration> },
 }
 
+/// One acquisition attempt.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Request<'a> {
+    pub(crate) key: &'a str,
+    pub(crate) token: &'a Token,
+    pub(crate) lease: Duration,
+    /// Fair mode: join the key's queue and take the lock only at its head. A waiter that does not
+    /// try again within this long is dropped from the queue.
+    pub(crate) fair: Option<Duration>,
+}
+
 /// One lock service.
 ///
-/// - `acquire`: take the key for `token` if it is free or already ours; otherwise report the
-///   holder's remaining lease, and give a key without expiry one (the TTL recheck).
-/// - `release`: delete the key only while it holds `token`; `false` when it did not.
+/// - `acquire`: take the key for `token` if it is free (and, in fair mode, `token` is at the
+///   head of the queue) or already ours; otherwise report the holder's remaining lease, and give
+///   a key without expiry one (the TTL recheck).
+/// - `release`: delete the key only while it holds `token` (`false` when it did not), leave the
+///   fair queue when `fair`, and wake the key's waiters.
 /// - `extend`: reset the lease only while the key holds `token`; never re-creates the key.
+/// - `watch`: a wake-up for releases of `key`, shared by this client's waiters; `None` when
+///   notifications are unavailable (waiters poll then).
 pub(crate) trait Backend: Send + Sync + 'static {
-    fn acquire<'a>(
-        &'a self,
-        key: &'a str,
-        token: &'a Token,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Attempt, BackendError>>;
+    fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Attempt, BackendError>>;
 
     fn release<'a>(
         &'a self,
         key: &'a str,
         token: &'a Token,
+        fair: bool,
     ) -> BoxFuture<'a, Result<bool, BackendError>>;
+
+    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Option<Watch>>;
 
     fn extend<'a>(
         &'a self,
@@ -46,6 +61,31 @@ pub(crate) trait Backend: Send + Sync + 'static {
         token: &'a Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>>;
+}
+
+/// A registration for release wake-ups of one key; dropping it unregisters.
+pub(crate) struct Watch {
+    notify: Arc<Notify>,
+    _registration: Box<dyn Any + Send + Sync>,
+}
+
+impl Watch {
+    pub(crate) fn new(notify: Arc<Notify>, registration: impl Any + Send + Sync) -> Self {
+        Self {
+            notify,
+            _registration: Box::new(registration),
+        }
+    }
+
+    pub(crate) fn notify(&self) -> Arc<Notify> {
+        self.notify.clone()
+    }
+}
+
+impl fmt::Debug for Watch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Watch")
+    }
 }
 
 /// 128 random bits from the OS generator, unique to one acquisition, as 32 hex digits.

@@ -9,15 +9,23 @@ use redis::{
 };
 use tokio::sync::OnceCell;
 
-use super::{Attempt, Backend, BoxFuture, Token, lease_millis};
+use super::{Attempt, Backend, BoxFuture, Request, Token, Watch, lease_millis};
+use notify::Notifier;
+
+#[path = "redis_notify.rs"]
+mod notify;
 use crate::{LockError, config::RedisUrl, error::BackendError};
 
 static ACQUIRE: OnceLock<Script> = OnceLock::new();
+static ACQUIRE_FAIR: OnceLock<Script> = OnceLock::new();
 static RELEASE: OnceLock<Script> = OnceLock::new();
 static EXTEND: OnceLock<Script> = OnceLock::new();
 
 fn acquire_script() -> &'static Script {
     ACQUIRE.get_or_init(|| Script::new(include_str!("acquire.lua")))
+}
+fn acquire_fair_script() -> &'static Script {
+    ACQUIRE_FAIR.get_or_init(|| Script::new(include_str!("acquire_fair.lua")))
 }
 fn release_script() -> &'static Script {
     RELEASE.get_or_init(|| Script::new(include_str!("release.lua")))
@@ -31,6 +39,8 @@ pub(crate) struct RedisBackend {
     connection: OnceCell<ConnectionManager>,
     request_timeout: Duration,
     fence_prefix: String,
+    /// Release notifications; `None` when turned off (`DLOCK_NOTIFY=off`).
+    notifier: Option<Notifier>,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -48,6 +58,7 @@ impl RedisBackend {
         url: &RedisUrl,
         key_prefix: &str,
         request_timeout: Duration,
+        notify: bool,
     ) -> Result<Self, LockError> {
         let client = redis::Client::open(url.as_str()).map_err(|_| {
             LockError::config(
@@ -55,6 +66,7 @@ impl RedisBackend {
             )
         })?;
         Ok(Self {
+            notifier: notify.then(|| Notifier::new(client.clone(), request_timeout)),
             client,
             connection: OnceCell::new(),
             request_timeout,
@@ -116,28 +128,61 @@ impl RedisBackend {
     }
 }
 
+/// A companion key of `key` in the same cluster slot: the lock key as hash tag, unless the lock
+/// key carries a hash tag of its own (which the companion then shares).
+fn companion(key: &str, suffix: &str) -> String {
+    if hash_tag(key.as_bytes()).is_some() {
+        format!("{key}:{suffix}")
+    } else if !key.contains(['{', '}']) {
+        format!("{{{key}}}:{suffix}")
+    } else {
+        // Braces that make no tag: the whole key is hashed, so lead with a tag of its slot.
+        format!("{{{}}}{key}:{suffix}", slot_tag(slot(key.as_bytes())))
+    }
+}
+
+/// The part of `key` between the first `{` and the next `}`, when not empty.
+fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|&b| b == b'{')?;
+    let len = key[open + 1..].iter().position(|&b| b == b'}')?;
+    (len > 0).then(|| &key[open + 1..open + 1 + len])
+}
+
 impl Backend for RedisBackend {
-    fn acquire<'a>(
-        &'a self,
-        key: &'a str,
-        token: &'a Token,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Attempt, BackendError>> {
+    fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Attempt, BackendError>> {
         Box::pin(async move {
-            let mut invocation = acquire_script().prepare_invoke();
+            let Request {
+                key,
+                token,
+                lease,
+                fair,
+            } = request;
+            let mut invocation = match fair {
+                None => acquire_script().prepare_invoke(),
+                Some(_) => acquire_fair_script().prepare_invoke(),
+            };
+            invocation.key(key);
+            if fair.is_some() {
+                invocation
+                    .key(companion(key, "queue"))
+                    .key(companion(key, "waiters"));
+            }
             invocation
-                .key(key)
                 .key(self.fence_key(key))
                 .arg(token.as_str())
                 .arg(lease_millis(lease));
+            if let Some(live) = fair {
+                invocation.arg(lease_millis(live));
+            }
             let (acquired, value): (i64, i64) = self.call("acquire", invocation).await?;
-            let value = u64::try_from(value).unwrap_or(0);
             Ok(if acquired == 1 {
-                Attempt::Acquired { fence: value }
+                Attempt::Acquired {
+                    fence: u64::try_from(value).unwrap_or(0),
+                }
             } else {
-                // PTTL answers -2 when the key vanished between GET and PTTL: free now.
+                // A negative value: free, but another fair waiter is first in line.
                 Attempt::Held {
-                    ttl: Some(Duration::from_millis(value)),
+                    ttl: u64::try_from(value).ok().map(Duration::from_millis),
                 }
             })
         })
@@ -147,10 +192,16 @@ impl Backend for RedisBackend {
         &'a self,
         key: &'a str,
         token: &'a Token,
+        fair: bool,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
             let mut invocation = release_script().prepare_invoke();
-            invocation.key(key).arg(token.as_str());
+            invocation
+                .key(key)
+                .key(companion(key, "queue"))
+                .key(companion(key, "waiters"))
+                .arg(token.as_str())
+                .arg(if fair { "1" } else { "0" });
             let deleted: i64 = self.call("release", invocation).await?;
             Ok(deleted == 1)
         })
@@ -172,18 +223,20 @@ impl Backend for RedisBackend {
             Ok(extended == 1)
         })
     }
+
+    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Option<Watch>> {
+        Box::pin(async move {
+            match &self.notifier {
+                Some(notifier) => notifier.watch(key).await,
+                None => None,
+            }
+        })
+    }
 }
 
 /// The Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag, or of the whole key.
 pub(crate) fn slot(key: &[u8]) -> u16 {
-    let hashed = match key.iter().position(|&b| b == b'{') {
-        Some(open) => match key[open + 1..].iter().position(|&b| b == b'}') {
-            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
-            _ => key,
-        },
-        None => key,
-    };
-    crc16(hashed) % 16384
+    crc16(hash_tag(key).unwrap_or(key)) % 16384
 }
 
 fn crc16(bytes: &[u8]) -> u16 {
@@ -247,6 +300,17 @@ mod tests {
         assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
         assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
         assert_eq!(slot(b"{}x"), crc16(b"{}x") % 16384);
+    }
+
+    #[test]
+    fn companions_share_the_lock_key_slot() {
+        for key in ["dlock:order:42", "dlock:{user1}:cart", "dlock:{}:x", "a{b"] {
+            assert_eq!(
+                slot(companion(key, "queue").as_bytes()),
+                slot(key.as_bytes()),
+                "{key}"
+            );
+        }
     }
 
     #[test]

@@ -3,6 +3,9 @@
 //!
 //! `dlock-worker <redis-url> <key> <iterations> <api|attr>`
 //!
+//! `dlock-worker <redis-url> <key> <name> fair-waiter`: waits for the lock in fair mode, then
+//! appends its name to the list `<key>:order`, holds 20ms and releases.
+//!
 //! `dlock-worker <redis-url> <key> 1 pause-holder`: the paused-holder fault test's child. It
 //! takes the lock with a 1s lease, prints `acquired <fence>`, waits for a line on stdin (the test
 //! freezes it meanwhile), then tries a fenced write and a release and prints what happened.
@@ -73,14 +76,27 @@ async fn run() -> Result<(), WorkerError> {
         eprintln!("usage: dlock-worker <redis-url> <key> <iterations> <api|attr>");
         std::process::exit(2);
     };
-    let iterations: u32 = iterations.parse().expect("iterations is a number");
     let locker = Locker::builder().redis_url(url.as_str()).build()?;
     let mut redis = redis::Client::open(url.as_str())?
         .get_multiplexed_async_connection()
         .await?;
+    if mode == "fair-waiter" {
+        // `iterations` is this waiter's name here.
+        let guard = locker
+            .acquire(
+                key,
+                LockOptions::new().fair().timeout(Duration::from_secs(30)),
+            )
+            .await?;
+        let () = redis.rpush(format!("{key}:order"), iterations.as_str()).await?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        guard.release().await?;
+        return Ok(());
+    }
     if mode == "pause-holder" {
         return pause_holder(&locker, key, &mut redis).await;
     }
+    let iterations: u32 = iterations.parse().expect("iterations is a number");
     for _ in 0..iterations {
         match mode.as_str() {
             "api" => {

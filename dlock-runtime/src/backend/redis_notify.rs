@@ -1,0 +1,237 @@
+//! Release notifications over one pub/sub connection per locker, shared by all its waiters.
+//!
+//! One task owns the connection: it reads messages and wakes the waiters of the channel, and it
+//! carries out every SUBSCRIBE and UNSUBSCRIBE in the order they were asked for, so a waiter
+//! that arrives just as the last one leaves is never left unsubscribed. When the connection
+//! drops, every waiter is woken (they fall back to polling), and the task reconnects and
+//! resubscribes while anyone still waits.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use futures_util::StreamExt as _;
+use redis::aio::{PubSubSink, PubSubStream};
+use tokio::sync::{Notify, mpsc, oneshot};
+
+use super::Watch;
+
+enum Op {
+    Subscribe(String, oneshot::Sender<bool>),
+    Unsubscribe(String),
+}
+
+struct Channel {
+    waiters: usize,
+    notify: Arc<Notify>,
+}
+
+struct Shared {
+    client: redis::Client,
+    request_timeout: Duration,
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl Shared {
+    fn channels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Channel>> {
+        // Every update is one counter change, insert or remove: a poisoned map is consistent.
+        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+pub(crate) struct Notifier {
+    shared: Arc<Shared>,
+    ops: mpsc::UnboundedSender<Op>,
+    /// Taken by the first waiter, which starts the task (building a locker needs no runtime).
+    pending: Mutex<Option<mpsc::UnboundedReceiver<Op>>>,
+}
+
+impl Notifier {
+    pub(crate) fn new(client: redis::Client, request_timeout: Duration) -> Self {
+        let (ops, receiver) = mpsc::unbounded_channel();
+        Self {
+            shared: Arc::new(Shared {
+                client,
+                request_timeout,
+                channels: Mutex::default(),
+            }),
+            ops,
+            pending: Mutex::new(Some(receiver)),
+        }
+    }
+
+    /// A wake-up for releases of `key`, once the server has confirmed the subscription; `None`
+    /// when notifications cannot be had now.
+    pub(crate) async fn watch(&self, key: &str) -> Option<Watch> {
+        let notify = {
+            let mut channels = self.shared.channels();
+            let channel = channels.entry(key.to_owned()).or_insert_with(|| Channel {
+                waiters: 0,
+                notify: Arc::new(Notify::new()),
+            });
+            channel.waiters += 1;
+            channel.notify.clone()
+        };
+        let registration = Registration {
+            shared: self.shared.clone(),
+            ops: self.ops.clone(),
+            key: key.to_owned(),
+        };
+        if let Some(receiver) = self
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            tokio::spawn(run(self.shared.clone(), receiver));
+        }
+        let (reply, confirmed) = oneshot::channel();
+        self.ops.send(Op::Subscribe(key.to_owned(), reply)).ok()?;
+        let subscribed = tokio::time::timeout(self.shared.request_timeout * 2, confirmed)
+            .await
+            .ok()?
+            .ok()?;
+        subscribed.then(|| Watch::new(notify, registration))
+    }
+}
+
+/// One waiter's interest in a channel; the last one to go asks for the UNSUBSCRIBE.
+struct Registration {
+    shared: Arc<Shared>,
+    ops: mpsc::UnboundedSender<Op>,
+    key: String,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut channels = self.shared.channels();
+        let last = channels.get_mut(&self.key).is_some_and(|c| {
+            c.waiters -= 1;
+            c.waiters == 0
+        });
+        if last {
+            channels.remove(&self.key);
+            let _ = self
+                .ops
+                .send(Op::Unsubscribe(std::mem::take(&mut self.key)));
+        }
+    }
+}
+
+async fn connect(shared: &Shared) -> Option<(PubSubSink, PubSubStream)> {
+    match tokio::time::timeout(shared.request_timeout, shared.client.get_async_pubsub()).await {
+        Ok(Ok(pubsub)) => Some(pubsub.split()),
+        Ok(Err(error)) => {
+            tracing::debug!(error = %error, "release notifications unavailable; waiters poll");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("release notifications unavailable (connect timed out); waiters poll");
+            None
+        }
+    }
+}
+
+async fn subscribe(shared: &Shared, sink: &mut PubSubSink, key: &str) -> bool {
+    match tokio::time::timeout(shared.request_timeout, sink.subscribe(key)).await {
+        Ok(Ok(())) => true,
+        Ok(Err(error)) => {
+            tracing::debug!(error = %error, "SUBSCRIBE refused; waiters of this key poll");
+            false
+        }
+        Err(_) => false,
+    }
+}
+
+/// The task that owns the pub/sub connection.
+async fn run(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<Op>) {
+    let mut connection: Option<(PubSubSink, PubSubStream)> = None;
+    let mut subscribed: HashSet<String> = HashSet::new();
+    let mut retry = Duration::from_millis(50);
+    loop {
+        if connection.is_none() {
+            let wanted: Vec<String> = shared.channels().keys().cloned().collect();
+            if !wanted.is_empty() {
+                // Someone waits: reconnect and resubscribe, or poll for a while and try again.
+                if let Some((mut sink, stream)) = connect(&shared).await {
+                    for key in wanted {
+                        if subscribe(&shared, &mut sink, &key).await {
+                            subscribed.insert(key);
+                        }
+                    }
+                    tracing::debug!("release notifications restored");
+                    connection = Some((sink, stream));
+                    retry = Duration::from_millis(50);
+                    continue;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(retry) => {}
+                    op = ops.recv() => match op {
+                        None => return,
+                        Some(Op::Subscribe(_, reply)) => { let _ = reply.send(false); }
+                        Some(Op::Unsubscribe(_)) => {}
+                    },
+                }
+                retry = (retry * 2).min(Duration::from_secs(2));
+                continue;
+            }
+            // Nobody waits: connect when someone asks.
+            match ops.recv().await {
+                None => return,
+                Some(Op::Unsubscribe(_)) => continue,
+                Some(Op::Subscribe(key, reply)) => {
+                    let Some((mut sink, stream)) = connect(&shared).await else {
+                        let _ = reply.send(false);
+                        continue;
+                    };
+                    let ok = subscribe(&shared, &mut sink, &key).await;
+                    if ok {
+                        subscribed.insert(key);
+                    }
+                    let _ = reply.send(ok);
+                    connection = Some((sink, stream));
+                    continue;
+                }
+            }
+        }
+        let Some((sink, stream)) = connection.as_mut() else {
+            continue;
+        };
+        tokio::select! {
+            message = stream.next() => match message {
+                Some(message) => {
+                    let channels = shared.channels();
+                    if let Some(channel) = channels.get(message.get_channel_name()) {
+                        channel.notify.notify_waiters();
+                    }
+                }
+                None => {
+                    tracing::debug!("release notification connection lost; waiters poll until it is back");
+                    connection = None;
+                    subscribed.clear();
+                    for channel in shared.channels().values() {
+                        channel.notify.notify_waiters();
+                    }
+                }
+            },
+            op = ops.recv() => match op {
+                None => return,
+                Some(Op::Subscribe(key, reply)) => {
+                    let ok = subscribed.contains(&key) || subscribe(&shared, sink, &key).await;
+                    if ok {
+                        subscribed.insert(key);
+                    }
+                    let _ = reply.send(ok);
+                }
+                Some(Op::Unsubscribe(key)) => {
+                    let unwanted = !shared.channels().contains_key(&key);
+                    if unwanted && subscribed.remove(&key) {
+                        let _ = tokio::time::timeout(shared.request_timeout, sink.unsubscribe(&key)).await;
+                    }
+                }
+            },
+        }
+    }
+}

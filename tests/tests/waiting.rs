@@ -1,0 +1,274 @@
+//! Waiting done right: release notifications wake waiters at once, and fair mode serves waiters
+//! first come, first served across processes. Against real `redis-server`s (and the memory
+//! backend where it applies).
+
+use std::{
+    process::{Child, Command},
+    time::Duration,
+};
+
+use dlock_runtime::{LockOptions, Locker};
+use dlock_tests::{RedisServer, unique_key};
+use redis::Commands as _;
+use tokio::time::Instant;
+
+/// A locker whose polling pause is long, so a quick wake-up can only come from a notification.
+fn slow_poller(url: Option<&str>, notify: bool) -> Locker {
+    let builder = Locker::builder()
+        .retry(Duration::from_secs(3), Duration::from_secs(3))
+        .notify(notify);
+    match url {
+        Some(url) => builder.redis_url(url).build().unwrap(),
+        None => builder.memory().build().unwrap(),
+    }
+}
+
+/// How long a waiter took to get the lock after the holder released it.
+async fn wake_up_time(holder: &Locker, waiter: &Locker, key: &str) -> Duration {
+    let held = holder.acquire(key, LockOptions::new()).await.unwrap();
+    let waiting = {
+        let (waiter, key) = (waiter.clone(), key.to_owned());
+        tokio::spawn(async move {
+            let guard = waiter
+                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(20)))
+                .await
+                .unwrap();
+            let at = Instant::now();
+            guard.release().await.unwrap();
+            at
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    waiting.await.unwrap() - released_at
+}
+
+#[tokio::test]
+async fn a_release_wakes_a_redis_waiter_at_once() {
+    let server = RedisServer::start();
+    let (holder, waiter) = (server.locker(), slow_poller(Some(&server.url()), true));
+    let woke = wake_up_time(&holder, &waiter, &unique_key("notify")).await;
+    assert!(
+        woke < Duration::from_secs(1),
+        "woken after {woke:?}: the 3s poll, not a notification"
+    );
+}
+
+#[tokio::test]
+async fn without_notifications_the_waiter_polls() {
+    // The control for the test above: the same setup with DLOCK_NOTIFY=off waits for its poll.
+    let server = RedisServer::start();
+    let (holder, waiter) = (server.locker(), slow_poller(Some(&server.url()), false));
+    let woke = wake_up_time(&holder, &waiter, &unique_key("polling")).await;
+    assert!(
+        woke >= Duration::from_secs(1),
+        "woken after {woke:?} with notifications off"
+    );
+}
+
+#[tokio::test]
+async fn a_release_wakes_a_memory_waiter_at_once() {
+    let locker = slow_poller(None, true);
+    let woke = wake_up_time(&locker, &locker, &unique_key("notify-memory")).await;
+    assert!(woke < Duration::from_secs(1), "woken after {woke:?}");
+}
+
+/// The pub/sub connection is killed: waiting degrades to polling, and notifications come back.
+#[tokio::test]
+async fn lost_subscription_degrades_and_recovers() {
+    let server = RedisServer::start();
+    let holder = server.locker();
+    let waiter = slow_poller(Some(&server.url()), true);
+    let key = unique_key("resubscribe");
+    let woke = wake_up_time(&holder, &waiter, &key).await;
+    assert!(woke < Duration::from_secs(1), "first wake-up took {woke:?}");
+
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let waiting = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        tokio::spawn(async move {
+            waiter
+                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(20)))
+                .await
+                .map(drop)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let killed = server
+        .command(&["CLIENT", "KILL", "TYPE", "pubsub"])
+        .unwrap();
+    assert!(
+        killed.starts_with(":1"),
+        "expected one pub/sub connection, got {killed}"
+    );
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), waiting).await;
+    assert!(
+        matches!(got, Ok(Ok(Ok(())))),
+        "the waiter did not get the lock by polling: {got:?}"
+    );
+
+    // Recovered: a later wait is woken by a notification again.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let woke = wake_up_time(&holder, &waiter, &key).await;
+    assert!(
+        woke < Duration::from_secs(1),
+        "notifications did not come back: {woke:?}"
+    );
+}
+
+fn fair_waiter(server: &RedisServer, key: &str, name: &str) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_dlock-worker"))
+        .args([&server.url(), key, name, "fair-waiter"])
+        .spawn()
+        .unwrap()
+}
+
+fn queue_len(redis: &mut redis::Connection, key: &str) -> usize {
+    redis.llen(format!("{{dlock:{key}}}:queue")).unwrap()
+}
+
+async fn wait_for_queue(redis: &mut redis::Connection, key: &str, len: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while queue_len(redis, key) != len {
+        assert!(Instant::now() < deadline, "the queue never reached {len}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Five processes queue one after another behind a holder; they get the lock in that order.
+#[tokio::test]
+async fn fair_mode_serves_processes_in_arrival_order() {
+    let server = RedisServer::start();
+    let mut redis = server.client().get_connection().unwrap();
+    let key = unique_key("fair");
+    let holder = server.locker();
+    let held = holder
+        .acquire(&key, LockOptions::new().fair())
+        .await
+        .unwrap();
+    let mut children = Vec::new();
+    for (i, name) in ["a", "b", "c", "d", "e"].iter().enumerate() {
+        children.push(fair_waiter(&server, &key, name));
+        wait_for_queue(&mut redis, &key, i + 1).await;
+    }
+    held.release().await.unwrap();
+    for mut child in children {
+        assert!(child.wait().unwrap().success());
+    }
+    let order: Vec<String> = redis.lrange(format!("{key}:order"), 0, -1).unwrap();
+    assert_eq!(order, ["a", "b", "c", "d", "e"]);
+    let left: Vec<String> = redis.keys("*{dlock:*").unwrap();
+    assert!(left.is_empty(), "the queue outlived its waiters: {left:?}");
+}
+
+/// A waiter that times out, one that is cancelled and one whose process is killed do not block
+/// the waiters behind them.
+#[tokio::test]
+async fn fair_waiters_that_leave_do_not_block_the_queue() {
+    let server = RedisServer::start();
+    let mut redis = server.client().get_connection().unwrap();
+    let key = unique_key("fair-leave");
+    let locker = server.locker();
+    let held = locker
+        .acquire(&key, LockOptions::new().fair())
+        .await
+        .unwrap();
+
+    // 1. Times out while queued.
+    let impatient = {
+        let (locker, key) = (server.locker(), key.clone());
+        tokio::spawn(async move {
+            locker
+                .acquire(
+                    &key,
+                    LockOptions::new()
+                        .fair()
+                        .timeout(Duration::from_millis(400)),
+                )
+                .await
+        })
+    };
+    wait_for_queue(&mut redis, &key, 1).await;
+    // 2. Cancelled while queued.
+    let cancelled = {
+        let (locker, key) = (server.locker(), key.clone());
+        tokio::spawn(async move {
+            locker
+                .acquire(
+                    &key,
+                    LockOptions::new().fair().timeout(Duration::from_secs(30)),
+                )
+                .await
+        })
+    };
+    wait_for_queue(&mut redis, &key, 2).await;
+    // 3. A process killed while queued.
+    let mut killed = fair_waiter(&server, &key, "killed");
+    wait_for_queue(&mut redis, &key, 3).await;
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    // 4. The patient one, last in line.
+    let patient = fair_waiter(&server, &key, "patient");
+    wait_for_queue(&mut redis, &key, 4).await;
+
+    assert!(impatient.await.unwrap().unwrap_err().is_timeout());
+    cancelled.abort();
+    let _ = cancelled.await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while queue_len(&mut redis, &key) > 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled and timed-out waiters kept their places"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held.release().await.unwrap();
+    let started = Instant::now();
+    let mut patient = patient;
+    assert!(patient.wait().unwrap().success());
+    // The killed waiter's place lapses after its liveness (well under this bound).
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the queue was blocked for {:?}",
+        started.elapsed()
+    );
+    let order: Vec<String> = redis.lrange(format!("{key}:order"), 0, -1).unwrap();
+    assert_eq!(order, ["patient"]);
+}
+
+/// Fair mode on the memory backend: tasks are served in arrival order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_mode_serves_tasks_in_arrival_order_in_memory() {
+    let locker = Locker::memory();
+    let key = unique_key("fair-memory");
+    let held = locker
+        .acquire(&key, LockOptions::new().fair())
+        .await
+        .unwrap();
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        let (locker, key, order) = (locker.clone(), key.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = locker
+                .acquire(
+                    &key,
+                    LockOptions::new().fair().timeout(Duration::from_secs(20)),
+                )
+                .await
+                .unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            guard.release().await.unwrap();
+        }));
+        // Let it take its place in line before the next one arrives.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    held.release().await.unwrap();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
+}
