@@ -10,6 +10,7 @@ use crate::args::{Args, Checked, Expire, OnLost};
 use crate::duration;
 use crate::input::{self, Form, Input};
 use crate::key::{self, Field, Part, Placeholder};
+use crate::names;
 
 /// The whole attribute: on success the locked function; on error the function unchanged plus
 /// one `compile_error!`, so the rest of the crate still sees the function.
@@ -17,8 +18,9 @@ pub(crate) fn dlock(args: TokenStream, item: TokenStream) -> TokenStream {
     match try_dlock(args, &item) {
         Ok(tokens) => tokens,
         Err(error) => {
-            let error = error.into_compile_error();
-            quote!(#error #item)
+            let mut tokens = error.into_compile_error();
+            tokens.extend(item);
+            tokens
         }
     }
 }
@@ -26,15 +28,27 @@ pub(crate) fn dlock(args: TokenStream, item: TokenStream) -> TokenStream {
 /// Parse, then validate, then expand.
 fn try_dlock(args: TokenStream, item: &TokenStream) -> syn::Result<TokenStream> {
     let args = syn::parse2::<Args>(args)?.validate(Span::call_site())?;
-    let item: ItemFn = syn::parse2(item.clone()).map_err(|error| {
-        syn::Error::new(
-            error.span(),
-            format!("`#[dlock]` applies to an `async fn` with a body ({error})"),
-        )
-    })?;
+    let item: ItemFn = syn::parse2(item.clone()).map_err(|error| not_a_function(item, &error))?;
     let input = Input::from_syn(item)?;
     let plan = Plan::validate(args, &input)?;
     plan.expand(input)
+}
+
+/// Explains why `item` is not something `#[dlock]` can lock.
+fn not_a_function(item: &TokenStream, error: &syn::Error) -> syn::Error {
+    if let Ok(declaration) = syn::parse2::<syn::TraitItemFn>(item.clone())
+        && let Some(semi) = declaration.semi_token
+    {
+        return syn::Error::new(
+            semi.span,
+            "`#[dlock]` needs the function's body: put it on the method in each `impl` \
+             (or on a default body in the trait), not on a declaration",
+        );
+    }
+    syn::Error::new(
+        error.span(),
+        format!("`#[dlock]` applies to an `async fn` ({error})"),
+    )
 }
 
 /// Everything the expansion needs, checked against the function.
@@ -50,6 +64,9 @@ struct Plan {
     output: Option<Type>,
     /// Where a "return type cannot take a lock error" diagnostic goes.
     output_span: Span,
+    /// `mut` by-value parameters the body's block must capture whole (see
+    /// [`names::mut_by_value`]); empty after `#[async_trait]`, which rebinds them itself.
+    capture_whole: Vec<TokenStream>,
 }
 
 impl Plan {
@@ -75,26 +92,23 @@ impl Plan {
                 ReturnType::Default => None,
                 ReturnType::Type(_, ty) => Some((**ty).clone()),
             },
-            Form::AsyncTrait { output } => Some((**output).clone()).filter(|ty| !input::is_unit(ty)),
+            Form::AsyncTrait { output } => {
+                Some((**output).clone()).filter(|ty| !input::is_unit(ty))
+            }
         };
         if args.on_fail.is_none()
             && let Some(what) = not_a_result(output.as_ref())
         {
-            {
-                return Err(syn::Error::new(
-                    input.return_span(),
-                    format!(
-                        "`{}` returns {what}; a lock failure needs somewhere to go: return \
-                         `Result<T, E>` with `E: From<dlock_runtime::LockError>`, \
-                         or pass `on_fail = handler` with `fn handler(dlock_runtime::LockError) \
-                         -> {}`",
-                        input.item.sig.ident,
-                        output
-                            .as_ref()
-                            .map_or("()".to_owned(), |ty| ty.to_token_stream().to_string())
-                    ),
-                ));
-            }
+            return Err(syn::Error::new(
+                input.return_span(),
+                format!(
+                    "`{}` returns {what}; a lock failure needs somewhere to go: return \
+                     `Result<T, E>` with `E: From<dlock_runtime::LockError>`, or pass \
+                     `on_fail = handler` with a `fn handler(dlock_runtime::LockError)` that \
+                     returns what `{0}` returns",
+                    input.item.sig.ident,
+                ),
+            ));
         }
 
         let krate = args
@@ -113,6 +127,10 @@ impl Plan {
             args,
             output: output.map(erase_impl_trait),
             output_span: input.return_span(),
+            capture_whole: match input.form {
+                Form::Async => names::mut_by_value(&input.item.sig),
+                Form::AsyncTrait { .. } => Vec::new(),
+            },
         })
     }
 
@@ -150,25 +168,31 @@ impl Plan {
     //
     // Output (the statements of the new body; signature and attributes are unchanged):
     //     let __dlock_key = { /* see `key` */ };
-    //     let __dlock_guard = match ::dlock_runtime::__private::acquire(
+    //     let __dlock_acquired = ::dlock_runtime::__private::acquire(
     //         ::dlock_runtime::__private::global(),
     //         __dlock_key,
     //         ::dlock_runtime::__private::options().timeout(::core::time::Duration::new(5u64, 0u32)),
-    //     ).await {
-    //         ::core::result::Result::Ok(__dlock_guard) => __dlock_guard,
-    //         ::core::result::Result::Err(__dlock_error) => {
-    //             return <_ as ::dlock_runtime::__private::FailInto>::from_lock_error(__dlock_error)
+    //     ).await;
+    //     let __dlock_result = match __dlock_acquired {
+    //         ::core::result::Result::Ok(__dlock_guard) => {
+    //             ::dlock_runtime::__private::run(__dlock_guard, ::dlock_runtime::__private::OnLost::Abort, async move {
+    //                 if let Some(__dlock_ret) = None::<Result<Order, AppError>> { return __dlock_ret; }
+    //                 let _ = &param;   // for each `mut` by-value parameter, see `names::mut_by_value`
+    //                 body
+    //             }).await
     //         }
+    //         ::core::result::Result::Err(__dlock_error) => ::core::result::Result::Err(__dlock_error),
     //     };
-    //     match ::dlock_runtime::__private::run(__dlock_guard, ::dlock_runtime::__private::OnLost::Abort,
-    //         async move {
-    //             if let Some(__dlock_ret) = None::<Result<Order, AppError>> { return __dlock_ret; }
-    //             body
-    //         },
-    //     ).await {
+    //     match __dlock_result {
     //         ::core::result::Result::Ok(__dlock_value) => __dlock_value,
-    //         ::core::result::Result::Err(__dlock_error) => /* as above, without `return` */,
+    //         ::core::result::Result::Err(__dlock_error) => {
+    //             <_ as ::dlock_runtime::__private::FailInto>::from_lock_error(__dlock_error)
+    //         }
     //     }
+    //
+    // One place turns a `LockError` into the return value, so a wrong `on_fail` is one error.
+    // The acquisition is its own statement: a `client = &state.locks` borrow ends there, before
+    // the body's `async move` takes `state`.
     //
     // After `#[async_trait]` the same statements replace `{ body }` in `let __ret: R = { body };`,
     // and a `self` in `client` is spelled `__self` like the rest of the rewritten method.
@@ -177,7 +201,9 @@ impl Plan {
         let krate = &self.krate;
         let private = quote!(#krate::__private);
         let key_var = Ident::new("__dlock_key", Span::mixed_site());
+        let acquired_var = Ident::new("__dlock_acquired", Span::mixed_site());
         let guard_var = Ident::new("__dlock_guard", Span::mixed_site());
+        let result_var = Ident::new("__dlock_result", Span::mixed_site());
         let error_var = Ident::new("__dlock_error", Span::mixed_site());
         let value_var = Ident::new("__dlock_value", Span::mixed_site());
 
@@ -199,18 +225,27 @@ impl Plan {
             OnLost::Continue => quote!(#private::OnLost::Continue),
         };
         let fake_return = self.fake_return();
+        let capture_whole = &self.capture_whole;
         quote! {
             #[allow(unknown_lints, clippy::all, clippy::pedantic)]
             let #key_var = #key;
             #[allow(unknown_lints, clippy::all, clippy::pedantic)]
-            let #guard_var = match #private::acquire(#client, #key_var, #options).await {
-                ::core::result::Result::Ok(#guard_var) => #guard_var,
-                ::core::result::Result::Err(#error_var) => return #fail,
+            let #acquired_var = #private::acquire(#client, #key_var, #options).await;
+            #[allow(unknown_lints, clippy::all, clippy::pedantic)]
+            let #result_var = match #acquired_var {
+                ::core::result::Result::Ok(#guard_var) => {
+                    #private::run(#guard_var, #on_lost, async move {
+                        #fake_return
+                        #(
+                            #[allow(unknown_lints, clippy::all, clippy::pedantic)]
+                            let _ = &#capture_whole;
+                        )*
+                        #body
+                    }).await
+                }
+                ::core::result::Result::Err(#error_var) => ::core::result::Result::Err(#error_var),
             };
-            match #private::run(#guard_var, #on_lost, async move {
-                #fake_return
-                #body
-            }).await {
+            match #result_var {
                 ::core::result::Result::Ok(#value_var) => #value_var,
                 ::core::result::Result::Err(#error_var) => #fail,
             }
@@ -328,7 +363,10 @@ impl Plan {
     /// Turns the `LockError` in `error` into the function's return value.
     fn fail(&self, error: &Ident) -> TokenStream {
         if let Some(handler) = &self.args.on_fail {
-            return quote!(#handler(#error));
+            // The call takes the handler's span, so a handler returning the wrong type is
+            // reported on the handler.
+            let span = syn::spanned::Spanned::span(handler);
+            return quote_spanned!(span=> #handler(#error));
         }
         let krate = &self.krate;
         let convert = quote_spanned!(self.output_span=>
@@ -370,7 +408,7 @@ fn display_check(name: &Ident, placeholder: &Placeholder, span: Span) -> TokenSt
         span,
     );
     let label = LitStr::new(
-        &format!("`{source}` is a `{{Self}}`, which is not `Display`"),
+        &format!("`{source}` has type `{{Self}}`, which does not implement `Display`"),
         span,
     );
     let note = LitStr::new(
@@ -405,7 +443,18 @@ fn unknown_name(placeholder: &Placeholder, names: &[String]) -> String {
             visible.push(name);
         }
     }
-    if visible.is_empty() {
+    if root == "self" {
+        let listed = if visible.is_empty() {
+            "none".to_owned()
+        } else {
+            visible.join(", ")
+        };
+        format!(
+            "the key placeholder `{}` needs a method receiver, but this function has no `self` \
+             parameter; parameters: {listed}",
+            placeholder.source()
+        )
+    } else if visible.is_empty() {
         format!(
             "no parameter named `{root}` for the key placeholder `{}`; this function has no \
              parameters, so the key can only be text",

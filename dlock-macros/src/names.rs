@@ -3,7 +3,9 @@
 //! Patterns are walked recursively, the way tracing's `param_names` does: `Path(id): Path<u64>`
 //! binds `id`, `Json(Order { sku, .. })` binds `sku`, `&mut self` binds `self`.
 
-use syn::{FnArg, Pat, Signature};
+use proc_macro2::TokenStream;
+use quote::ToTokens as _;
+use syn::{FnArg, Pat, ReceiverKind, Signature};
 
 /// The names bound by `sig`'s parameters, in order, `self` included.
 pub(crate) fn bound_by(sig: &Signature) -> Vec<String> {
@@ -15,6 +17,53 @@ pub(crate) fn bound_by(sig: &Signature) -> Vec<String> {
         }
     }
     names
+}
+
+/// The `mut` by-value bindings of `sig` (`mut self`, `mut order`), as the tokens that bind them.
+///
+/// The body's `async move` block mentions each as a whole, so it captures the whole variable as
+/// the original `async fn` did, rather than the fields the body touches: with field captures,
+/// `self.total = 0; Ok(self.total)` draws rustc's false "value captured by `self.total` is never
+/// read".
+pub(crate) fn mut_by_value(sig: &Signature) -> Vec<TokenStream> {
+    let mut found = Vec::new();
+    for input in &sig.inputs {
+        match input {
+            FnArg::Receiver(receiver) => {
+                if receiver.mutability.is_some()
+                    && !matches!(receiver.kind, ReceiverKind::Reference(..))
+                {
+                    found.push(receiver.self_token.to_token_stream());
+                }
+            }
+            FnArg::Typed(typed) => mut_bindings(&typed.pat, &mut found),
+        }
+    }
+    found
+}
+
+fn mut_bindings(pat: &Pat, found: &mut Vec<TokenStream>) {
+    match pat {
+        Pat::Ident(ident) => {
+            if ident.mutability.is_some() && ident.by_ref.is_none() {
+                found.push(ident.ident.to_token_stream());
+            }
+            if let Some((_, sub)) = &ident.subpat {
+                mut_bindings(sub, found);
+            }
+        }
+        Pat::Tuple(tuple) => tuple.elems.iter().for_each(|p| mut_bindings(p, found)),
+        Pat::TupleStruct(tuple) => tuple.elems.iter().for_each(|p| mut_bindings(p, found)),
+        Pat::Slice(slice) => slice.elems.iter().for_each(|p| mut_bindings(p, found)),
+        Pat::Struct(strukt) => strukt
+            .fields
+            .iter()
+            .for_each(|f| mut_bindings(&f.pat, found)),
+        Pat::Reference(reference) => mut_bindings(&reference.pat, found),
+        Pat::Paren(paren) => mut_bindings(&paren.pat, found),
+        Pat::Type(typed) => mut_bindings(&typed.pat, found),
+        _ => {}
+    }
 }
 
 /// Adds the names `pat` binds to `names`.

@@ -1,4 +1,4 @@
-use dlock_runtime::{dlock, LockError};
+use dlock_runtime::{LockError, dlock};
 
 #[dlock(key = "order:<id>", on_lost = "retry")]
 async fn create_order(id: u64) -> Result<u64, LockError> {

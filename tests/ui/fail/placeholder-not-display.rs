@@ -1,4 +1,4 @@
-use dlock_runtime::{dlock, LockError};
+use dlock_runtime::{LockError, dlock};
 
 pub struct OrderId(u64);
 
