@@ -44,6 +44,7 @@
 //! | `DLOCK_RETRY` | jittered pause between attempts, `min..max` | `10ms..50ms` |
 //! | `DLOCK_MAX_KEY_LEN` | longest key accepted, prefix included (bytes) | `1024` |
 //! | `DLOCK_REQUEST_TIMEOUT` | bound on one request to the server | `500ms` |
+//! | `DLOCK_NOTIFY` | wake waiters by release notifications, `on` or `off` | `on` |
 //!
 //! A bad value is a [`LockError::Config`] naming the variable, reported on first use.
 #![deny(missing_docs)]

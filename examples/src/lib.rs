@@ -1,1 +1,37 @@
-//! Shared helpers of the example programs.
+//! Shared pieces of the example programs, kept in a library so the integration tests can run the
+//! very same code in separate processes:
+//!
+//! - [`orders`]: the axum order service of `examples/axum_orders.rs` (its `#[dlock]` handlers);
+//! - [`throwaway`]: a `redis-server` on a free loopback port, stopped when dropped;
+//! - [`http`]: a tiny HTTP/1.1 client over a `TcpStream`, enough to call that service.
+//!
+//! Run the programs with `cargo run --example oversell`, `--example axum_orders` and
+//! `--example service`; `scripts/run-examples` runs each once.
+#![deny(missing_docs)]
+#![warn(unreachable_pub, missing_debug_implementations)]
+
+pub mod http;
+pub mod orders;
+pub mod throwaway;
+
+/// A Redis URL fit for printing: any `user:password@` part is replaced by `***@`.
+///
+/// ```
+/// assert_eq!(
+///     dlock_examples::redact_url("redis://app:s3cret@cache:6379/0"),
+///     "redis://***@cache:6379/0"
+/// );
+/// assert_eq!(dlock_examples::redact_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+/// ```
+#[must_use]
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return "***".to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{}***@{}", &url[..scheme_end], &rest[at + 1..]),
+        None => url.to_owned(),
+    }
+}

@@ -124,6 +124,34 @@ impl RedisServer {
         (n > 0).then(|| String::from_utf8_lossy(&buf[..n]).into_owned())
     }
 
+    /// `true` when `key` exists on the server now (`EXISTS key`, over a fresh connection).
+    ///
+    /// # Panics
+    /// When the server does not answer.
+    #[must_use]
+    pub fn exists(&self, key: &str) -> bool {
+        match self.command(&["EXISTS", key]).as_deref() {
+            Some(":1\r\n") => true,
+            Some(":0\r\n") => false,
+            other => panic!("EXISTS {key}: unexpected reply {other:?}"),
+        }
+    }
+
+    /// Waits until `key` no longer exists, polling for up to `within`; `false` if it is still
+    /// there then. Sleeps with tokio between polls, so a release handed to the runtime can run.
+    pub async fn gone_within(&self, key: &str, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if !self.exists(key) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// The port it listens on (127.0.0.1).
     #[must_use]
     pub fn port(&self) -> u16 {
@@ -212,4 +240,12 @@ pub fn unique_key(name: &str) -> String {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// A non-atomic increment with an `.await` between the read and the write: callers that are not
+/// excluded from each other lose updates (each writes back what it read, plus one).
+pub async fn racy_increment(counter: &AtomicU64) {
+    let seen = counter.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    counter.store(seen + 1, Ordering::SeqCst);
 }

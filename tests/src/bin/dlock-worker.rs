@@ -88,7 +88,9 @@ async fn run() -> Result<(), WorkerError> {
                 LockOptions::new().fair().timeout(Duration::from_secs(30)),
             )
             .await?;
-        let () = redis.rpush(format!("{key}:order"), iterations.as_str()).await?;
+        let () = redis
+            .rpush(format!("{key}:order"), iterations.as_str())
+            .await?;
         tokio::time::sleep(Duration::from_millis(20)).await;
         guard.release().await?;
         return Ok(());

@@ -1,0 +1,791 @@
+//! The benchmark: dlock against the raw Redis commands, measured side by side in one run.
+//!
+//! ```sh
+//! cargo run --release --example bench                 # full run (about a minute)
+//! cargo run --release --example bench -- --quick      # tiny counts: a correctness smoke test
+//! cargo run --release --example bench -- --json bench.jsonl --plot w3.svg
+//! ```
+//!
+//! It uses `DLOCK_REDIS_URL` (or `REDIS_URL`) when set, or else starts its own `redis-server` on a
+//! free loopback port. Every figure is also given as a ratio to the **floor**: the same work
+//! done with raw commands by hand (`SET key token NX PX`, then an `EVALSHA` compare-and-delete),
+//! the two-round-trip limit of any Redis lock.
+//!
+//! - **W1**: one client, a fresh key per cycle: cycles/s and latency p50/p99.
+//! - **W2**: 16 clients with their own connections, distinct keys: cycles/s.
+//! - **W3**: 8 clients with their own connections on ONE key; the body is a non-atomic GET/SET of
+//!   a counter. Critical sections/s, whether the counter is exact, wait p50/p99/max, hand-off
+//!   p50/p99 (release by one client to acquisition by another), and the share of hand-offs that
+//!   went to another client — for the default mode, fair mode and notifications off. The floor
+//!   here retries `SET NX` every 1ms.
+//! - Commands Redis executed per acquisition (`INFO commandstats` deltas; commands run inside a
+//!   script count too).
+//!
+//! All loops are bounded by count and by time. The exit code is non-zero when a counter is wrong.
+
+use std::{
+    fmt::Write as _,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use dlock_examples::throwaway::RedisServer;
+use dlock_runtime::{LockError, LockOptions, Locker, dlock};
+use redis::AsyncCommands as _;
+
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0";
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Clone, Copy)]
+struct Sizes {
+    w1_cycles: usize,
+    w2_clients: usize,
+    w2_cycles: usize,
+    w3_clients: usize,
+    w3_sections: usize,
+    time_cap: Duration,
+}
+
+impl Sizes {
+    fn full() -> Self {
+        Self {
+            w1_cycles: 5000,
+            w2_clients: 16,
+            w2_cycles: 1000,
+            w3_clients: 8,
+            w3_sections: 2000,
+            time_cap: Duration::from_secs(20),
+        }
+    }
+
+    fn quick() -> Self {
+        Self {
+            w1_cycles: 100,
+            w2_clients: 4,
+            w2_cycles: 50,
+            w3_clients: 4,
+            w3_sections: 80,
+            time_cap: Duration::from_secs(10),
+        }
+    }
+}
+
+struct Args {
+    sizes: Sizes,
+    json: Option<String>,
+    plot: Option<String>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        sizes: Sizes::full(),
+        json: None,
+        plot: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--quick" => args.sizes = Sizes::quick(),
+            "--json" => args.json = Some(it.next().ok_or("--json needs a file")?),
+            "--plot" => args.plot = Some(it.next().ok_or("--plot needs a file")?),
+            "-h" | "--help" => {
+                println!("usage: bench [--quick] [--json FILE] [--plot FILE.svg]");
+                std::process::exit(0);
+            }
+            other => return Err(format!("unknown argument `{other}` (try --help)")),
+        }
+    }
+    Ok(args)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// One measured row.
+#[derive(Default, Clone)]
+struct Row {
+    workload: &'static str,
+    variant: &'static str,
+    ops: usize,
+    per_sec: f64,
+    p50: Option<Duration>,
+    p99: Option<Duration>,
+    wait_max: Option<Duration>,
+    handoff_p50: Option<Duration>,
+    handoff_p99: Option<Duration>,
+    other_share: Option<f64>,
+    exact: Option<bool>,
+    commands_per_acquire: Option<f64>,
+}
+
+impl Row {
+    fn json(&self, floor: f64) -> String {
+        let opt = |d: Option<Duration>| d.map_or("null".to_owned(), |d| format!("{:.3}", ms(d)));
+        format!(
+            "{{\"workload\":\"{}\",\"variant\":\"{}\",\"ops\":{},\"per_sec\":{:.1},\"ratio_to_floor\":{:.3},\"p50_ms\":{},\"p99_ms\":{},\"wait_max_ms\":{},\"handoff_p50_ms\":{},\"handoff_p99_ms\":{},\"other_share\":{},\"exact\":{},\"commands_per_acquire\":{}}}",
+            self.workload,
+            self.variant,
+            self.ops,
+            self.per_sec,
+            self.per_sec / floor,
+            opt(self.p50),
+            opt(self.p99),
+            opt(self.wait_max),
+            opt(self.handoff_p50),
+            opt(self.handoff_p99),
+            self.other_share
+                .map_or("null".to_owned(), |s| format!("{s:.3}")),
+            self.exact.map_or("null".to_owned(), |e| e.to_string()),
+            self.commands_per_acquire
+                .map_or("null".to_owned(), |c| format!("{c:.2}")),
+        )
+    }
+}
+
+fn token() -> String {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).expect("OS random generator");
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+async fn connection(url: &str) -> Result<redis::aio::MultiplexedConnection, Error> {
+    Ok(redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?)
+}
+
+/// The floor: SET NX PX, then EVALSHA compare-and-delete. `retry` is the pause after a refusal.
+async fn raw_cycle(
+    redis: &mut redis::aio::MultiplexedConnection,
+    release: &redis::Script,
+    key: &str,
+    retry: Option<Duration>,
+    body: impl AsyncFnOnce(&mut redis::aio::MultiplexedConnection) -> Result<(), Error>,
+) -> Result<(), Error> {
+    let token = token();
+    loop {
+        let set: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query_async(redis)
+            .await?;
+        if set.is_some() {
+            break;
+        }
+        match retry {
+            Some(pause) => tokio::time::sleep(pause).await,
+            None => return Err("floor W1/W2 keys are never contended".into()),
+        }
+    }
+    body(redis).await?;
+    let _: i64 = release.key(key).arg(&token).invoke_async(redis).await?;
+    Ok(())
+}
+
+#[dlock(key = "bench:attr:<n>", client = locker, timeout = "5s", expire = "30s")]
+async fn locked_noop(locker: &Locker, n: usize) -> Result<(), LockError> {
+    let _ = n;
+    Ok(())
+}
+
+fn sum_commands(server_info: &str) -> u64 {
+    server_info
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+async fn commands_so_far(redis: &mut redis::aio::MultiplexedConnection) -> Result<u64, Error> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(redis)
+        .await?;
+    Ok(sum_commands(&info))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Variant {
+    Floor,
+    Api,
+    Attribute,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Floor => "floor (raw SET NX PX + EVALSHA)",
+            Self::Api => "dlock API",
+            Self::Attribute => "dlock attribute",
+        }
+    }
+}
+
+fn locker(url: &str, notify: bool) -> Result<Locker, LockError> {
+    Locker::builder()
+        .redis_url(url)
+        .key_prefix("bench:")
+        .timeout(Duration::from_secs(30))
+        .notify(notify)
+        .build()
+}
+
+/// W1: one client, fresh key per cycle.
+async fn w1(url: &str, variant: Variant, sizes: Sizes, run: usize) -> Result<Row, Error> {
+    let mut redis = connection(url).await?;
+    let mut stats = connection(url).await?;
+    let release = redis::Script::new(RELEASE);
+    let locker = locker(url, true)?;
+    // Warm up: connections made, scripts loaded.
+    for i in 0..20 {
+        one_w1(
+            &mut redis,
+            &release,
+            &locker,
+            variant,
+            &format!("bench:w1:warm:{run}:{i}"),
+            i,
+        )
+        .await?;
+    }
+    let before = commands_so_far(&mut stats).await?;
+    let mut latencies = Vec::with_capacity(sizes.w1_cycles);
+    let started = Instant::now();
+    for i in 0..sizes.w1_cycles {
+        if started.elapsed() > sizes.time_cap {
+            break;
+        }
+        let t = Instant::now();
+        one_w1(
+            &mut redis,
+            &release,
+            &locker,
+            variant,
+            &format!("w1:{run}:{i}"),
+            i + run * 1_000_000,
+        )
+        .await?;
+        latencies.push(t.elapsed());
+    }
+    let elapsed = started.elapsed();
+    let after = commands_so_far(&mut stats).await?;
+    latencies.sort();
+    #[allow(clippy::cast_precision_loss)]
+    let n = latencies.len() as f64;
+    Ok(Row {
+        workload: "W1 1 client, fresh keys",
+        variant: variant.name(),
+        ops: latencies.len(),
+        per_sec: n / elapsed.as_secs_f64(),
+        p50: Some(percentile(&latencies, 0.5)),
+        p99: Some(percentile(&latencies, 0.99)),
+        #[allow(clippy::cast_precision_loss)]
+        commands_per_acquire: Some((after - before).saturating_sub(1) as f64 / n),
+        ..Row::default()
+    })
+}
+
+async fn one_w1(
+    redis: &mut redis::aio::MultiplexedConnection,
+    release: &redis::Script,
+    locker: &Locker,
+    variant: Variant,
+    key: &str,
+    n: usize,
+) -> Result<(), Error> {
+    match variant {
+        Variant::Floor => {
+            raw_cycle(redis, release, &format!("bench:{key}"), None, async |_| {
+                Ok(())
+            })
+            .await
+        }
+        Variant::Api => Ok(locker
+            .acquire(key, LockOptions::new())
+            .await?
+            .release()
+            .await?),
+        Variant::Attribute => Ok(locked_noop(locker, n).await?),
+    }
+}
+
+/// W2: many clients, each its own connection, distinct keys.
+async fn w2(url: &str, variant: Variant, sizes: Sizes, run: usize) -> Result<Row, Error> {
+    let mut clients = Vec::new();
+    for c in 0..sizes.w2_clients {
+        let (mut redis, locker) = (connection(url).await?, locker(url, true)?);
+        let release = redis::Script::new(RELEASE);
+        one_w2_warm(&mut redis, &release, &locker, variant, run, c).await?;
+        clients.push((redis, locker, release));
+    }
+    let started = Instant::now();
+    let cap = sizes.time_cap;
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(c, (mut redis, locker, release))| {
+            tokio::spawn(async move {
+                let mut done = 0usize;
+                for i in 0..sizes.w2_cycles {
+                    if started.elapsed() > cap {
+                        break;
+                    }
+                    let key = format!("w2:{run}:{c}:{i}");
+                    one_w1(
+                        &mut redis,
+                        &release,
+                        &locker,
+                        variant,
+                        &key,
+                        (run * 1000 + c) * 100_000 + i,
+                    )
+                    .await?;
+                    done += 1;
+                }
+                Ok::<usize, Error>(done)
+            })
+        })
+        .collect();
+    let mut ops = 0;
+    for t in tasks {
+        ops += t.await??;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    Ok(Row {
+        workload: "W2 16 clients, distinct keys",
+        variant: variant.name(),
+        ops,
+        per_sec: ops as f64 / started.elapsed().as_secs_f64(),
+        ..Row::default()
+    })
+}
+
+async fn one_w2_warm(
+    redis: &mut redis::aio::MultiplexedConnection,
+    release: &redis::Script,
+    locker: &Locker,
+    variant: Variant,
+    run: usize,
+    c: usize,
+) -> Result<(), Error> {
+    for i in 0..5 {
+        one_w1(
+            redis,
+            release,
+            locker,
+            variant,
+            &format!("w2warm:{run}:{c}:{i}"),
+            usize::MAX - i,
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Floor,
+    Default,
+    Fair,
+    NoNotify,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Floor => "floor (SET NX retry 1ms)",
+            Self::Default => "dlock default",
+            Self::Fair => "dlock fair",
+            Self::NoNotify => "dlock DLOCK_NOTIFY=off",
+        }
+    }
+}
+
+struct Section {
+    client: usize,
+    asked: Instant,
+    acquired: Instant,
+    released: Instant,
+}
+
+/// W3: clients contend for one key; the body is a non-atomic increment.
+async fn w3(
+    url: &str,
+    mode: Mode,
+    sizes: Sizes,
+    run: usize,
+) -> Result<(Row, Vec<Duration>), Error> {
+    let key = format!("w3:{run}");
+    let counter = format!("bench:w3:{run}:counter");
+    let log: Arc<Mutex<Vec<Section>>> = Arc::default();
+    let per_client = sizes.w3_sections / sizes.w3_clients;
+    let mut clients = Vec::new();
+    for _ in 0..sizes.w3_clients {
+        let redis = connection(url).await?;
+        let locker = locker(url, mode != Mode::NoNotify)?;
+        // Warm: connection made, scripts loaded.
+        locker
+            .acquire(&format!("{key}:warm"), LockOptions::new())
+            .await?
+            .release()
+            .await?;
+        clients.push((redis, locker));
+    }
+    let started = Instant::now();
+    let cap = sizes.time_cap;
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(c, (mut redis, locker))| {
+            let (key, counter, log) = (key.clone(), counter.clone(), log.clone());
+            tokio::spawn(async move {
+                let release = redis::Script::new(RELEASE);
+                for _ in 0..per_client {
+                    if started.elapsed() > cap {
+                        break;
+                    }
+                    let asked = Instant::now();
+                    let times;
+                    let body = async |redis: &mut redis::aio::MultiplexedConnection| -> Result<Instant, Error> {
+                        let acquired = Instant::now();
+                        let n: Option<u64> = redis.get(&counter).await?;
+                        let () = redis.set(&counter, n.unwrap_or(0) + 1).await?;
+                        Ok(acquired)
+                    };
+                    match mode {
+                        Mode::Floor => {
+                            let raw_key = format!("bench:{key}");
+                            let token = token();
+                            loop {
+                                let set: Option<String> = redis::cmd("SET")
+                                    .arg(&raw_key)
+                                    .arg(&token)
+                                    .arg("NX")
+                                    .arg("PX")
+                                    .arg(30_000)
+                                    .query_async(&mut redis)
+                                    .await?;
+                                if set.is_some() {
+                                    break;
+                                }
+                                tokio::time::sleep(Duration::from_millis(1)).await;
+                            }
+                            let acquired = body(&mut redis).await?;
+                            times = (acquired, Instant::now());
+                            let _: i64 = release.key(&raw_key).arg(&token).invoke_async(&mut redis).await?;
+                        }
+                        Mode::Default | Mode::NoNotify | Mode::Fair => {
+                            let options = if mode == Mode::Fair {
+                                LockOptions::new().fair()
+                            } else {
+                                LockOptions::new()
+                            };
+                            let guard = locker.acquire(&key, options).await?;
+                            let acquired = body(&mut redis).await?;
+                            times = (acquired, Instant::now());
+                            guard.release().await?;
+                        }
+                    }
+                    log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(Section {
+                        client: c,
+                        asked,
+                        acquired: times.0,
+                        released: times.1,
+                    });
+                }
+                Ok::<(), Error>(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await??;
+    }
+    let elapsed = started.elapsed();
+    let mut sections = std::mem::take(
+        &mut *log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    sections.sort_by_key(|s| s.acquired);
+    let mut redis = connection(url).await?;
+    let counted: u64 = redis.get(&counter).await?;
+    let mut waits: Vec<Duration> = sections.iter().map(|s| s.acquired - s.asked).collect();
+    waits.sort();
+    let mut handoffs = Vec::new();
+    let mut to_other = 0usize;
+    for pair in sections.windows(2) {
+        if pair[1].client != pair[0].client {
+            to_other += 1;
+            handoffs.push(pair[1].acquired.saturating_duration_since(pair[0].released));
+        }
+    }
+    handoffs.sort();
+    #[allow(clippy::cast_precision_loss)]
+    let row = Row {
+        workload: "W3 8 clients, one key",
+        variant: mode.name(),
+        ops: sections.len(),
+        per_sec: sections.len() as f64 / elapsed.as_secs_f64(),
+        p50: Some(percentile(&waits, 0.5)),
+        p99: Some(percentile(&waits, 0.99)),
+        wait_max: waits.last().copied(),
+        handoff_p50: (!handoffs.is_empty()).then(|| percentile(&handoffs, 0.5)),
+        handoff_p99: (!handoffs.is_empty()).then(|| percentile(&handoffs, 0.99)),
+        other_share: Some(to_other as f64 / (sections.len().max(2) - 1) as f64),
+        exact: Some(counted == sections.len() as u64),
+        ..Row::default()
+    };
+    Ok((row, waits))
+}
+
+fn table(rows: &[Row], floors: &[(&'static str, f64)]) -> String {
+    let mut out = String::from(
+        "| workload | variant | ops | per s | × floor | p50 ms | p99 ms | wait max ms | hand-off p50 ms | hand-off p99 ms | to another client | exact | cmds/acq |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n",
+    );
+    let cell = |d: Option<Duration>| d.map_or("–".to_owned(), |d| format!("{:.2}", ms(d)));
+    for r in rows {
+        let floor = floors
+            .iter()
+            .find(|(w, _)| *w == r.workload)
+            .map_or(1.0, |(_, f)| *f);
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {:.0} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.workload,
+            r.variant,
+            r.ops,
+            r.per_sec,
+            r.per_sec / floor,
+            cell(r.p50),
+            cell(r.p99),
+            cell(r.wait_max),
+            cell(r.handoff_p50),
+            cell(r.handoff_p99),
+            r.other_share
+                .map_or("–".to_owned(), |s| format!("{:.0}%", s * 100.0)),
+            r.exact.map_or("–".to_owned(), |e| if e {
+                "yes".to_owned()
+            } else {
+                "**NO**".to_owned()
+            }),
+            r.commands_per_acquire
+                .map_or("–".to_owned(), |c| format!("{c:.1}")),
+        );
+    }
+    out
+}
+
+/// A small SVG: the distribution (CDF) of W3 wait times per mode, log-scaled time axis.
+fn plot(series: &[(&'static str, Vec<Duration>)]) -> String {
+    let (w, h, left, bottom) = (760.0_f64, 420.0_f64, 60.0_f64, 40.0_f64);
+    let max_ms = series
+        .iter()
+        .filter_map(|(_, v)| v.last())
+        .map(|d| ms(*d))
+        .fold(1.0_f64, f64::max);
+    let x = |v: f64| {
+        left + (w - left - 20.0) * ((v.max(0.01) / 0.01).log10() / (max_ms / 0.01).log10())
+    };
+    let y = |q: f64| (h - bottom) - (h - bottom - 20.0) * q;
+    let colors = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"];
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"14\">W3: share of acquisitions that waited at most t (log t)</text>\n"
+    );
+    let _ = writeln!(
+        svg,
+        "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>",
+        y(0.0),
+        w - 20.0,
+        y(0.0)
+    );
+    let _ = writeln!(
+        svg,
+        "<line x1=\"{left}\" y1=\"{}\" x2=\"{left}\" y2=\"{}\" stroke=\"black\"/>",
+        y(0.0),
+        y(1.0)
+    );
+    let mut tick = 0.01;
+    while tick <= max_ms * 1.001 {
+        let _ = writeln!(
+            svg,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{tick}ms</text>",
+            x(tick),
+            y(0.0) + 16.0
+        );
+        tick *= 10.0;
+    }
+    for (i, (name, waits)) in series.iter().enumerate() {
+        if waits.is_empty() {
+            continue;
+        }
+        let color = colors[i % colors.len()];
+        #[allow(clippy::cast_precision_loss)]
+        let points: String = waits
+            .iter()
+            .enumerate()
+            .map(|(k, d)| {
+                format!(
+                    "{:.1},{:.1} ",
+                    x(ms(*d)),
+                    y((k + 1) as f64 / waits.len() as f64)
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            svg,
+            "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{points}\"/>"
+        );
+        #[allow(clippy::cast_precision_loss)]
+        let ly = 40.0 + 16.0 * i as f64;
+        let _ = writeln!(
+            svg,
+            "<text x=\"{}\" y=\"{ly}\" fill=\"{color}\">{name}</text>",
+            left + 20.0
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+async fn bench(url: &str, args: &Args) -> Result<bool, Error> {
+    let sizes = args.sizes;
+    let mut rows = Vec::new();
+    let mut floors = Vec::new();
+    for (run, variant) in [Variant::Floor, Variant::Api, Variant::Attribute]
+        .into_iter()
+        .enumerate()
+    {
+        eprint!(".");
+        let row = w1(url, variant, sizes, run).await?;
+        if variant == Variant::Floor {
+            floors.push((row.workload, row.per_sec));
+        }
+        rows.push(row);
+    }
+    for (run, variant) in [Variant::Floor, Variant::Api, Variant::Attribute]
+        .into_iter()
+        .enumerate()
+    {
+        eprint!(".");
+        let row = w2(url, variant, sizes, run).await?;
+        if variant == Variant::Floor {
+            floors.push((row.workload, row.per_sec));
+        }
+        rows.push(row);
+    }
+    let mut series = Vec::new();
+    for (run, mode) in [Mode::Floor, Mode::Default, Mode::Fair, Mode::NoNotify]
+        .into_iter()
+        .enumerate()
+    {
+        eprint!(".");
+        let (row, waits) = w3(url, mode, sizes, run).await?;
+        if mode == Mode::Floor {
+            floors.push((row.workload, row.per_sec));
+        }
+        series.push((mode.name(), waits));
+        rows.push(row);
+    }
+    eprintln!();
+    println!("{}", table(&rows, &floors));
+    if let Some(path) = &args.json {
+        let lines: String = rows
+            .iter()
+            .map(|r| {
+                let floor = floors
+                    .iter()
+                    .find(|(w, _)| *w == r.workload)
+                    .map_or(1.0, |(_, f)| *f);
+                r.json(floor) + "\n"
+            })
+            .collect();
+        std::fs::write(path, lines)?;
+        println!("JSON lines written to {path}");
+    }
+    if let Some(path) = &args.plot {
+        std::fs::write(path, plot(&series))?;
+        println!("W3 wait-time plot written to {path}");
+    }
+    Ok(rows.iter().all(|r| r.exact != Some(false)))
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = match parse_args() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let from_env = std::env::var("DLOCK_REDIS_URL")
+        .or_else(|_| std::env::var("REDIS_URL"))
+        .ok()
+        .filter(|u| !u.is_empty());
+    let (url, _server) = match from_env {
+        Some(url) => {
+            println!(
+                "Redis: {} (from the environment)",
+                dlock_examples::redact_url(&url)
+            );
+            (url, None)
+        }
+        None => match RedisServer::start() {
+            Ok(server) => {
+                println!(
+                    "Redis: a throwaway redis-server {} on {}",
+                    RedisServer::version().unwrap_or_default(),
+                    server.url()
+                );
+                (server.url(), Some(server))
+            }
+            Err(e) => {
+                eprintln!(
+                    "bench: needs Redis: set DLOCK_REDIS_URL, or install redis-server (apt-get install -y redis-server): {e}"
+                );
+                return std::process::ExitCode::FAILURE;
+            }
+        },
+    };
+    match bench(&url, &args).await {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("bench: a W3 counter is wrong: the lock let two clients overlap");
+            std::process::ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("bench: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

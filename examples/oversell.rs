@@ -1,0 +1,947 @@
+//! The oversell demo: a shop sells an item with a limited stock; many buyers hit several
+//! instances of the service at once. Each purchase reads the stock, does a little work (a 1ms
+//! "payment check"), writes the stock back minus one and records the sale — a real race, not a
+//! simulated one. The demo runs it twice, without a lock and with
+//! `#[dlock(key = "stock:<sku>", …)]`, and prints both runs side by side.
+//!
+//! ```text
+//! cargo run --example oversell                      # 4 instances, 200 buyers, 50 in stock
+//! cargo run --example oversell -- --instances 3 --buyers 60 --stock 20
+//! cargo run --example oversell -- --embedded        # force the in-process backend
+//! ```
+//!
+//! Backend, said in the output:
+//! - `DLOCK_REDIS_URL` (or `REDIS_URL`) when set: that Redis;
+//! - else, with `redis-server` on `PATH`: a throwaway server on a free loopback port
+//!   (`--save "" --appendonly no --bind 127.0.0.1`), stopped at the end, on error and on Ctrl-C;
+//! - else (or with `--embedded`, or `DLOCK_BACKEND=memory`): the embedded backend
+//!   (`Locker::memory()`), the instances being tasks of this one process.
+//!
+//! With Redis the stock lives in Redis (plain `GET` then `SET`, not atomic on purpose) and each
+//! instance is a separate OS process — this program started again with a hidden `--worker` mode —
+//! configured from the environment with its own connections, reporting every purchase and its
+//! lock wait on stdout.
+//!
+//! Exit code 0 only when the locked run is exact (sold == stock, oversold 0, nothing failed).
+
+use std::{
+    fmt,
+    process::{ExitCode, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use dlock_examples::{redact_url, throwaway::RedisServer};
+use dlock_runtime::{LockError, Locker, dlock};
+use redis::AsyncCommands as _;
+use tokio::{
+    io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader},
+    process::{Child, Command},
+    sync::mpsc,
+    time::Instant,
+};
+
+const USAGE: &str = "\
+usage: oversell [--instances N] [--buyers N] [--stock N] [--embedded]
+
+  --instances N   instances of the shop service (default 4)
+  --buyers N      buyers, each trying to buy one item at the same moment (default 200)
+  --stock N       items in stock (default 50)
+  --embedded      use the embedded backend even when Redis is available
+                  (also: DLOCK_BACKEND=memory)
+
+Backend: DLOCK_REDIS_URL or REDIS_URL when set; else a throwaway redis-server when one is on
+PATH; else the embedded backend, instances as tasks of this process.";
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "--worker") {
+        return match worker(&args[1..]).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("oversell worker: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let config = match Config::parse(&args) {
+        Ok(Some(config)) => config,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(message) => {
+            eprintln!("oversell: {message}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    // Dropping the demo (Ctrl-C) kills the workers and stops the throwaway server it owns.
+    tokio::select! {
+        result = demo(config) => match result {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("\noversell: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("\noversell: interrupted; workers and the throwaway server stopped");
+            ExitCode::from(130)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The shop: the code that races.
+// ---------------------------------------------------------------------------------------------
+
+/// One instance's view of the shop: its lock client and its stock store.
+struct Shop {
+    locks: Locker,
+    store: Store,
+    sku: String,
+}
+
+enum Store {
+    /// The stock in Redis, `GET`/`SET` on `oversell:<sku>:stock`, sales in a list.
+    Redis(redis::aio::MultiplexedConnection),
+    /// The stock in this process, read and written with separate loads and stores.
+    Memory(Arc<MemoryStore>),
+}
+
+#[derive(Default)]
+struct MemoryStore {
+    stock: AtomicU64,
+    sales: AtomicU64,
+}
+
+fn stock_key(sku: &str) -> String {
+    format!("oversell:{sku}:stock")
+}
+
+fn sales_key(sku: &str) -> String {
+    format!("oversell:{sku}:sales")
+}
+
+impl Store {
+    async fn stock(&self, sku: &str) -> Result<u64, ShopError> {
+        Ok(match self {
+            Self::Redis(redis) => redis
+                .clone()
+                .get::<_, Option<u64>>(stock_key(sku))
+                .await?
+                .unwrap_or(0),
+            Self::Memory(m) => m.stock.load(Ordering::SeqCst),
+        })
+    }
+
+    async fn set_stock(&self, sku: &str, n: u64) -> Result<(), ShopError> {
+        match self {
+            Self::Redis(redis) => redis.clone().set(stock_key(sku), n).await?,
+            Self::Memory(m) => m.stock.store(n, Ordering::SeqCst),
+        }
+        Ok(())
+    }
+
+    async fn record_sale(&self, sku: &str, buyer: u32) -> Result<(), ShopError> {
+        match self {
+            Self::Redis(redis) => {
+                let _: u64 = redis.clone().rpush(sales_key(sku), buyer).await?;
+            }
+            Self::Memory(m) => {
+                m.sales.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        Ok(())
+    }
+
+    async fn sales(&self, sku: &str) -> Result<u64, ShopError> {
+        Ok(match self {
+            Self::Redis(redis) => redis.clone().llen(sales_key(sku)).await?,
+            Self::Memory(m) => m.sales.load(Ordering::SeqCst),
+        })
+    }
+
+    async fn reset(&self, sku: &str, stock: u64) -> Result<(), ShopError> {
+        if let Self::Redis(redis) = self {
+            let _: u64 = redis.clone().del(sales_key(sku)).await?;
+        }
+        self.set_stock(sku, stock).await
+    }
+
+    async fn remove(&self, sku: &str) -> Result<(), ShopError> {
+        if let Self::Redis(redis) = self {
+            let _: u64 = redis.clone().del(&[stock_key(sku), sales_key(sku)]).await?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Outcome {
+    Sold,
+    SoldOut,
+}
+
+/// Read the stock, check the payment, write the stock back minus one, record the sale.
+/// Two buyers that read the same stock both sell: the lost update the lock prevents.
+async fn purchase(shop: &Shop, buyer: u32) -> Result<Outcome, ShopError> {
+    let left = shop.store.stock(&shop.sku).await?;
+    if left == 0 {
+        return Ok(Outcome::SoldOut);
+    }
+    // The payment check. Any await here lets another buyer read the same stock.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    shop.store.set_stock(&shop.sku, left - 1).await?;
+    shop.store.record_sale(&shop.sku, buyer).await?;
+    Ok(Outcome::Sold)
+}
+
+/// The same purchase, one buyer at a time per sku across every instance. Returns how long the
+/// buyer waited for the lock (from the call to the start of the body).
+#[dlock(key = "stock:<sku>", client = &shop.locks, timeout = "1m", expire = "10s")]
+async fn purchase_locked(
+    shop: &Shop,
+    sku: &str,
+    buyer: u32,
+    called_at: Instant,
+) -> Result<(Outcome, Duration), ShopError> {
+    let waited = called_at.elapsed();
+    Ok((purchase(shop, buyer).await?, waited))
+}
+
+#[derive(Debug)]
+enum ShopError {
+    Lock(LockError),
+    Store(redis::RedisError),
+}
+
+impl From<LockError> for ShopError {
+    fn from(e: LockError) -> Self {
+        Self::Lock(e)
+    }
+}
+
+impl From<redis::RedisError> for ShopError {
+    fn from(e: redis::RedisError) -> Self {
+        Self::Store(e)
+    }
+}
+
+impl fmt::Display for ShopError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Lock(e) => write!(f, "lock: {e}"),
+            Self::Store(e) => write!(f, "stock store: {e}"),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One instance: its buyers, all at once.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Unlocked,
+    Locked,
+}
+
+impl Mode {
+    fn flag(self) -> &'static str {
+        match self {
+            Self::Unlocked => "unlocked",
+            Self::Locked => "locked",
+        }
+    }
+}
+
+/// What an instance reports, in-process or as a stdout line of a worker.
+#[derive(Debug)]
+enum Event {
+    Ready,
+    Bought {
+        outcome: Outcome,
+        waited: Option<Duration>,
+    },
+    Failed(String),
+    /// A worker's stdout closed (it exited).
+    Exited,
+}
+
+impl Event {
+    /// `sold 1234` / `soldout -` (lock wait in µs) / `failed <why>` / `ready`.
+    fn to_line(&self) -> String {
+        match self {
+            Self::Ready => "ready".to_owned(),
+            Self::Bought { outcome, waited } => {
+                let word = match outcome {
+                    Outcome::Sold => "sold",
+                    Outcome::SoldOut => "soldout",
+                };
+                match waited {
+                    Some(w) => format!("{word} {}", w.as_micros()),
+                    None => format!("{word} -"),
+                }
+            }
+            Self::Failed(why) => format!("failed {}", why.replace('\n', " ")),
+            Self::Exited => "exited".to_owned(),
+        }
+    }
+
+    fn from_line(line: &str) -> Self {
+        let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+        let waited = rest.parse().ok().map(Duration::from_micros);
+        match word {
+            "ready" => Self::Ready,
+            "sold" => Self::Bought {
+                outcome: Outcome::Sold,
+                waited,
+            },
+            "soldout" => Self::Bought {
+                outcome: Outcome::SoldOut,
+                waited,
+            },
+            "failed" => Self::Failed(rest.to_owned()),
+            "exited" => Self::Exited,
+            _ => Self::Failed(format!("unexpected worker output: {line}")),
+        }
+    }
+}
+
+/// The buyers of instance `instance` (of `instances`): every `instances`-th of `0..buyers`.
+fn buyers_of(instance: usize, instances: usize, buyers: usize) -> Vec<u32> {
+    (instance..buyers)
+        .step_by(instances)
+        .map(|b| u32::try_from(b).unwrap_or(u32::MAX))
+        .collect()
+}
+
+/// Starts every buyer of this instance at once and reports each purchase as it ends.
+async fn run_instance(
+    shop: Arc<Shop>,
+    mode: Mode,
+    buyers: Vec<u32>,
+    events: mpsc::UnboundedSender<Event>,
+) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for buyer in buyers {
+        let shop = shop.clone();
+        tasks.spawn(async move {
+            let result = match mode {
+                Mode::Unlocked => purchase(&shop, buyer).await.map(|o| (o, None)),
+                Mode::Locked => purchase_locked(&shop, &shop.sku, buyer, Instant::now())
+                    .await
+                    .map(|(o, w)| (o, Some(w))),
+            };
+            match result {
+                Ok((outcome, waited)) => Event::Bought { outcome, waited },
+                Err(e) => Event::Failed(e.to_string()),
+            }
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        let event = joined.unwrap_or_else(|e| Event::Failed(format!("buyer task: {e}")));
+        if events.send(event).is_err() {
+            return;
+        }
+    }
+}
+
+/// `--worker <unlocked|locked> <sku> <instance> <instances> <buyers>`: one instance as its own
+/// process, configured from the environment (`DLOCK_REDIS_URL`) like a real service instance.
+/// Prints `ready`, waits for `go` on stdin, then one line per buyer.
+async fn worker(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
+    let [mode, sku, instance, instances, buyers] = args else {
+        return Err(
+            "usage: oversell --worker <unlocked|locked> <sku> <instance> <instances> <buyers>"
+                .into(),
+        );
+    };
+    let mode = if mode == "locked" {
+        Mode::Locked
+    } else {
+        Mode::Unlocked
+    };
+    let buyers = buyers_of(instance.parse()?, instances.parse()?, buyers.parse()?);
+    let url = std::env::var("DLOCK_REDIS_URL")?;
+
+    let locks = Locker::from_env()?;
+    let store = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    if mode == Mode::Locked {
+        // Connect the lock client now, so the first buyer's wait does not include it.
+        let warm_up = format!("oversell-warm-up:{}", std::process::id());
+        if let Some(guard) = locks.try_acquire(&warm_up, Duration::from_secs(1)).await? {
+            guard.release().await?;
+        }
+    }
+    let shop = Arc::new(Shop {
+        locks,
+        store: Store::Redis(store),
+        sku: sku.clone(),
+    });
+
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    emit(&Event::Ready).await?;
+    let mut go = String::new();
+    BufReader::new(tokio::io::stdin())
+        .read_line(&mut go)
+        .await?;
+    if go.trim() != "go" {
+        return Ok(()); // The coordinator is gone.
+    }
+    let instance = tokio::spawn(run_instance(shop, mode, buyers, tx));
+    while let Some(event) = rx.recv().await {
+        emit(&event).await?;
+    }
+    instance.await?;
+    Ok(())
+}
+
+async fn emit(event: &Event) -> std::io::Result<()> {
+    let mut out = tokio::io::stdout();
+    out.write_all(format!("{}\n", event.to_line()).as_bytes())
+        .await?;
+    out.flush().await
+}
+
+// ---------------------------------------------------------------------------------------------
+// The coordinator.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone, Copy, Debug)]
+struct Config {
+    instances: usize,
+    buyers: usize,
+    stock: u64,
+    embedded: bool,
+}
+
+impl Config {
+    /// `Ok(None)` for `--help`.
+    fn parse(args: &[String]) -> Result<Option<Self>, String> {
+        let mut config = Self {
+            instances: 4,
+            buyers: 200,
+            stock: 50,
+            embedded: false,
+        };
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            let (flag, inline) = match arg.split_once('=') {
+                Some((f, v)) => (f, Some(v.to_owned())),
+                None => (arg.as_str(), None),
+            };
+            let mut value = |name: &str| {
+                inline
+                    .clone()
+                    .or_else(|| args.next().cloned())
+                    .ok_or_else(|| format!("{name} needs a value"))
+            };
+            match flag {
+                "-h" | "--help" => return Ok(None),
+                "--embedded" => config.embedded = true,
+                "--instances" => config.instances = number(flag, &value(flag)?)?,
+                "--buyers" => config.buyers = number(flag, &value(flag)?)?,
+                "--stock" => config.stock = number(flag, &value(flag)?)?,
+                _ => return Err(format!("unknown argument `{arg}`")),
+            }
+        }
+        if config.instances == 0 || config.buyers == 0 {
+            return Err("--instances and --buyers must be at least 1".to_owned());
+        }
+        if u32::try_from(config.buyers).is_err() {
+            return Err("--buyers is too large".to_owned());
+        }
+        Ok(Some(config))
+    }
+}
+
+fn number<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, String> {
+    value
+        .parse()
+        .map_err(|_| format!("{flag}: `{value}` is not a non-negative number"))
+}
+
+/// Where the stock and the locks live.
+enum Backend {
+    Redis {
+        url: String,
+        /// What to print about it.
+        about: String,
+        /// The throwaway server, stopped when this is dropped.
+        _server: Option<RedisServer>,
+    },
+    Embedded {
+        why: &'static str,
+    },
+}
+
+impl Backend {
+    fn choose(config: &Config) -> Result<Self, String> {
+        if config.embedded {
+            return Ok(Self::Embedded { why: "--embedded" });
+        }
+        if std::env::var("DLOCK_BACKEND").is_ok_and(|b| b.eq_ignore_ascii_case("memory")) {
+            return Ok(Self::Embedded {
+                why: "DLOCK_BACKEND=memory",
+            });
+        }
+        for var in ["DLOCK_REDIS_URL", "REDIS_URL"] {
+            if let Ok(url) = std::env::var(var)
+                && !url.is_empty()
+            {
+                let about = format!("Redis at {} (from {var})", redact_url(&url));
+                return Ok(Self::Redis {
+                    url,
+                    about,
+                    _server: None,
+                });
+            }
+        }
+        if !RedisServer::available() {
+            return Ok(Self::Embedded {
+                why: "no DLOCK_REDIS_URL / REDIS_URL and no redis-server on PATH",
+            });
+        }
+        let server = RedisServer::start().map_err(|e| format!("starting redis-server: {e}"))?;
+        let version = RedisServer::version().map_or_else(String::new, |v| format!(" {v}"));
+        Ok(Self::Redis {
+            url: server.url(),
+            about: format!(
+                "throwaway redis-server{version} on 127.0.0.1:{} (no persistence; stopped at exit)",
+                server.port()
+            ),
+            _server: Some(server),
+        })
+    }
+
+    fn short(&self) -> &'static str {
+        match self {
+            Self::Redis { .. } => "redis",
+            Self::Embedded { .. } => "embedded",
+        }
+    }
+}
+
+/// What one run measured.
+struct Report {
+    mode: Mode,
+    elapsed: Duration,
+    sold: u64,
+    sold_out: u64,
+    failures: Vec<String>,
+    missing: u64,
+    recorded_sales: u64,
+    stock_left: u64,
+    waits: Vec<Duration>,
+}
+
+impl Report {
+    fn oversold(&self, stock: u64) -> u64 {
+        self.sold.saturating_sub(stock)
+    }
+
+    fn failed(&self) -> u64 {
+        self.failures.len() as u64 + self.missing
+    }
+}
+
+async fn demo(config: Config) -> Result<bool, String> {
+    let backend = Backend::choose(&config)?;
+    println!(
+        "dlock oversell demo: {} buyers, {} in stock, {} instances",
+        config.buyers, config.stock, config.instances
+    );
+    match &backend {
+        Backend::Redis { about, .. } => {
+            println!("backend: {about}");
+            println!(
+                "         stock in Redis (GET then SET); {} worker processes, each with its own connections",
+                config.instances
+            );
+        }
+        Backend::Embedded { why } => {
+            println!("backend: embedded (Locker::memory()), because {why}");
+            println!(
+                "         the instances are tasks of this one process; a real multi-process run needs"
+            );
+            println!("         Redis: install redis-server or set DLOCK_REDIS_URL");
+        }
+    }
+    println!();
+
+    let unlocked = run(&config, &backend, Mode::Unlocked).await?;
+    let locked = run(&config, &backend, Mode::Locked).await?;
+    println!();
+    print_table(&config, &backend, &unlocked, &locked);
+    println!();
+    Ok(verdict(&config, &unlocked, &locked))
+}
+
+/// One run: fresh stock, every instance started, every buyer at once.
+async fn run(config: &Config, backend: &Backend, mode: Mode) -> Result<Report, String> {
+    let label = match mode {
+        Mode::Unlocked => "without lock ",
+        Mode::Locked => "with #[dlock]",
+    };
+    let sku = format!("tee-{}-{}", std::process::id(), mode.flag());
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut workers: Vec<Child> = Vec::new();
+    let mut embedded_go = None;
+    let store = match backend {
+        Backend::Redis { url, .. } => {
+            let client =
+                redis::Client::open(url.as_str()).map_err(|e| format!("redis URL: {e}"))?;
+            let conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| format!("cannot reach Redis at {}: {e}", redact_url(url)))?;
+            let store = Store::Redis(conn);
+            store
+                .reset(&sku, config.stock)
+                .await
+                .map_err(|e| e.to_string())?;
+            for instance in 0..config.instances {
+                workers.push(spawn_worker(url, mode, &sku, instance, config, tx.clone())?);
+            }
+            store
+        }
+        Backend::Embedded { .. } => {
+            let memory = Arc::new(MemoryStore::default());
+            let store = Store::Memory(memory.clone());
+            store
+                .reset(&sku, config.stock)
+                .await
+                .map_err(|e| e.to_string())?;
+            // One lock service (a shared embedded table), one client clone per instance.
+            let locks = Locker::memory();
+            let (go_tx, go_rx) = tokio::sync::watch::channel(false);
+            for instance in 0..config.instances {
+                let shop = Arc::new(Shop {
+                    locks: locks.clone(),
+                    store: Store::Memory(memory.clone()),
+                    sku: sku.clone(),
+                });
+                let buyers = buyers_of(instance, config.instances, config.buyers);
+                let (tx, mut go_rx) = (tx.clone(), go_rx.clone());
+                tokio::spawn(async move {
+                    let _ = tx.send(Event::Ready);
+                    if go_rx.wait_for(|go| *go).await.is_ok() {
+                        run_instance(shop, mode, buyers, tx).await;
+                    }
+                });
+            }
+            embedded_go = Some(go_tx);
+            store
+        }
+    };
+    drop(tx);
+
+    // Everyone ready, then go.
+    let mut ready = 0;
+    while ready < config.instances {
+        match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await {
+            Ok(Some(Event::Ready)) => ready += 1,
+            Ok(Some(Event::Failed(why))) => {
+                return Err(format!("an instance failed to start: {why}"));
+            }
+            Ok(Some(Event::Bought { .. })) => {
+                return Err("an instance bought before `go`".to_owned());
+            }
+            Ok(Some(Event::Exited) | None) => {
+                return Err(
+                    "an instance exited before it was ready (see its error above)".to_owned(),
+                );
+            }
+            Err(_) => return Err("instances not ready within 30s".to_owned()),
+        }
+    }
+    let started = Instant::now();
+    for worker in &mut workers {
+        if let Some(stdin) = worker.stdin.as_mut() {
+            stdin
+                .write_all(b"go\n")
+                .await
+                .map_err(|e| format!("starting a worker: {e}"))?;
+            stdin
+                .flush()
+                .await
+                .map_err(|e| format!("starting a worker: {e}"))?;
+        }
+    }
+    if let Some(go) = embedded_go {
+        let _ = go.send(true);
+    }
+
+    print!("  {label}  ");
+    flush();
+    let dot_every = config.buyers.div_ceil(40).max(1);
+    let mut report = Report {
+        mode,
+        elapsed: Duration::ZERO,
+        sold: 0,
+        sold_out: 0,
+        failures: Vec::new(),
+        missing: 0,
+        recorded_sales: 0,
+        stock_left: 0,
+        waits: Vec::new(),
+    };
+    let mut seen = 0;
+    while let Some(event) = rx.recv().await {
+        match event {
+            Event::Ready | Event::Exited => continue,
+            Event::Bought { outcome, waited } => {
+                match outcome {
+                    Outcome::Sold => report.sold += 1,
+                    Outcome::SoldOut => report.sold_out += 1,
+                }
+                report.waits.extend(waited);
+            }
+            Event::Failed(why) => report.failures.push(why),
+        }
+        seen += 1;
+        if seen % dot_every == 0 {
+            print!(".");
+            flush();
+        }
+        if seen == config.buyers {
+            break;
+        }
+    }
+    report.elapsed = started.elapsed();
+    report.missing = (config.buyers - seen) as u64;
+    println!(" {}", format_duration(report.elapsed));
+
+    for mut worker in workers {
+        match tokio::time::timeout(Duration::from_secs(10), worker.wait()).await {
+            Ok(Ok(status)) if status.success() => {}
+            Ok(Ok(status)) => report
+                .failures
+                .push(format!("a worker exited with {status}")),
+            Ok(Err(e)) => report.failures.push(format!("waiting for a worker: {e}")),
+            Err(_) => report
+                .failures
+                .push("a worker did not exit within 10s".to_owned()),
+        }
+    }
+    report.stock_left = store.stock(&sku).await.map_err(|e| e.to_string())?;
+    report.recorded_sales = store.sales(&sku).await.map_err(|e| e.to_string())?;
+    store.remove(&sku).await.map_err(|e| e.to_string())?;
+    Ok(report)
+}
+
+/// Starts `oversell --worker …` with the Redis URL in its environment (not on its command line,
+/// where `ps` would show a password) and forwards its stdout lines as events.
+fn spawn_worker(
+    url: &str,
+    mode: Mode,
+    sku: &str,
+    instance: usize,
+    config: &Config,
+    events: mpsc::UnboundedSender<Event>,
+) -> Result<Child, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("finding this program: {e}"))?;
+    let mut child = Command::new(exe)
+        .arg("--worker")
+        .arg(mode.flag())
+        .arg(sku)
+        .arg(instance.to_string())
+        .arg(config.instances.to_string())
+        .arg(config.buyers.to_string())
+        .env("DLOCK_BACKEND", "redis")
+        .env("DLOCK_REDIS_URL", url)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("starting a worker process: {e}"))?;
+    let stdout = child.stdout.take().ok_or("worker stdout")?;
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            if events.send(Event::from_line(&line)).is_err() {
+                return;
+            }
+        }
+        let _ = events.send(Event::Exited);
+    });
+    Ok(child)
+}
+
+fn flush() {
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output.
+// ---------------------------------------------------------------------------------------------
+
+fn print_table(config: &Config, backend: &Backend, unlocked: &Report, locked: &Report) {
+    let kind = match backend {
+        Backend::Redis { .. } => "processes",
+        Backend::Embedded { .. } => "tasks",
+    };
+    let wait = |r: &Report, p: f64| {
+        percentile(&r.waits, p).map_or_else(|| "-".to_owned(), format_duration)
+    };
+    let cells = |r: &Report| -> Vec<String> {
+        vec![
+            format!("{} {kind}", config.instances),
+            config.buyers.to_string(),
+            config.stock.to_string(),
+            r.sold.to_string(),
+            r.oversold(config.stock).to_string(),
+            r.stock_left.to_string(),
+            r.failed().to_string(),
+            format_duration(r.elapsed),
+            wait(r, 50.0),
+            wait(r, 99.0),
+            match r.mode {
+                Mode::Unlocked => format!("{} (no lock)", backend.short()),
+                Mode::Locked => format!("{} lock", backend.short()),
+            },
+        ]
+    };
+    let names = [
+        "instances",
+        "buyers",
+        "stock",
+        "sold",
+        "oversold",
+        "stock left",
+        "failed",
+        "elapsed",
+        "lock wait p50",
+        "lock wait p99",
+        "backend",
+    ];
+    let (a, b) = (cells(unlocked), cells(locked));
+    let heads = ["without lock", "with #[dlock]"];
+    let w0 = names.iter().map(|n| n.len()).max().unwrap_or(0);
+    let w1 = a
+        .iter()
+        .map(String::len)
+        .chain([heads[0].len()])
+        .max()
+        .unwrap_or(0);
+    let w2 = b
+        .iter()
+        .map(String::len)
+        .chain([heads[1].len()])
+        .max()
+        .unwrap_or(0);
+    let rule = format!(
+        "  {}  {}  {}",
+        "-".repeat(w0),
+        "-".repeat(w1),
+        "-".repeat(w2)
+    );
+    println!("  {:<w0$}  {:>w1$}  {:>w2$}", "", heads[0], heads[1]);
+    println!("{rule}");
+    for ((name, x), y) in names.iter().zip(&a).zip(&b) {
+        let mark = if *name == "oversold" {
+            "   <- items sold that did not exist"
+        } else {
+            ""
+        };
+        println!("  {name:<w0$}  {x:>w1$}  {y:>w2$}{mark}");
+    }
+    println!("{rule}");
+}
+
+/// Prints what happened and says whether the locked run was exact.
+fn verdict(config: &Config, unlocked: &Report, locked: &Report) -> bool {
+    let expected = config.stock.min(config.buyers as u64);
+    let oversold = unlocked.oversold(config.stock);
+    if oversold > 0 {
+        println!(
+            "without a lock: {} sold for {} in stock, {oversold} oversold — buyers read the same stock before anyone wrote it back",
+            unlocked.sold, config.stock
+        );
+    } else {
+        println!(
+            "without a lock: no oversell this time ({} sold); it needs more buyers than stock to show",
+            unlocked.sold
+        );
+    }
+    let lost = unlocked
+        .sold
+        .saturating_sub(config.stock.saturating_sub(unlocked.stock_left));
+    if lost > 0 {
+        println!(
+            "without a lock: {} sales but the stock only went down by {}: {lost} updates lost",
+            unlocked.sold,
+            config.stock - unlocked.stock_left
+        );
+    }
+    for (report, name) in [(unlocked, "without lock"), (locked, "with #[dlock]")] {
+        for why in report.failures.iter().take(3) {
+            println!("{name}: failed: {why}");
+        }
+        if report.missing > 0 {
+            println!("{name}: {} buyers never reported", report.missing);
+        }
+        if report.recorded_sales != report.sold {
+            println!(
+                "{name}: the store recorded {} sales, the instances reported {}",
+                report.recorded_sales, report.sold
+            );
+        }
+    }
+    let exact = locked.sold == expected
+        && locked.oversold(config.stock) == 0
+        && locked.stock_left == config.stock - expected
+        && locked.recorded_sales == expected
+        && locked.failed() == 0;
+    if exact {
+        println!(
+            "with #[dlock]: exactly {expected} sold for {} in stock, oversold 0 — OK",
+            config.stock
+        );
+    } else {
+        println!(
+            "with #[dlock]: NOT exact — sold {}, expected {expected}, stock left {}, failed {} — FAILED",
+            locked.sold,
+            locked.stock_left,
+            locked.failed()
+        );
+    }
+    exact
+}
+
+/// Nearest-rank percentile.
+fn percentile(samples: &[Duration], p: f64) -> Option<Duration> {
+    if samples.is_empty() {
+        return None;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+fn format_duration(d: Duration) -> String {
+    if d < Duration::from_millis(10) {
+        format!("{:.1}ms", d.as_secs_f64() * 1000.0)
+    } else if d < Duration::from_secs(1) {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{:.2}s", d.as_secs_f64())
+    }
+}
