@@ -634,6 +634,15 @@ fn plot(series: &[(&'static str, Vec<Duration>)]) -> String {
         y(0.0),
         y(1.0)
     );
+    for q in [0.0, 0.5, 1.0] {
+        let _ = writeln!(
+            svg,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{:.0}%</text>",
+            left - 6.0,
+            y(q) + 4.0,
+            q * 100.0
+        );
+    }
     let mut tick = 0.01;
     while tick <= max_ms * 1.001 {
         let _ = writeln!(

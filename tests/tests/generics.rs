@@ -58,11 +58,7 @@ async fn lifetimes<'a, 'b: 'a>(
 }
 
 #[dlock(key = "arc:<id>", client = locks)]
-async fn arc_client(
-    locks: &Arc<Locker>,
-    server: &RedisServer,
-    id: u8,
-) -> Result<bool, LockError> {
+async fn arc_client(locks: &Arc<Locker>, server: &RedisServer, id: u8) -> Result<bool, LockError> {
     Ok(server.exists(&format!("dlock:arc:{id}")))
 }
 
@@ -74,7 +70,11 @@ struct Repo<T> {
 
 impl<T: Display + Clone + Send + Sync> Repo<T> {
     #[dlock(key = "repo:<self.name>:<at>", client = &self.locks)]
-    async fn get<const N: usize>(&self, server: &RedisServer, at: usize) -> Result<(bool, [T; N]), LockError> {
+    async fn get<const N: usize>(
+        &self,
+        server: &RedisServer,
+        at: usize,
+    ) -> Result<(bool, [T; N]), LockError> {
         let held = server.exists(&format!("dlock:repo:{}:{at}", self.name));
         Ok((held, std::array::from_fn(|i| self.items[at + i].clone())))
     }
@@ -93,7 +93,9 @@ async fn type_parameters_impl_trait_and_where_clauses() {
     assert!(held);
     assert_eq!(key.to_string(), "dlock:impl:1:c");
     assert_eq!(
-        where_clause(&locker, &server, 'k', &vec![1, 2]).await.unwrap(),
+        where_clause(&locker, &server, 'k', &vec![1, 2])
+            .await
+            .unwrap(),
         (true, vec![1, 2])
     );
     for key in ["item:x", "item:3.5", "impl:1:c", "kv:k"] {

@@ -18,7 +18,10 @@ type Seen<T> = Result<(bool, T), LockError>;
 #[must_use = "the order is only created when awaited"]
 #[dlock(key = "order:<id>:<qty>", client = locker)]
 pub async fn create_order(locker: &Locker, server: &RedisServer, id: u64, qty: u32) -> Seen<u64> {
-    Ok((server.exists(&format!("dlock:order:{id}:{qty}")), id * u64::from(qty)))
+    Ok((
+        server.exists(&format!("dlock:order:{id}:{qty}")),
+        id * u64::from(qty),
+    ))
 }
 
 /// `pub(crate)`, and a `cfg` that keeps exactly one of two definitions: were the attribute to
@@ -80,7 +83,10 @@ async fn placeholders_are_filled_from_the_arguments() {
         create_order(&locker, &server, 42, 3).await.unwrap(),
         (true, 126)
     );
-    assert!(!server.exists("dlock:order:42:3"), "released after the call");
+    assert!(
+        !server.exists("dlock:order:42:3"),
+        "released after the call"
+    );
 }
 
 #[tokio::test]

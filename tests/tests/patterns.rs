@@ -127,7 +127,12 @@ async fn bindings(
     server: &RedisServer,
     ref value: String,
     whole @ Path(_): Path<u32>,
-    Json(CreateOrder { note: Some(note), .. } | CreateOrder { sku: note, .. }): Json<CreateOrder>,
+    Json(
+        CreateOrder {
+            note: Some(note), ..
+        }
+        | CreateOrder { sku: note, .. },
+    ): Json<CreateOrder>,
     _: u8,
 ) -> Result<(bool, usize), LockError> {
     let _ = whole;
@@ -187,10 +192,17 @@ async fn struct_slice_ref_at_and_or_patterns() {
     );
     assert!(!server.exists("dlock:ref:v:3:gift"));
     assert!(
-        bindings(&locker, &server, "v".to_owned(), Path(3), order("tea", 1), 0)
-            .await
-            .unwrap()
-            .0
+        bindings(
+            &locker,
+            &server,
+            "v".to_owned(),
+            Path(3),
+            order("tea", 1),
+            0
+        )
+        .await
+        .unwrap()
+        .0
     );
     assert!(!server.exists("dlock:ref:v:3:tea"));
 }

@@ -40,7 +40,10 @@ impl Account {
 
     #[dlock(key = "account:<self.id>", client = &self.locks)]
     async fn balance(&self) -> Result<(bool, i64), LockError> {
-        Ok((self.held(&format!("dlock:account:{}", self.id)), self.balance))
+        Ok((
+            self.held(&format!("dlock:account:{}", self.id)),
+            self.balance,
+        ))
     }
 
     #[dlock(key = "account:<self.id>:<self.owner.0>:<self.owner.1>", client = &self.locks)]
@@ -57,7 +60,10 @@ impl Account {
     #[dlock(key = "account:<self.id>", client = &self.locks.clone())]
     async fn zero(mut self) -> Result<(bool, i64), LockError> {
         self.balance = 0;
-        Ok((self.held(&format!("dlock:account:{}", self.id)), self.balance))
+        Ok((
+            self.held(&format!("dlock:account:{}", self.id)),
+            self.balance,
+        ))
     }
 
     #[dlock(key = "boxed:<self.id>", client = &self.locks.clone())]
