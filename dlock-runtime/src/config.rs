@@ -64,6 +64,7 @@ impl RedisUrl {
         }
     }
 
+    #[cfg(feature = "redis")]
     pub(crate) fn as_str(&self) -> &str {
         &self.0
     }

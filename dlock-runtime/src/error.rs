@@ -128,6 +128,7 @@ impl BackendError {
         }
     }
 
+    #[cfg(feature = "redis")]
     pub(crate) fn with_source(
         message: impl Into<String>,
         source: impl StdError + Send + Sync + 'static,

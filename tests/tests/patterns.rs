@@ -121,6 +121,10 @@ async fn structs(
     Ok((held, px + y + i32::from(first) + i32::from(last)))
 }
 
+#[allow(
+    clippy::toplevel_ref_arg,
+    reason = "a `ref` parameter is the shape under test"
+)]
 #[dlock(key = "ref:<value>:<whole.0>:<note>", client = locker)]
 async fn bindings(
     locker: &Locker,

@@ -106,6 +106,7 @@ impl Token {
         Ok(Self(hex))
     }
 
+    #[cfg(any(feature = "redis", test))]
     pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
@@ -118,6 +119,7 @@ impl fmt::Debug for Token {
 }
 
 /// Milliseconds for a server lease, at least 1.
+#[cfg(feature = "redis")]
 pub(crate) fn lease_millis(lease: Duration) -> u64 {
     u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1)
 }

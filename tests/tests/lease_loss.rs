@@ -1,0 +1,159 @@
+//! Losing the lease while the body runs, against a real `redis-server`: a fixed `expire` that
+//! runs out aborts the body (`LockError::Lost`, through `on_fail` when given) unless
+//! `on_lost = "continue"`; `expire = "auto"` keeps the lock for a long body, up to `max_hold`.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use dlock_runtime::{LockError, Locker, dlock};
+use dlock_tests::RedisServer;
+
+/// Sleeps `for_ms`, then records that it got past the sleep.
+async fn work(for_ms: u64, finished: &AtomicBool) {
+    tokio::time::sleep(Duration::from_millis(for_ms)).await;
+    finished.store(true, Ordering::SeqCst);
+}
+
+#[dlock(key = "fixed", client = locker, expire = "300ms")]
+async fn fixed(locker: &Locker, finished: &AtomicBool) -> Result<(), LockError> {
+    work(1000, finished).await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn fixed_lease_running_out_aborts_the_body() {
+    let server = RedisServer::start();
+    let locker = server.locker();
+    let finished = AtomicBool::new(false);
+    let result = fixed(&locker, &finished).await;
+    assert!(
+        matches!(&result, Err(LockError::Lost { key, .. }) if key == "dlock:fixed"),
+        "{result:?}"
+    );
+    // Nothing of the body is left running to finish later.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(
+        !finished.load(Ordering::SeqCst),
+        "the code after the sleep never ran"
+    );
+    assert!(!server.exists("dlock:fixed"));
+}
+
+/// The key is set with the attribute's lease.
+#[dlock(key = "ttl", client = locker, expire = "300ms")]
+async fn ttl(locker: &Locker, server: &RedisServer) -> Result<i64, LockError> {
+    let reply = server.command(&["PTTL", "dlock:ttl"]).unwrap();
+    Ok(reply.trim().trim_start_matches(':').parse().unwrap())
+}
+
+#[tokio::test]
+async fn fixed_lease_is_the_keys_ttl() {
+    let server = RedisServer::start();
+    let pttl = ttl(&server.locker(), &server).await.unwrap();
+    assert!((1..=300).contains(&pttl), "PTTL {pttl}");
+}
+
+fn lost_or_not(error: LockError) -> &'static str {
+    match error {
+        LockError::Lost { .. } => "lost",
+        _ => "other",
+    }
+}
+
+#[dlock(key = "fixed:on-fail", client = locker, expire = "300ms", on_fail = lost_or_not)]
+async fn fixed_on_fail(locker: &Locker, finished: &AtomicBool) -> &'static str {
+    work(1000, finished).await;
+    "done"
+}
+
+#[tokio::test]
+async fn on_fail_receives_lost() {
+    let server = RedisServer::start();
+    let finished = AtomicBool::new(false);
+    assert_eq!(fixed_on_fail(&server.locker(), &finished).await, "lost");
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(!finished.load(Ordering::SeqCst));
+}
+
+#[dlock(key = "fixed:continue", client = locker, expire = "300ms", on_lost = "continue")]
+async fn fixed_continue(locker: &Locker, finished: &AtomicBool) -> Result<u8, LockError> {
+    work(1000, finished).await;
+    Ok(7)
+}
+
+#[tokio::test]
+async fn on_lost_continue_lets_the_body_finish() {
+    let server = RedisServer::start();
+    let finished = AtomicBool::new(false);
+    assert_eq!(
+        fixed_continue(&server.locker(), &finished).await.unwrap(),
+        7
+    );
+    assert!(finished.load(Ordering::SeqCst));
+    assert!(!server.exists("dlock:fixed:continue"));
+}
+
+#[dlock(key = "renewed", client = locker, expire = "auto")]
+async fn renewed(locker: &Locker, finished: &AtomicBool) -> Result<(), LockError> {
+    work(2000, finished).await;
+    Ok(())
+}
+
+/// A locker whose default lease, and so the renewed lease of `expire = "auto"`, is 600ms.
+fn short_lease(server: &RedisServer) -> Locker {
+    Locker::builder()
+        .redis_url(server.url())
+        .expire(Duration::from_millis(600))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_lease_is_renewed_for_a_long_body() {
+    let server = RedisServer::start();
+    let locker = short_lease(&server);
+    let finished = Arc::new(AtomicBool::new(false));
+    let body = {
+        let (locker, finished) = (locker.clone(), finished.clone());
+        tokio::spawn(async move { renewed(&locker, &finished).await })
+    };
+    // Another client keeps trying for the whole 2s body (more than three leases) and never gets in.
+    let other = server.locker();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut attempts = 0;
+    while !body.is_finished() {
+        let got = other
+            .try_acquire("renewed", Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(got.is_none(), "another client got in while the body ran");
+        attempts += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    body.await.unwrap().unwrap();
+    assert!(finished.load(Ordering::SeqCst));
+    assert!(attempts >= 10, "probed throughout the body ({attempts})");
+    assert!(!server.exists("dlock:renewed"));
+}
+
+#[dlock(key = "capped", client = locker, expire = "auto", max_hold = "700ms")]
+async fn capped(locker: &Locker, finished: &AtomicBool) -> Result<(), LockError> {
+    work(3000, finished).await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn max_hold_ends_the_renewals() {
+    let server = RedisServer::start();
+    let locker = short_lease(&server);
+    let finished = AtomicBool::new(false);
+    let result = capped(&locker, &finished).await;
+    assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
+    assert!(!finished.load(Ordering::SeqCst));
+    assert!(!server.exists("dlock:capped"));
+}
