@@ -19,11 +19,12 @@ mod kw {
     syn::custom_keyword!(on_fail);
     syn::custom_keyword!(on_lost);
     syn::custom_keyword!(max_hold);
+    syn::custom_keyword!(fair);
 }
 
 /// Every key `#[dlock]` accepts, in the order the docs present them.
 const KEYS: &str =
-    "`key`, `timeout`, `expire`, `client`, `on_fail`, `crate`, `on_lost`, `max_hold`";
+    "`key`, `timeout`, `expire`, `client`, `on_fail`, `crate`, `on_lost`, `max_hold`, `fair`";
 
 /// The lease requested with `expire = ...`.
 #[derive(Debug, Clone, Copy)]
@@ -64,6 +65,7 @@ pub(crate) struct Args {
     pub(crate) krate: Option<Spanned<Path>>,
     pub(crate) on_lost: Option<Spanned<OnLost>>,
     pub(crate) max_hold: Option<Spanned<Duration>>,
+    pub(crate) fair: Option<Spanned<bool>>,
 }
 
 /// Stores `value` in `slot`, refusing a second value for the same key.
@@ -175,6 +177,25 @@ impl Parse for Args {
                 let lit = string_value(input, "max_hold", "\"10m\"")?;
                 let max_hold = duration::parse_positive(&lit, "max_hold", MAX_HOLD_ZERO)?;
                 set(&mut args.max_hold, "max_hold", token.span, max_hold)?;
+            } else if lookahead.peek(kw::fair) {
+                let token: kw::fair = input.parse()?;
+                input.parse::<Token![=]>()?;
+                let fair = match input.parse::<Lit>() {
+                    Ok(Lit::Bool(b)) => b.value,
+                    Ok(other) => {
+                        return Err(syn::Error::new(
+                            other.span(),
+                            "`fair` takes `true` or `false` (no quotes), like `fair = true`",
+                        ));
+                    }
+                    Err(e) => {
+                        return Err(syn::Error::new(
+                            e.span(),
+                            "`fair` takes `true` or `false`, like `fair = true`",
+                        ));
+                    }
+                };
+                set(&mut args.fair, "fair", token.span, fair)?;
             } else if input.peek(Ident::peek_any) {
                 let unknown = Ident::parse_any(input)?;
                 return Err(syn::Error::new(
@@ -210,6 +231,7 @@ pub(crate) struct Checked {
     pub(crate) krate: Option<Path>,
     pub(crate) on_lost: OnLost,
     pub(crate) max_hold: Option<Duration>,
+    pub(crate) fair: bool,
 }
 
 impl Args {
@@ -258,6 +280,7 @@ impl Args {
             krate: self.krate.map(|k| k.value),
             on_lost: self.on_lost.map_or(OnLost::Abort, |o| o.value),
             max_hold: self.max_hold.map(|m| m.value),
+            fair: self.fair.is_some_and(|f| f.value),
         })
     }
 }
@@ -282,9 +305,10 @@ mod tests {
         let args = parse(
             r#"key = "a:<id>", timeout = "0s", expire = "auto", client = &state.locks,
                on_fail = handlers::busy, crate = "::renamed", on_lost = "continue",
-               max_hold = "10m","#,
+               max_hold = "10m", fair = true,"#,
         )
         .unwrap();
+        assert!(args.fair);
         assert_eq!(args.key.value(), "a:<id>");
         assert_eq!(args.timeout, Some(Duration::ZERO));
         assert!(matches!(args.expire, Some(Expire::Auto)));
@@ -297,9 +321,8 @@ mod tests {
         assert_eq!(
             error(r#"key = "a", ttl = "5s""#),
             "unknown argument `ttl`; expected one of `key`, `timeout`, `expire`, `client`, \
-             `on_fail`, `crate`, `on_lost`, `max_hold`"
+             `on_fail`, `crate`, `on_lost`, `max_hold`, `fair`"
         );
-        assert!(error(r#"key = "a", fair = true"#).starts_with("unknown argument `fair`"));
         assert!(error(r#"key = "a", type = 1"#).starts_with("unknown argument `type`"));
     }
 
@@ -314,6 +337,11 @@ mod tests {
         assert!(error(r#"key = "a", max_hold = "5s""#).starts_with("`max_hold` caps"));
         assert!(error(r#"key = "a", expire = "5s", max_hold = "5s""#).starts_with("`max_hold`"));
         assert!(error(r#"key = "a", on_lost = "retry""#).starts_with("unknown `on_lost`"));
+        assert!(error(r#"key = "a", fair = "yes""#).starts_with("`fair` takes `true` or `false`"));
+        assert!(
+            error(r#"key = "a", fair = true, fair = false"#)
+                .starts_with("duplicate argument `fair`")
+        );
         assert!(error(r#"key = "a", on_fail = |e| e"#).starts_with("`on_fail` must be"));
         assert!(error(r#"key = "a", timeout = "5 parsecs""#).starts_with("invalid `timeout`"));
     }

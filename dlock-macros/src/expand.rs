@@ -328,11 +328,12 @@ impl Plan {
         tokens
     }
 
-    // Input:  timeout = "5s", expire = "auto", max_hold = "10m"
+    // Input:  timeout = "5s", expire = "auto", max_hold = "10m", fair = true
     // Output: ::dlock_runtime::__private::options()
     //             .timeout(::core::time::Duration::new(5u64, 0u32))
     //             .expire_auto()
     //             .max_hold(::core::time::Duration::new(600u64, 0u32))
+    //             .fair()
     /// The `LockOptions` the arguments ask for; what is not given comes from the locker.
     fn options(&self) -> TokenStream {
         let krate = &self.krate;
@@ -352,6 +353,9 @@ impl Plan {
         if let Some(max_hold) = self.args.max_hold {
             let max_hold = duration::to_tokens(max_hold);
             options.extend(quote!(.max_hold(#max_hold)));
+        }
+        if self.args.fair {
+            options.extend(quote!(.fair()));
         }
         options
     }

@@ -36,7 +36,7 @@ mod names;
 /// ```text
 /// #[dlock(key = "<template>" [, timeout = "<duration>"] [, expire = "<duration>" | "auto"]
 ///         [, client = <expr>] [, on_fail = <path>] [, crate = "<path>"]
-///         [, on_lost = "abort" | "continue"] [, max_hold = "<duration>"])]
+///         [, on_lost = "abort" | "continue"] [, max_hold = "<duration>"] [, fair = <bool>])]
 /// ```
 ///
 /// | argument | value | default |
@@ -49,6 +49,7 @@ mod names;
 /// | `crate` | path of the runtime crate | `::dlock_runtime` |
 /// | `on_lost` | `"abort"` or `"continue"` | `"abort"` |
 /// | `max_hold` | ceiling on a renewed lease | none |
+/// | `fair` | `true`: waiters are served first come, first served across processes | `false` |
 ///
 /// ## `key`
 ///
@@ -198,6 +199,25 @@ mod names;
 /// async fn import() -> Result<(), LockError> { Ok(()) }
 /// ```
 ///
+/// ## `fair`
+///
+/// `fair = true` queues the callers of a key across all processes and serves them first come,
+/// first served (`LockOptions::fair`), instead of whoever retries first. Use it on every
+/// function that locks the key, or on none.
+///
+/// ```
+/// use dlock_runtime::{dlock, LockError};
+///
+/// #[dlock(key = "ticket:<event>", fair = true)]
+/// async fn buy_ticket(event: u32) -> Result<(), LockError> { Ok(()) }
+/// ```
+///
+/// ```compile_fail
+/// # use dlock_runtime::{dlock, LockError};
+/// #[dlock(key = "ticket", fair = "yes")] // error: `fair` takes `true` or `false` (no quotes)
+/// async fn buy_ticket() -> Result<(), LockError> { Ok(()) }
+/// ```
+///
 /// # Where it applies
 ///
 /// Any `async fn` with a body: free functions, inherent and trait-impl methods (`self`,
@@ -238,7 +258,7 @@ mod names;
 /// `key` that is not a string literal or is empty; an empty (`<>`), unterminated or malformed
 /// placeholder; a placeholder naming no parameter (the error lists the names there are); a
 /// placeholder whose value is not `Display`; a malformed duration, or a zero `expire` or
-/// `max_hold`; `max_hold` without `expire = "auto"`; and, without `on_fail`, a return type that
+/// `max_hold`; `max_hold` without `expire = "auto"`; a `fair` that is not `true` or `false`; and, without `on_fail`, a return type that
 /// is not a `Result` whose error type converts from `LockError`.
 ///
 /// ```compile_fail

@@ -153,6 +153,7 @@ pub trait FailInto: Sized {
     fn from_lock_error(error: LockError) -> Self;
 }
 
+#[diagnostic::do_not_recommend]
 impl<T, E: From<LockError>> FailInto for Result<T, E> {
     fn from_lock_error(error: LockError) -> Self {
         Err(E::from(error))

@@ -86,3 +86,57 @@ async fn a_release_within_the_timeout_lets_the_call_in() {
     release.await.unwrap();
     assert!(!server.exists("dlock:busy"));
 }
+
+/// `fair = true`: callers queued behind a holder get the lock in the order they asked for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_attribute_serves_callers_in_order() {
+    use std::sync::{Arc, Mutex};
+
+    #[dlock_runtime::dlock(key = "fair:<name>", client = locker, fair = true, timeout = "20s")]
+    async fn take_a_turn(
+        locker: &dlock_runtime::Locker,
+        name: &str,
+        order: &Mutex<Vec<usize>>,
+        me: usize,
+    ) -> Result<(), dlock_runtime::LockError> {
+        order.lock().unwrap().push(me);
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        Ok(())
+    }
+
+    let server = dlock_tests::RedisServer::start();
+    let name = dlock_tests::unique_key("turns");
+    let holder = server.locker();
+    let held = holder
+        .acquire(
+            &format!("fair:{name}"),
+            dlock_runtime::LockOptions::new().fair(),
+        )
+        .await
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut callers = Vec::new();
+    for me in 0..4 {
+        let (locker, key, order) = (server.locker(), name.clone(), order.clone());
+        callers.push(tokio::spawn(async move {
+            take_a_turn(&locker, &key, &order, me).await
+        }));
+        // Each caller takes its place in the queue before the next one arrives.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while server
+            .command(&["LLEN", &format!("{{dlock:fair:{name}}}:queue")])
+            .is_none_or(|r| r.trim() != format!(":{}", me + 1))
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "caller {me} never queued"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    }
+    held.release().await.unwrap();
+    for caller in callers {
+        caller.await.unwrap().unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3]);
+}

@@ -5,10 +5,4 @@ async fn create_order(id: u64) -> Result<u64, LockError> {
     Ok(id)
 }
 
-// `fair` is not implemented yet.
-#[dlock(key = "order:<id>", fair = true)]
-async fn fair(id: u64) -> Result<u64, LockError> {
-    Ok(id)
-}
-
 fn main() {}
