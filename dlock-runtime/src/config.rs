@@ -41,8 +41,26 @@ impl fmt::Debug for BackendKind {
 }
 
 /// A Redis URL whose `Debug` and `Display` hide the password.
+///
+/// ```
+/// use dlock_runtime::RedisUrl;
+///
+/// let url: RedisUrl = "redis://app:s3cret@cache:6379/0".parse()?;
+/// assert_eq!(url.to_string(), "redis://***@cache:6379/0");
+/// # Ok::<(), dlock_runtime::LockError>(())
+/// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisUrl(String);
+
+impl std::str::FromStr for RedisUrl {
+    type Err = LockError;
+
+    /// Checks the scheme (`redis://`, `redis+unix://`, `unix://`); the rest is checked by the
+    /// driver on first use.
+    fn from_str(url: &str) -> Result<Self, LockError> {
+        Self::parse("redis url", url)
+    }
+}
 
 impl RedisUrl {
     /// Checks the scheme; the rest is checked by the driver on first use.

@@ -14,7 +14,8 @@ pub mod http;
 pub mod orders;
 pub mod throwaway;
 
-/// A Redis URL fit for printing: any `user:password@` part is replaced by `***@`.
+/// A Redis URL fit for printing: any `user:password@` part is replaced by `***@`
+/// ([`dlock_runtime::RedisUrl`]'s `Display`); a URL that is not a Redis URL is not shown at all.
 ///
 /// ```
 /// assert_eq!(
@@ -25,13 +26,6 @@ pub mod throwaway;
 /// ```
 #[must_use]
 pub fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return "***".to_owned();
-    };
-    let rest = &url[scheme_end..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{}***@{}", &url[..scheme_end], &rest[at + 1..]),
-        None => url.to_owned(),
-    }
+    url.parse::<dlock_runtime::RedisUrl>()
+        .map_or_else(|_| "***".to_owned(), |url| url.to_string())
 }
