@@ -324,14 +324,28 @@ impl Locker {
             }
             // A release wakes us at once; the pause is the fallback (an expired lease publishes
             // nothing) and never outlasts the holder's lease nor the deadline.
-            match notified.as_mut().as_pin_mut() {
-                Some(notified) => {
-                    tokio::select! {
-                        () = tokio::time::sleep(pause) => {}
-                        () = notified => {}
+            let wake_at = Instant::now() + pause;
+            match (notified.as_mut().as_pin_mut(), &watch, &notify) {
+                (Some(first), Some(watch), Some(notify)) => {
+                    let mut woken = tokio::select! {
+                        () = tokio::time::sleep_until(wake_at) => false,
+                        () = first => true,
+                    };
+                    // In fair mode a release names the waiter first in line: the others keep
+                    // waiting instead of all asking at once.
+                    while woken && fair && !watch.may_be_for(token) {
+                        let mut again = std::pin::pin!(notify.notified());
+                        again.as_mut().enable();
+                        if watch.may_be_for(token) {
+                            break;
+                        }
+                        woken = tokio::select! {
+                            () = tokio::time::sleep_until(wake_at) => false,
+                            () = again => true,
+                        };
                     }
                 }
-                None => tokio::time::sleep(pause).await,
+                _ => tokio::time::sleep_until(wake_at).await,
             }
         }
         orphan.cleanup_now();

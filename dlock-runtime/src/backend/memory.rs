@@ -8,7 +8,7 @@ use std::{
 
 use tokio::{sync::Notify, time::Instant};
 
-use super::{Attempt, Backend, BoxFuture, Request, Token, Watch};
+use super::{Attempt, Backend, BoxFuture, NextInLine, Request, Token, Watch};
 use crate::error::BackendError;
 
 #[derive(Debug)]
@@ -209,6 +209,11 @@ impl Backend for MemoryBackend {
                 .insert(key.to_owned(), Arc::downgrade(&notify));
             notify
         });
-        Box::pin(std::future::ready(Some(Watch::new(notify, ()))))
+        // In-process wake-ups are cheap: they name no one and every waiter looks.
+        Box::pin(std::future::ready(Some(Watch::new(
+            notify,
+            NextInLine::default(),
+            (),
+        ))))
     }
 }

@@ -63,22 +63,40 @@ pub(crate) trait Backend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<bool, BackendError>>;
 }
 
+/// Who a release wake-up is for: the fair waiter the release named as next in line, or anyone.
+pub(crate) type NextInLine = Arc<std::sync::Mutex<Option<String>>>;
+
 /// A registration for release wake-ups of one key; dropping it unregisters.
 pub(crate) struct Watch {
     notify: Arc<Notify>,
+    next: NextInLine,
     _registration: Box<dyn Any + Send + Sync>,
 }
 
 impl Watch {
-    pub(crate) fn new(notify: Arc<Notify>, registration: impl Any + Send + Sync) -> Self {
+    pub(crate) fn new(
+        notify: Arc<Notify>,
+        next: NextInLine,
+        registration: impl Any + Send + Sync,
+    ) -> Self {
         Self {
             notify,
+            next,
             _registration: Box::new(registration),
         }
     }
 
     pub(crate) fn notify(&self) -> Arc<Notify> {
         self.notify.clone()
+    }
+
+    /// Whether the last wake-up may be for `token`: it named no one, or it named `token`.
+    pub(crate) fn may_be_for(&self, token: &Token) -> bool {
+        self.next
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_deref()
+            .is_none_or(|next| next == token.0)
     }
 }
 

@@ -196,12 +196,13 @@ impl Backend for RedisBackend {
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
             let mut invocation = release_script().prepare_invoke();
-            invocation
-                .key(key)
-                .key(companion(key, "queue"))
-                .key(companion(key, "waiters"))
-                .arg(token.as_str())
-                .arg(if fair { "1" } else { "0" });
+            invocation.key(key);
+            if fair {
+                invocation
+                    .key(companion(key, "queue"))
+                    .key(companion(key, "waiters"));
+            }
+            invocation.arg(token.as_str());
             let deleted: i64 = self.call("release", invocation).await?;
             Ok(deleted == 1)
         })

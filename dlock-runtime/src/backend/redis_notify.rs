@@ -16,7 +16,7 @@ use futures_util::StreamExt as _;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use super::Watch;
+use crate::backend::{NextInLine, Watch};
 
 enum Op {
     Subscribe(String, oneshot::Sender<bool>),
@@ -26,6 +26,8 @@ enum Op {
 struct Channel {
     waiters: usize,
     notify: Arc<Notify>,
+    /// The fair waiter the last release named as next in line (the message's payload).
+    next: NextInLine,
 }
 
 struct Shared {
@@ -65,14 +67,15 @@ impl Notifier {
     /// A wake-up for releases of `key`, once the server has confirmed the subscription; `None`
     /// when notifications cannot be had now.
     pub(crate) async fn watch(&self, key: &str) -> Option<Watch> {
-        let notify = {
+        let (notify, next) = {
             let mut channels = self.shared.channels();
             let channel = channels.entry(key.to_owned()).or_insert_with(|| Channel {
                 waiters: 0,
                 notify: Arc::new(Notify::new()),
+                next: NextInLine::default(),
             });
             channel.waiters += 1;
-            channel.notify.clone()
+            (channel.notify.clone(), channel.next.clone())
         };
         let registration = Registration {
             shared: self.shared.clone(),
@@ -93,7 +96,7 @@ impl Notifier {
             .await
             .ok()?
             .ok()?;
-        subscribed.then(|| Watch::new(notify, registration))
+        subscribed.then(|| Watch::new(notify, next, registration))
     }
 }
 
@@ -204,6 +207,8 @@ async fn run(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<Op>) {
                 Some(message) => {
                     let channels = shared.channels();
                     if let Some(channel) = channels.get(message.get_channel_name()) {
+                        let next = message.get_payload::<String>().ok().filter(|p| !p.is_empty());
+                        *channel.next.lock().unwrap_or_else(PoisonError::into_inner) = next;
                         channel.notify.notify_waiters();
                     }
                 }
@@ -212,6 +217,7 @@ async fn run(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<Op>) {
                     connection = None;
                     subscribed.clear();
                     for channel in shared.channels().values() {
+                        *channel.next.lock().unwrap_or_else(PoisonError::into_inner) = None;
                         channel.notify.notify_waiters();
                     }
                 }

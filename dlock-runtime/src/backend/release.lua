@@ -1,8 +1,9 @@
 -- Compare-and-delete, then wake the waiters.
--- KEYS[1] lock key, KEYS[2] fair queue, KEYS[3] fair waiter deadlines
--- ARGV[1] token, ARGV[2] '1' when the caller may be queued in fair mode.
+-- KEYS[1] lock key; in fair mode also KEYS[2] the queue and KEYS[3] the waiter deadlines.
+-- ARGV[1] token.
 -- Deletes the key only while it still holds this acquisition's token. Returns 1 if deleted, else 0.
--- Publishes on the channel named like the lock key when the lock or the head of its line moved.
+-- Publishes on the channel named like the lock key when the lock or the head of its line moved;
+-- the message is the token of the waiter now first in line (fair mode), or empty (anyone).
 local held = redis.call('GET', KEYS[1])
 local mine = ARGV[1] .. ':'
 local deleted = 0
@@ -11,11 +12,15 @@ if held and string.sub(held, 1, #mine) == mine then
   deleted = 1
 end
 local left = 0
-if ARGV[2] == '1' and redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
+if #KEYS == 3 and redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
   redis.call('LREM', KEYS[2], 1, ARGV[1])
   left = 1
 end
 if deleted == 1 or left == 1 then
-  redis.call('PUBLISH', KEYS[1], '')
+  local next = ''
+  if #KEYS == 3 then
+    next = redis.call('LINDEX', KEYS[2], 0) or ''
+  end
+  redis.call('PUBLISH', KEYS[1], next)
 end
 return deleted
