@@ -192,16 +192,24 @@ async fn max_hold_ends_renewal() {
 #[tokio::test]
 async fn server_restart_while_held_is_reported_as_loss() {
     let mut server = RedisServer::start();
-    let locker = locker_with(&server, Duration::from_millis(900));
+    // A 6s lease renewed every 2s: the first renewal after the restart finds the key gone and
+    // reports the loss then, long before the lease would run out on the client's clock.
+    let locker = locker_with(&server, Duration::from_secs(6));
     let key = unique_key("restart");
     let guard = locker
         .acquire(&key, LockOptions::new().expire_auto())
         .await
         .unwrap();
+    let restarted = Instant::now();
     server.restart();
-    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
         .await
         .expect("the holder learns of the loss");
+    let noticed = restarted.elapsed();
+    assert!(
+        noticed < Duration::from_millis(4500),
+        "the loss was noticed only after {noticed:?}: renewal did not report the missing key"
+    );
     assert!(!guard.is_held());
     let mut redis = server.client().get_connection().unwrap();
     assert!(
