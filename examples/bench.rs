@@ -6,6 +6,9 @@
 //! cargo run --release --example bench -- --json bench.jsonl --plot w3.svg
 //! ```
 //!
+//! Every variant runs `--rounds` times (3 by default), taking turns with the others so that a
+//! drift of the machine hits them alike; each figure is the median round.
+//!
 //! It uses `DLOCK_REDIS_URL` (or `REDIS_URL`) when set, or else starts its own `redis-server` on a
 //! free loopback port. Every figure is also given as a ratio to the **floor**: the same work
 //! done with raw commands by hand (`SET key token NX PX`, then an `EVALSHA` compare-and-delete),
@@ -75,6 +78,7 @@ impl Sizes {
 
 struct Args {
     sizes: Sizes,
+    rounds: usize,
     json: Option<String>,
     plot: Option<String>,
 }
@@ -82,17 +86,28 @@ struct Args {
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         sizes: Sizes::full(),
+        rounds: 3,
         json: None,
         plot: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
-            "--quick" => args.sizes = Sizes::quick(),
+            "--quick" => {
+                args.sizes = Sizes::quick();
+                args.rounds = 1;
+            }
+            "--rounds" => {
+                args.rounds = it
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|n| *n > 0)
+                    .ok_or("--rounds needs a positive number")?;
+            }
             "--json" => args.json = Some(it.next().ok_or("--json needs a file")?),
             "--plot" => args.plot = Some(it.next().ok_or("--plot needs a file")?),
             "-h" | "--help" => {
-                println!("usage: bench [--quick] [--json FILE] [--plot FILE.svg]");
+                println!("usage: bench [--quick] [--rounds N] [--json FILE] [--plot FILE.svg]");
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument `{other}` (try --help)")),
@@ -686,44 +701,51 @@ fn plot(series: &[(&'static str, Vec<Duration>)]) -> String {
     svg
 }
 
+/// The row with the median rate among the rounds of one variant; "exact" only if every round was.
+fn median(mut rounds: Vec<(Row, Vec<Duration>)>) -> (Row, Vec<Duration>) {
+    let exact = rounds.iter().all(|(r, _)| r.exact != Some(false));
+    rounds.sort_by(|a, b| a.0.per_sec.total_cmp(&b.0.per_sec));
+    let (mut row, waits) = rounds.swap_remove(rounds.len() / 2);
+    if row.exact.is_some() {
+        row.exact = Some(exact);
+    }
+    (row, waits)
+}
+
 async fn bench(url: &str, args: &Args) -> Result<bool, Error> {
     let sizes = args.sizes;
+    let variants = [Variant::Floor, Variant::Api, Variant::Attribute];
+    let modes = [Mode::Floor, Mode::Default, Mode::Fair, Mode::NoNotify];
+    // Variants take turns, round after round, so a drift of the machine hits them alike; each
+    // figure is the median round.
+    let mut w1s: Vec<Vec<(Row, Vec<Duration>)>> = vec![Vec::new(); variants.len()];
+    let mut w2s: Vec<Vec<(Row, Vec<Duration>)>> = vec![Vec::new(); variants.len()];
+    let mut w3s: Vec<Vec<(Row, Vec<Duration>)>> = vec![Vec::new(); modes.len()];
+    for round in 0..args.rounds {
+        for (i, variant) in variants.into_iter().enumerate() {
+            eprint!(".");
+            w1s[i].push((w1(url, variant, sizes, round * 10 + i).await?, Vec::new()));
+            w2s[i].push((w2(url, variant, sizes, round * 10 + i).await?, Vec::new()));
+        }
+        for (i, mode) in modes.into_iter().enumerate() {
+            eprint!(".");
+            w3s[i].push(w3(url, mode, sizes, round * 10 + i).await?);
+        }
+    }
     let mut rows = Vec::new();
     let mut floors = Vec::new();
-    for (run, variant) in [Variant::Floor, Variant::Api, Variant::Attribute]
-        .into_iter()
-        .enumerate()
-    {
-        eprint!(".");
-        let row = w1(url, variant, sizes, run).await?;
-        if variant == Variant::Floor {
-            floors.push((row.workload, row.per_sec));
-        }
-        rows.push(row);
-    }
-    for (run, variant) in [Variant::Floor, Variant::Api, Variant::Attribute]
-        .into_iter()
-        .enumerate()
-    {
-        eprint!(".");
-        let row = w2(url, variant, sizes, run).await?;
-        if variant == Variant::Floor {
-            floors.push((row.workload, row.per_sec));
-        }
-        rows.push(row);
-    }
     let mut series = Vec::new();
-    for (run, mode) in [Mode::Floor, Mode::Default, Mode::Fair, Mode::NoNotify]
-        .into_iter()
-        .enumerate()
-    {
-        eprint!(".");
-        let (row, waits) = w3(url, mode, sizes, run).await?;
-        if mode == Mode::Floor {
-            floors.push((row.workload, row.per_sec));
+    for group in [w1s, w2s, w3s] {
+        for (i, rounds) in group.into_iter().enumerate() {
+            let (row, waits) = median(rounds);
+            if i == 0 {
+                floors.push((row.workload, row.per_sec));
+            }
+            if !waits.is_empty() {
+                series.push((row.variant, waits));
+            }
+            rows.push(row);
         }
-        series.push((mode.name(), waits));
-        rows.push(row);
     }
     eprintln!();
     println!("{}", table(&rows, &floors));
