@@ -152,6 +152,22 @@ impl RedisServer {
         }
     }
 
+    /// How many times the server has run `command` (lower case, as `INFO commandstats` names it;
+    /// commands run inside scripts count too).
+    ///
+    /// # Panics
+    /// When the server does not answer.
+    #[must_use]
+    pub fn calls(&self, command: &str) -> u64 {
+        let info = self
+            .command(&["INFO", "commandstats"])
+            .expect("INFO answered");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().expect("a call count"))
+    }
+
     /// The port it listens on (127.0.0.1).
     #[must_use]
     pub fn port(&self) -> u16 {

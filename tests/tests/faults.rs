@@ -29,14 +29,6 @@ fn locker_with(server: &RedisServer, expire: Duration) -> Locker {
         .unwrap()
 }
 
-fn evalsha_calls(server: &RedisServer) -> u64 {
-    let info = server.command(&["INFO", "commandstats"]).unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 /// A child process holds with a 1s lease and is frozen past it; another client takes the lock
 /// with a higher fence and writes. On resume the first learns it lost, its fenced write is
 /// refused by the resource, and its release deletes nothing.
@@ -147,10 +139,10 @@ async fn renewal_keeps_a_short_lease_for_long_then_stops() {
     guard.release().await.unwrap();
     let mut redis = server.client().get_connection().unwrap();
     assert!(!redis.exists::<_, bool>(format!("dlock:{key}")).unwrap());
-    let after_release = evalsha_calls(&server);
+    let after_release = server.calls("evalsha");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(
-        evalsha_calls(&server),
+        server.calls("evalsha"),
         after_release,
         "renewal went on after release"
     );

@@ -15,15 +15,6 @@ fn short_locker(server: &RedisServer, request_timeout: Duration) -> Locker {
         .unwrap()
 }
 
-/// `calls` of a command from `INFO commandstats`.
-fn calls(server: &RedisServer, command: &str) -> u64 {
-    let info = server.command(&["INFO", "commandstats"]).unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 #[tokio::test]
 async fn lock_key_is_prefix_plus_key_with_a_lease() {
     let server = RedisServer::start();
@@ -58,7 +49,7 @@ async fn acquire_and_release_take_one_round_trip_each() {
         .release()
         .await
         .unwrap();
-    let before = calls(&server, "evalsha") + calls(&server, "eval");
+    let before = server.calls("evalsha") + server.calls("eval");
     locker
         .acquire(&key, LockOptions::new())
         .await
@@ -66,10 +57,7 @@ async fn acquire_and_release_take_one_round_trip_each() {
         .release()
         .await
         .unwrap();
-    assert_eq!(
-        calls(&server, "evalsha") + calls(&server, "eval") - before,
-        2
-    );
+    assert_eq!(server.calls("evalsha") + server.calls("eval") - before, 2);
 }
 
 #[tokio::test]
@@ -84,14 +72,14 @@ async fn try_once_sends_exactly_one_attempt() {
         .release()
         .await
         .unwrap();
-    let before = calls(&server, "evalsha");
+    let before = server.calls("evalsha");
     assert!(
         b.try_acquire(&key, Duration::from_secs(1))
             .await
             .unwrap()
             .is_none()
     );
-    assert_eq!(calls(&server, "evalsha") - before, 1);
+    assert_eq!(server.calls("evalsha") - before, 1);
 }
 
 #[tokio::test]
