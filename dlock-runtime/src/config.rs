@@ -55,8 +55,8 @@ pub struct RedisUrl(String);
 impl std::str::FromStr for RedisUrl {
     type Err = LockError;
 
-    /// Checks the scheme (`redis://`, `redis+unix://`, `unix://`); the rest is checked by the
-    /// driver on first use.
+    /// Checks the scheme (`redis://`, `redis+unix://`, `unix://`, and `rediss://` with the `tls`
+    /// feature); the rest is checked by the driver on first use.
     fn from_str(url: &str) -> Result<Self, LockError> {
         Self::parse("redis url", url)
     }
@@ -72,9 +72,13 @@ impl RedisUrl {
         {
             Ok(Self(url.to_owned()))
         } else if url.starts_with("rediss://") {
-            Err(LockError::config(format!(
-                "{var}: `rediss://` (TLS) is not supported by this build of dlock yet; use `redis://`"
-            )))
+            if cfg!(feature = "tls") {
+                Ok(Self(url.to_owned()))
+            } else {
+                Err(LockError::config(format!(
+                    "{var}: `rediss://` (TLS) needs dlock-runtime's `tls` feature; use `redis://` or enable it"
+                )))
+            }
         } else {
             Err(LockError::config(format!(
                 "{var}: expected a URL like `redis://[user:password@]host:port[/db]`"

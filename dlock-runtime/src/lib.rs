@@ -37,7 +37,7 @@
 //! | variable | meaning | default |
 //! | --- | --- | --- |
 //! | `DLOCK_BACKEND` | `redis` or `memory` | `redis` |
-//! | `DLOCK_REDIS_URL` | `redis://[user[:password]@]host[:port][/db]`; `REDIS_URL` when unset | `redis://127.0.0.1:6379` |
+//! | `DLOCK_REDIS_URL` | `redis://[user[:password]@]host[:port][/db]`, `rediss://…` with feature `tls`; `REDIS_URL` when unset | `redis://127.0.0.1:6379` |
 //! | `DLOCK_KEY_PREFIX` | prefix of every lock key | `dlock:` |
 //! | `DLOCK_TIMEOUT` | default wait | `5s` |
 //! | `DLOCK_EXPIRE` | default lease, and the renewed lease of `expire = "auto"` | `30s` |

@@ -25,6 +25,15 @@ pub struct RedisServer {
     port: u16,
     child: Option<Child>,
     dir: PathBuf,
+    /// `--tls-port` and the files it needs, when started with [`RedisServer::start_tls`].
+    tls: Option<Tls>,
+}
+
+/// The TLS side of a server: its port and the CA that signed its certificate.
+#[derive(Debug)]
+struct Tls {
+    port: u16,
+    args: Vec<String>,
 }
 
 impl RedisServer {
@@ -41,9 +50,65 @@ impl RedisServer {
             port,
             child: None,
             dir,
+            tls: None,
         };
         server.spawn();
         server
+    }
+
+    /// Like [`start`](Self::start), plus a TLS port whose certificate (for `localhost` and
+    /// `127.0.0.1`) is signed by a fresh CA, made with the `openssl` command.
+    ///
+    /// # Panics
+    /// When `openssl` or `redis-server` is missing or fails.
+    #[must_use]
+    pub fn start_tls() -> Self {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("dlock-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create a directory for redis-server");
+        make_certificates(&dir);
+        let file = |name: &str| dir.join(name).to_string_lossy().into_owned();
+        let tls_port = free_port();
+        let mut server = Self {
+            port,
+            child: None,
+            tls: Some(Tls {
+                port: tls_port,
+                args: vec![
+                    "--tls-port".into(),
+                    tls_port.to_string(),
+                    "--tls-cert-file".into(),
+                    file("server.crt"),
+                    "--tls-key-file".into(),
+                    file("server.key"),
+                    "--tls-ca-cert-file".into(),
+                    file("ca.crt"),
+                    "--tls-auth-clients".into(),
+                    "no".into(),
+                ],
+            }),
+            dir,
+        };
+        server.spawn();
+        server
+    }
+
+    /// `rediss://localhost:<tls port>` for a server started with [`start_tls`](Self::start_tls).
+    ///
+    /// # Panics
+    /// When the server has no TLS port.
+    #[must_use]
+    pub fn tls_url(&self) -> String {
+        format!(
+            "rediss://localhost:{}",
+            self.tls.as_ref().expect("started with start_tls").port
+        )
+    }
+
+    /// The CA certificate (PEM file) that signed the TLS port's certificate.
+    #[must_use]
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.join("ca.crt")
     }
 
     fn spawn(&mut self) {
@@ -66,6 +131,7 @@ impl RedisServer {
                 "--dir",
             ])
             .arg(&self.dir)
+            .args(self.tls.iter().flat_map(|tls| tls.args.iter()))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -236,6 +302,75 @@ impl Drop for RedisServer {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A CA and a server certificate for `localhost` / `127.0.0.1`, written into `dir`.
+fn make_certificates(dir: &std::path::Path) {
+    let openssl = |args: &[&str]| {
+        let status = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        match status {
+            Ok(s) if s.success() => {}
+            Ok(s) => panic!("openssl {args:?} failed: {s}"),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                panic!("openssl not found: install it with `sudo apt-get install -y openssl`")
+            }
+            Err(e) => panic!("could not run openssl: {e}"),
+        }
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=dlock test CA",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(
+        dir.join("san.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .expect("write san.ext");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    ]);
 }
 
 /// A free TCP port on 127.0.0.1 (bound, then released for the server to take).

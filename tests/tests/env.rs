@@ -81,7 +81,11 @@ fn the_password_in_the_url_is_never_printed() {
     ]);
     assert!(out.starts_with("error "), "{out}");
     assert!(!out.contains("hunter2"), "{out}");
-    let out = run(&[("DLOCK_REDIS_URL", "rediss://user:hunter2@127.0.0.1:1/0")]);
+    let out = run(&[
+        ("DLOCK_REDIS_URL", "rediss://user:hunter2@127.0.0.1:1/0"),
+        ("DLOCK_REQUEST_TIMEOUT", "100ms"),
+        ("DLOCK_TIMEOUT", "200ms"),
+    ]);
     assert!(
         out.starts_with("error ") && !out.contains("hunter2"),
         "{out}"

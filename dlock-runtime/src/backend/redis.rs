@@ -60,6 +60,12 @@ impl RedisBackend {
         request_timeout: Duration,
         notify: bool,
     ) -> Result<Self, LockError> {
+        #[cfg(feature = "tls")]
+        if url.as_str().starts_with("rediss://") {
+            // rustls needs a process-wide crypto provider; install ring's unless the program
+            // already installed one (then ours is refused, and theirs is used).
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         let client = redis::Client::open(url.as_str()).map_err(|_| {
             LockError::config(
                 "DLOCK_REDIS_URL: expected a URL like `redis://[user:password@]host:port[/db]`",
