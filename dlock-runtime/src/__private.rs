@@ -15,7 +15,17 @@ tokio::task_local! {
     static SCOPE: Scope;
 }
 
-/// The hold on `key` through `locker` that an enclosing locked body of this task has.
+/// `body` with `hold` added to the task's scope: re-entry and `fencing_token()` see it.
+pub(crate) fn in_scope<F: Future>(
+    hold: &Arc<Hold>,
+    body: F,
+) -> impl Future<Output = F::Output> + use<F> {
+    let mut holds = SCOPE.try_with(|s| s.holds.clone()).unwrap_or_default();
+    holds.push(hold.clone());
+    SCOPE.scope(Scope { holds }, body)
+}
+
+/// The hold on `key` through `locker` that an enclosing scope of this task has.
 pub(crate) fn scoped_hold(locker: &Locker, key: &str) -> Option<Arc<Hold>> {
     SCOPE
         .try_with(|scope| {
@@ -114,9 +124,7 @@ pub async fn run<F: Future>(
     on_lost: OnLost,
     body: F,
 ) -> Result<F::Output, LockError> {
-    let mut holds = SCOPE.try_with(|s| s.holds.clone()).unwrap_or_default();
-    holds.push(guard.hold().clone());
-    let body = SCOPE.scope(Scope { holds }, body);
+    let body = in_scope(guard.hold(), body);
     let output = match on_lost {
         OnLost::Abort => {
             tokio::select! {

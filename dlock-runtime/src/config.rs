@@ -91,18 +91,39 @@ impl RedisUrl {
         &self.0
     }
 
-    /// The URL with any password replaced by `***`.
-    fn redacted(&self) -> String {
-        let url = &self.0;
+    /// The URL with its credentials replaced by `***`: the whole user-info part (everything
+    /// before the last `@`, so a password holding `/` or `?` is covered too) and the `user`,
+    /// `username`, `pass` and `password` query parameters. Over-redacting is fine; leaking is not.
+    pub(crate) fn redact(url: &str) -> String {
         let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
             return "***".to_owned();
         };
-        let rest = &url[scheme_end..];
-        let authority_end = rest.find('/').unwrap_or(rest.len());
-        match rest[..authority_end].rfind('@') {
-            Some(at) => format!("{}***@{}", &url[..scheme_end], &rest[at + 1..]),
-            None => url.clone(),
+        let (scheme, rest) = url.split_at(scheme_end);
+        let rest = match rest.rfind('@') {
+            Some(at) => format!("***@{}", &rest[at + 1..]),
+            None => rest.to_owned(),
+        };
+        match rest.split_once('?') {
+            Some((path, query)) => {
+                let query: Vec<String> = query
+                    .split('&')
+                    .map(|pair| match pair.split_once('=') {
+                        Some((name, _))
+                            if matches!(name, "user" | "username" | "pass" | "password") =>
+                        {
+                            format!("{name}=***")
+                        }
+                        _ => pair.to_owned(),
+                    })
+                    .collect();
+                format!("{scheme}{path}?{}", query.join("&"))
+            }
+            None => format!("{scheme}{rest}"),
         }
+    }
+
+    fn redacted(&self) -> String {
+        Self::redact(&self.0)
     }
 }
 
@@ -206,9 +227,7 @@ impl Settings {
 
     /// Checks what the builder cannot check field by field.
     pub(crate) fn validate(&self) -> Result<(), LockError> {
-        if self.expire < Duration::from_millis(1) {
-            return Err(LockError::config("expire: the lease must be at least 1ms"));
-        }
+        crate::options::check_lease(self.expire)?;
         if self.retry.0 > self.retry.1 || self.retry.1.is_zero() {
             return Err(LockError::config(
                 "retry: expected `min..max` with 0 < max and min <= max",
@@ -353,5 +372,21 @@ mod tests {
         assert!(!format!("{url:?}").contains("s3cret"));
         let kind = BackendKind::Redis(url);
         assert!(!format!("{kind:?}").contains("s3cret"));
+        for url in [
+            "redis://u:pa/ss@h:6379",
+            "redis://u:p?a#ss@h:6379/0",
+            "redis+unix:///tmp/r.sock?db=0&pass=s3cret",
+            "redis+unix:///tmp/r.sock?user=me&password=s3cret&db=1",
+        ] {
+            let shown = RedisUrl::redact(url);
+            assert!(
+                !shown.contains("s3cret") && !shown.contains("pa/ss") && !shown.contains("p?a#ss"),
+                "{url} -> {shown}"
+            );
+        }
+        assert_eq!(
+            RedisUrl::redact("redis+unix:///tmp/r.sock?db=0&pass=x"),
+            "redis+unix:///tmp/r.sock?db=0&pass=***"
+        );
     }
 }

@@ -33,11 +33,15 @@ pub(crate) struct Hold {
     acquired_at: Instant,
     lease: Duration,
     state: watch::Sender<State>,
-    /// Guards sharing this hold: the first acquisition plus re-entries by the same task.
+    /// Guards sharing this hold: the first acquisition plus re-entries in its scope.
     holders: AtomicUsize,
     watchdog: Mutex<Option<JoinHandle<()>>>,
-    /// The task that acquired it, for re-entry.
-    task: Option<tokio::task::Id>,
+    /// The runtime it was acquired on: a guard dropped elsewhere (another thread, no runtime)
+    /// still hands its release there.
+    runtime: Option<tokio::runtime::Handle>,
+    /// Extensions (watchdog and `extend`) one at a time, so the client applies them in the
+    /// order the server ran them.
+    extending: tokio::sync::Mutex<()>,
     fair: bool,
 }
 
@@ -45,7 +49,15 @@ pub(crate) struct Hold {
 /// analysis (1%) plus 2ms for the reply's travel.
 fn valid_until(sent_at: Instant, lease: Duration) -> Instant {
     let margin = lease / 100 + Duration::from_millis(2);
-    sent_at + lease.saturating_sub(margin)
+    // Leases are capped when options are checked; saturate anyway rather than panic.
+    sent_at
+        .checked_add(lease.saturating_sub(margin))
+        .unwrap_or_else(far_future)
+}
+
+/// An instant no lease or wait reaches (about 30 years away).
+pub(crate) fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(30 * 365 * 24 * 3600)
 }
 
 impl Hold {
@@ -71,9 +83,38 @@ impl Hold {
             state,
             holders: AtomicUsize::new(1),
             watchdog: Mutex::new(None),
-            task: tokio::task::try_id(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
+            extending: tokio::sync::Mutex::new(()),
             fair,
         })
+    }
+
+    /// Hands the compare-and-delete of this hold to the runtime it was acquired on.
+    fn release_in_background(&self) {
+        spawn_release(
+            self.runtime.as_ref(),
+            self.locker.clone(),
+            self.key.clone(),
+            self.token.clone(),
+            self.fair,
+        );
+    }
+
+    /// One extension, applied to the client's view only if the server ran it and the hold was
+    /// not counted lost meanwhile. `Ok(false)`: the key is gone or not ours (the hold is lost).
+    async fn extend(&self, lease: Duration) -> Result<bool, crate::error::BackendError> {
+        let _one_at_a_time = self.extending.lock().await;
+        let sent_at = Instant::now();
+        if self
+            .locker
+            .backend()
+            .extend(&self.key, &self.token, lease)
+            .await?
+        {
+            Ok(self.renewed(sent_at, lease))
+        } else {
+            Ok(false)
+        }
     }
 
     pub(crate) fn key(&self) -> &str {
@@ -86,10 +127,6 @@ impl Hold {
 
     pub(crate) fn fence(&self) -> u64 {
         self.fence
-    }
-
-    pub(crate) fn task(&self) -> Option<tokio::task::Id> {
-        self.task
     }
 
     /// Adds a holder if the hold is still good; `false` when it is lost or already let go.
@@ -107,30 +144,28 @@ impl Hold {
     /// Removes a holder; `true` for the last one, who must release the key.
     fn leave(&self) -> bool {
         let last = self.holders.fetch_sub(1, Ordering::AcqRel) == 1;
-        if last {
-            self.locker.forget_hold(self);
-            if let Some(watchdog) = self
+        if last
+            && let Some(watchdog) = self
                 .watchdog
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .take()
-            {
-                watchdog.abort();
-            }
+        {
+            watchdog.abort();
         }
         last
     }
 
-    /// Records a successful extension whose request was sent at `sent_at`. A hold already
-    /// counted lost stays lost: the body may have been stopped on it.
-    fn renewed(&self, sent_at: Instant, lease: Duration) {
+    /// Records a successful extension whose request was sent at `sent_at`; `false` when the hold
+    /// was already counted lost, which it stays: the body may have been stopped on it.
+    fn renewed(&self, sent_at: Instant, lease: Duration) -> bool {
         self.state.send_if_modified(|state| match state {
             State::Held { valid_until: until } => {
                 *until = valid_until(sent_at, lease);
                 true
             }
             State::Lost => false,
-        });
+        })
     }
 
     /// Marks the hold lost; reports it once.
@@ -181,7 +216,7 @@ impl Hold {
 async fn watchdog(hold: Arc<Hold>, max_hold: Option<Duration>) {
     let lease = hold.lease;
     let period = lease / 3;
-    let ceiling = max_hold.map(|m| hold.acquired_at + m);
+    let ceiling = max_hold.and_then(|m| hold.acquired_at.checked_add(m));
     let mut next = Instant::now() + period;
     loop {
         tokio::time::sleep_until(next).await;
@@ -194,16 +229,8 @@ async fn watchdog(hold: Arc<Hold>, max_hold: Option<Duration>) {
             hold.mark_lost("the lease ran out before it could be renewed");
             return;
         }
-        match hold
-            .locker
-            .backend()
-            .extend(&hold.key, &hold.token, lease)
-            .await
-        {
-            Ok(true) => {
-                hold.renewed(now, lease);
-                next = now + period;
-            }
+        match hold.extend(lease).await {
+            Ok(true) => next = now + period,
             Ok(false) => {
                 hold.mark_lost("the key was gone or held by another owner at renewal");
                 return;
@@ -222,8 +249,13 @@ async fn watchdog(hold: Arc<Hold>, max_hold: Option<Duration>) {
 /// - **Release**: [`release`](Self::release) deletes the key only while it still holds this
 ///   acquisition's token, and says [`LockError::Lost`] (deleting nothing) when it does not.
 /// - **Drop** (including a panic in the holder and a dropped future): the same release is handed
-///   to the current tokio runtime; nothing blocks in `Drop`. Without a runtime (it is shutting
-///   down) the lease frees the key.
+///   to the tokio runtime the lock was acquired on, even when the guard is dropped on another
+///   thread; nothing blocks in `Drop`. When that runtime is gone (shut down), the lease frees the
+///   key. A [`release`](Self::release) future dropped before its reply hands the release over the
+///   same way.
+/// - **Re-entry**: inside [`scope`](Self::scope) (and inside a `#[dlock]` body), acquiring the
+///   same key through the same locker returns at once with a guard on this hold; the key is
+///   released when the last of them goes.
 /// - **Expiry**: a fixed lease counts as lost on the client's monotonic clock shortly before the
 ///   server lets it go (1% + 2ms early); [`is_held`](Self::is_held) and [`lost`](Self::lost) tell.
 /// - **Renewal** (`expire_auto`): a watchdog task extends the lease at a third of its length; it
@@ -239,8 +271,10 @@ pub struct LockGuard {
 
 impl LockGuard {
     pub(crate) fn new(hold: Arc<Hold>, lease: Lease, max_hold: Option<Duration>) -> Self {
-        if lease == Lease::Auto {
-            let task = tokio::spawn(watchdog(hold.clone(), max_hold));
+        if lease == Lease::Auto
+            && let Some(runtime) = &hold.runtime
+        {
+            let task = runtime.spawn(watchdog(hold.clone(), max_hold));
             *hold
                 .watchdog
                 .lock()
@@ -252,7 +286,7 @@ impl LockGuard {
         }
     }
 
-    /// A further guard on a hold this task already has (re-entry): no request is sent.
+    /// A further guard on a hold an enclosing scope has (re-entry): no request is sent.
     pub(crate) fn reentered(hold: Arc<Hold>) -> Self {
         Self {
             hold,
@@ -286,24 +320,43 @@ impl LockGuard {
         self.hold.lost().await;
     }
 
+    /// Runs `body` inside this hold: there, acquiring the same key through the same locker (or
+    /// a clone) re-enters at once without a request, and [`crate::fencing_token`] is this
+    /// hold's. `#[dlock]` bodies run this way.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), dlock_runtime::LockError> {
+    /// use dlock_runtime::{LockOptions, Locker};
+    ///
+    /// let locker = Locker::memory();
+    /// let outer = locker.acquire("report", LockOptions::new()).await?;
+    /// outer
+    ///     .scope(async {
+    ///         // The same key again: no waiting, same fencing token.
+    ///         let inner = locker.acquire("report", LockOptions::new()).await?;
+    ///         assert_eq!(inner.fencing_token(), outer.fencing_token());
+    ///         inner.release().await
+    ///     })
+    ///     .await?;
+    /// outer.release().await
+    /// # }
+    /// ```
+    pub fn scope<F: std::future::Future>(
+        &self,
+        body: F,
+    ) -> impl std::future::Future<Output = F::Output> + use<F> {
+        crate::__private::in_scope(&self.hold, body)
+    }
+
     /// Resets the lease to `lease` from now, if the key still holds this acquisition's token.
     ///
     /// # Errors
     /// [`LockError::Lost`] when the key is gone or someone else's (nothing is re-created);
     /// [`LockError::Backend`] when the server cannot be reached.
     pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
-        let sent_at = Instant::now();
-        match self
-            .hold
-            .locker
-            .backend()
-            .extend(&self.hold.key, &self.hold.token, lease)
-            .await
-        {
-            Ok(true) => {
-                self.hold.renewed(sent_at, lease);
-                Ok(())
-            }
+        crate::options::check_lease(lease)?;
+        match self.hold.extend(lease).await {
+            Ok(true) => Ok(()),
             Ok(false) => {
                 self.hold
                     .mark_lost("extend found the key gone or held by another owner");
@@ -329,12 +382,16 @@ impl LockGuard {
                 Err(self.lost_error())
             };
         }
-        match hold
+        // If this future is dropped before the reply, the request may never have been written:
+        // hand the release to the runtime then.
+        let mut in_flight = ReleaseInFlight(Some(hold));
+        let outcome = hold
             .locker
             .backend()
             .release(&hold.key, &hold.token, hold.fair)
-            .await
-        {
+            .await;
+        in_flight.0 = None;
+        match outcome {
             Ok(true) => {
                 tracing::debug!(key = %hold.key, held = ?hold.acquired_at.elapsed(), "lock released");
                 Ok(())
@@ -364,12 +421,18 @@ impl LockGuard {
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if !self.released && self.hold.leave() {
-            spawn_release(
-                self.hold.locker.clone(),
-                self.hold.key.clone(),
-                self.hold.token.clone(),
-                self.hold.fair,
-            );
+            self.hold.release_in_background();
+        }
+    }
+}
+
+/// A release whose reply has not arrived; dropped unanswered, it hands the release over.
+struct ReleaseInFlight<'a>(Option<&'a Hold>);
+
+impl Drop for ReleaseInFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(hold) = self.0.take() {
+            hold.release_in_background();
         }
     }
 }

@@ -1,9 +1,8 @@
 //! The handle users hold: configuration plus one backend connection.
 
 use std::{
-    collections::HashMap,
     fmt,
-    sync::{Arc, Mutex, OnceLock, PoisonError, Weak},
+    sync::{Arc, OnceLock},
     time::Duration,
 };
 
@@ -14,7 +13,7 @@ use crate::{
     LockError, LockGuard, LockOptions,
     backend::{Attempt, Backend, Request, Token, memory::MemoryBackend},
     config::{BackendKind, RedisUrl, Settings},
-    guard::Hold,
+    guard::{Hold, far_future},
     options::Lease,
 };
 
@@ -55,8 +54,6 @@ pub struct Locker {
 struct Inner {
     settings: Settings,
     backend: Arc<dyn Backend>,
-    /// Holds by the task that took them, for re-entry.
-    holds: Mutex<HashMap<(tokio::task::Id, String), Weak<Hold>>>,
 }
 
 impl fmt::Debug for Locker {
@@ -101,11 +98,7 @@ impl Locker {
 
     fn with_backend(settings: Settings, backend: Arc<dyn Backend>) -> Self {
         Self {
-            inner: Arc::new(Inner {
-                settings,
-                backend,
-                holds: Mutex::default(),
-            }),
+            inner: Arc::new(Inner { settings, backend }),
         }
     }
 
@@ -137,9 +130,7 @@ impl Locker {
             Lease::Fixed(d) => d,
             Lease::Auto => settings.expire,
         };
-        if lease_len < Duration::from_millis(1) {
-            return Err(LockError::config("expire: the lease must be at least 1ms"));
-        }
+        crate::options::check_lease(lease_len)?;
         if let Some(guard) = self.reenter(&full_key) {
             return Ok(guard);
         }
@@ -176,45 +167,15 @@ impl Locker {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    fn holds(&self) -> std::sync::MutexGuard<'_, HashMap<(tokio::task::Id, String), Weak<Hold>>> {
-        // Every update is one insert or remove: a poisoned map is still consistent.
-        self.inner
-            .holds
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// A further guard when this task already holds `key` through this locker.
+    /// A further guard when an enclosing scope of this task (a locked body, or
+    /// [`LockGuard::scope`]) holds `key` through this locker.
     fn reenter(&self, key: &str) -> Option<LockGuard> {
-        let hold = crate::__private::scoped_hold(self, key).or_else(|| {
-            let task = tokio::task::try_id()?;
-            self.holds().get(&(task, key.to_owned()))?.upgrade()
-        })?;
+        let hold = crate::__private::scoped_hold(self, key)?;
         if !hold.reenter() {
             return None;
         }
-        tracing::debug!(key = %key, fencing_token = hold.fence(), "lock re-entered by its holding task");
+        tracing::debug!(key = %key, fencing_token = hold.fence(), "lock re-entered by its holder");
         Some(LockGuard::reentered(hold))
-    }
-
-    fn remember_hold(&self, hold: &Arc<Hold>) {
-        if let Some(task) = hold.task() {
-            self.holds()
-                .insert((task, hold.key().to_owned()), Arc::downgrade(hold));
-        }
-    }
-
-    pub(crate) fn forget_hold(&self, hold: &Hold) {
-        if let Some(task) = hold.task() {
-            let mut holds = self.holds();
-            let id = (task, hold.key().to_owned());
-            if holds
-                .get(&id)
-                .is_some_and(|w| std::ptr::eq(w.as_ptr(), hold))
-            {
-                holds.remove(&id);
-            }
-        }
     }
 
     fn full_key(&self, key: &str) -> Result<String, LockError> {
@@ -232,7 +193,22 @@ impl Locker {
                 ),
             ));
         }
-        Ok(format!("{}{key}", settings.key_prefix))
+        let full = format!("{}{key}", settings.key_prefix);
+        // dlock's own keys: the fencing counters (`<prefix>__fence:{tag}`) and the fair-mode
+        // companions (`{<lock key>}:queue`, `{<lock key>}:waiters`). A lock key must not be one.
+        let companion_like =
+            full.starts_with('{') && (full.ends_with(":queue") || full.ends_with(":waiters"));
+        if key.starts_with(crate::backend::FENCE_PREFIX) || companion_like {
+            return Err(LockError::invalid_key(
+                key,
+                format!(
+                    "keys starting with `{}` (after the prefix), and keys starting with `{{` and \
+                     ending in `:queue` or `:waiters`, are reserved for dlock's own bookkeeping",
+                    crate::backend::FENCE_PREFIX
+                ),
+            ));
+        }
+        Ok(full)
     }
 
     async fn wait_for(
@@ -246,9 +222,10 @@ impl Locker {
         let settings = &self.inner.settings;
         let token = Token::generate()?;
         let started = Instant::now();
-        let deadline = started + timeout;
+        let deadline = started.checked_add(timeout).unwrap_or_else(far_future);
         let fair = options.fair;
         let mut orphan = OrphanCleanup {
+            runtime: tokio::runtime::Handle::try_current().ok(),
             locker: self,
             key,
             token,
@@ -285,7 +262,6 @@ impl Locker {
                     tracing::debug!(attempts, ?waited, fencing_token = fence, "lock acquired");
                     let (key, token) = orphan.disarm();
                     let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease_len, fair);
-                    self.remember_hold(&hold);
                     return Ok(LockGuard::new(hold, lease, options.max_hold));
                 }
                 Ok(Attempt::Held { ttl }) => {
@@ -367,6 +343,8 @@ impl Locker {
 /// Removes a lock that an attempt with a lost reply may have set, when the wait gives up or is
 /// dropped. Compare-and-delete by token, so it never touches another holder's lock.
 struct OrphanCleanup<'a> {
+    /// The runtime the wait runs on, for a cleanup when the wait is dropped elsewhere.
+    runtime: Option<tokio::runtime::Handle>,
     locker: &'a Locker,
     key: String,
     token: Token,
@@ -378,6 +356,7 @@ impl OrphanCleanup<'_> {
     fn cleanup_now(&mut self) {
         if std::mem::take(&mut self.armed) {
             spawn_release(
+                self.runtime.as_ref(),
                 self.locker.clone(),
                 self.key.clone(),
                 self.token.clone(),
@@ -402,9 +381,20 @@ impl Drop for OrphanCleanup<'_> {
     }
 }
 
-/// Hands a compare-and-delete to the current tokio runtime, if any; the lease is the backstop.
-pub(crate) fn spawn_release(locker: Locker, key: String, token: Token, fair: bool) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+/// Hands a compare-and-delete to `runtime` (the one the lock was taken on), or else to the
+/// current one; the lease is the backstop when there is none.
+pub(crate) fn spawn_release(
+    runtime: Option<&tokio::runtime::Handle>,
+    locker: Locker,
+    key: String,
+    token: Token,
+    fair: bool,
+) {
+    let Some(runtime) = runtime
+        .cloned()
+        .or_else(|| tokio::runtime::Handle::try_current().ok())
+    else {
+        tracing::warn!(key = %key, "no tokio runtime to release the lock on; the lease will free it");
         return;
     };
     runtime.spawn(async move {
@@ -415,9 +405,10 @@ pub(crate) fn spawn_release(locker: Locker, key: String, token: Token, fair: boo
 }
 
 /// How long a fair waiter keeps its place in the queue without trying again: several of its
-/// longest pauses plus a request timeout, so only a waiter that is gone loses its place.
+/// longest pauses plus the longest a slow attempt and subscription can take (four request
+/// timeouts), so only a waiter that is gone loses its place.
 fn waiter_liveness(settings: &Settings) -> Duration {
-    (settings.retry.1 * 4 + settings.request_timeout).max(Duration::from_millis(250))
+    (settings.retry.1 * 4 + settings.request_timeout * 4).max(Duration::from_millis(250))
 }
 
 /// A uniformly random pause in `min..=max`.
@@ -442,13 +433,25 @@ fn jitter(min: Duration, max: Duration) -> Duration {
 ///     .build()?;
 /// # Ok::<(), dlock_runtime::LockError>(())
 /// ```
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 #[must_use]
 pub struct LockerBuilder {
     settings: Settings,
     url: Option<String>,
     /// `memory()` by code makes a private table; `DLOCK_BACKEND=memory` shares the process's.
     private_memory: bool,
+}
+
+impl fmt::Debug for LockerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockerBuilder")
+            .field("settings", &self.settings)
+            .field(
+                "url",
+                &self.url.as_deref().map(crate::config::RedisUrl::redact),
+            )
+            .finish_non_exhaustive()
+    }
 }
 
 impl LockerBuilder {

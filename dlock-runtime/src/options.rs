@@ -87,3 +87,22 @@ impl LockOptions {
         self
     }
 }
+
+/// The longest lease accepted: a year. Longer ones are surely a mistake (and would overflow the
+/// clocks they are added to).
+pub(crate) const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A lease between 1ms and [`MAX_LEASE`].
+pub(crate) fn check_lease(lease: Duration) -> Result<(), crate::LockError> {
+    if lease < Duration::from_millis(1) {
+        Err(crate::LockError::config(
+            "expire: the lease must be at least 1ms",
+        ))
+    } else if lease > MAX_LEASE {
+        Err(crate::LockError::config(
+            "expire: the lease must be at most a year",
+        ))
+    } else {
+        Ok(())
+    }
+}

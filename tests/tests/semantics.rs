@@ -378,28 +378,18 @@ async fn waiter_gets_the_lock_after_release(env: Env) {
 }
 
 async fn same_task_reenters_and_the_outermost_releases(env: Env) {
-    // Re-entry is by task: run it in a spawned one (a test body is not a task).
+    // Re-entry happens inside the holder's scope (`LockGuard::scope`, or a `#[dlock]` body).
     let (locker, other) = (env.locker(), env.locker());
     let key = unique_key("reenter");
-    tokio::spawn(reenter_in_task(locker, other, key))
-        .await
-        .unwrap();
-}
-
-/// Whether another task can take `key` right now (it releases at once if so).
-async fn free_for_another_task(locker: &Locker, key: &str) -> bool {
-    let (locker, key) = (locker.clone(), key.to_owned());
-    tokio::spawn(async move { locker.try_acquire(&key, SHORT).await.unwrap().is_some() })
-        .await
-        .unwrap()
-}
-
-async fn reenter_in_task(locker: Locker, other: Locker, key: String) {
     let outer = locker.acquire(&key, LockOptions::new()).await.unwrap();
-    let inner = locker
-        .acquire(&key, LockOptions::new().timeout(Duration::ZERO))
-        .await
-        .expect("the holding task re-enters at once");
+    let inner = outer
+        .scope(async {
+            locker
+                .acquire(&key, LockOptions::new().timeout(Duration::ZERO))
+                .await
+                .expect("the holder re-enters at once")
+        })
+        .await;
     assert_eq!(inner.fencing_token(), outer.fencing_token());
     inner.release().await.unwrap();
     assert!(outer.is_held());
@@ -407,9 +397,17 @@ async fn reenter_in_task(locker: Locker, other: Locker, key: String) {
         !free_for_another_task(&other, &key).await,
         "an inner release freed the key"
     );
-    // Dropped in the other order: the key stays held until the last guard goes.
-    let inner = locker
+    // Outside the scope there is no re-entry: the same task waits like anyone else.
+    let outside = locker
         .acquire(&key, LockOptions::new().timeout(Duration::ZERO))
+        .await;
+    assert!(
+        outside.unwrap_err().is_timeout(),
+        "re-entered outside the holder's scope"
+    );
+    // Dropped in the other order: the key stays held until the last guard goes.
+    let inner = outer
+        .scope(locker.acquire(&key, LockOptions::new().timeout(Duration::ZERO)))
         .await
         .unwrap();
     drop(outer);
@@ -443,4 +441,12 @@ async fn another_task_does_not_reenter(env: Env) {
         "another task of the same process got in: {err:?}"
     );
     held.release().await.unwrap();
+}
+
+/// Whether another task can take `key` right now (it releases at once if so).
+async fn free_for_another_task(locker: &Locker, key: &str) -> bool {
+    let (locker, key) = (locker.clone(), key.to_owned());
+    tokio::spawn(async move { locker.try_acquire(&key, SHORT).await.unwrap().is_some() })
+        .await
+        .unwrap()
 }

@@ -11,6 +11,9 @@ pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 
+/// What follows the key prefix in the names of the fencing counters; lock keys may not start so.
+pub(crate) const FENCE_PREFIX: &str = "__fence:";
+
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The answer to one acquisition attempt.
@@ -90,13 +93,14 @@ impl Watch {
         self.notify.clone()
     }
 
-    /// Whether the last wake-up may be for `token`: it named no one, or it named `token`.
+    /// Whether the last wake-up may be for `token`: it named no one, or it named `token` (by the
+    /// first 8 hex digits: releases never publish a whole token).
     pub(crate) fn may_be_for(&self, token: &Token) -> bool {
         self.next
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_deref()
-            .is_none_or(|next| next == token.0)
+            .is_none_or(|next| token.0.starts_with(next))
     }
 }
 

@@ -76,7 +76,7 @@ impl RedisBackend {
             client,
             connection: OnceCell::new(),
             request_timeout,
-            fence_prefix: format!("{key_prefix}__fence:"),
+            fence_prefix: format!("{key_prefix}{}", super::FENCE_PREFIX),
         })
     }
 

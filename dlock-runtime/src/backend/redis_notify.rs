@@ -45,9 +45,14 @@ impl Shared {
 
 pub(crate) struct Notifier {
     shared: Arc<Shared>,
+    control: Mutex<Control>,
+}
+
+/// The way to the connection task.
+struct Control {
     ops: mpsc::UnboundedSender<Op>,
     /// Taken by the first waiter, which starts the task (building a locker needs no runtime).
-    pending: Mutex<Option<mpsc::UnboundedReceiver<Op>>>,
+    pending: Option<mpsc::UnboundedReceiver<Op>>,
 }
 
 impl Notifier {
@@ -59,9 +64,29 @@ impl Notifier {
                 request_timeout,
                 channels: Mutex::default(),
             }),
-            ops,
-            pending: Mutex::new(Some(receiver)),
+            control: Mutex::new(Control {
+                ops,
+                pending: Some(receiver),
+            }),
         }
+    }
+
+    /// The way to the connection task, starting it on the current runtime if it is not running:
+    /// at first use, and again when the runtime it ran on has shut down (a locker outlives it).
+    fn ops(&self) -> mpsc::UnboundedSender<Op> {
+        let mut control = self.control.lock().unwrap_or_else(PoisonError::into_inner);
+        if control.ops.is_closed() && control.pending.is_none() {
+            tracing::debug!("release notification task gone with its runtime; starting it again");
+            let (ops, receiver) = mpsc::unbounded_channel();
+            *control = Control {
+                ops,
+                pending: Some(receiver),
+            };
+        }
+        if let Some(receiver) = control.pending.take() {
+            tokio::spawn(run(self.shared.clone(), receiver));
+        }
+        control.ops.clone()
     }
 
     /// A wake-up for releases of `key`, once the server has confirmed the subscription; `None`
@@ -77,21 +102,14 @@ impl Notifier {
             channel.waiters += 1;
             (channel.notify.clone(), channel.next.clone())
         };
+        let ops = self.ops();
         let registration = Registration {
             shared: self.shared.clone(),
-            ops: self.ops.clone(),
+            ops: ops.clone(),
             key: key.to_owned(),
         };
-        if let Some(receiver) = self
-            .pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            tokio::spawn(run(self.shared.clone(), receiver));
-        }
         let (reply, confirmed) = oneshot::channel();
-        self.ops.send(Op::Subscribe(key.to_owned(), reply)).ok()?;
+        ops.send(Op::Subscribe(key.to_owned(), reply)).ok()?;
         let subscribed = tokio::time::timeout(self.shared.request_timeout * 2, confirmed)
             .await
             .ok()?

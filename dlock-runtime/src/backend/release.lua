@@ -3,7 +3,8 @@
 -- ARGV[1] token.
 -- Deletes the key only while it still holds this acquisition's token. Returns 1 if deleted, else 0.
 -- Publishes on the channel named like the lock key when the lock or the head of its line moved;
--- the message is the token of the waiter now first in line (fair mode), or empty (anyone).
+-- the message is the first 8 hex digits of the token of the waiter now first in line (fair mode),
+-- or empty (anyone). Never the whole token: the token is what release and extend check.
 local held = redis.call('GET', KEYS[1])
 local mine = ARGV[1] .. ':'
 local deleted = 0
@@ -19,7 +20,7 @@ end
 if deleted == 1 or left == 1 then
   local next = ''
   if #KEYS == 3 then
-    next = redis.call('LINDEX', KEYS[2], 0) or ''
+    next = string.sub(redis.call('LINDEX', KEYS[2], 0) or '', 1, 8)
   end
   redis.call('PUBLISH', KEYS[1], next)
 end
