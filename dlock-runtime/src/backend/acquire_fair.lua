@@ -1,4 +1,4 @@
--- Fair acquire, in one round trip: first come, first served among waiters.
+-- Fair acquire, in one round trip (after lock.lua): first come, first served among waiters.
 -- KEYS[1] lock key, KEYS[2] queue (list of waiting tokens), KEYS[3] waiter deadlines (sorted set,
 -- score = server time in ms after which the waiter counts as gone), KEYS[4] fencing counter.
 -- ARGV[1] token, ARGV[2] lease in ms, ARGV[3] how long a waiter stays queued without trying again.
@@ -15,11 +15,10 @@ while true do
   redis.call('LPOP', KEYS[2])
   redis.call('ZREM', KEYS[3], head)
 end
-local mine = ARGV[1] .. ':'
 local held = redis.call('GET', KEYS[1])
-if held and string.sub(held, 1, #mine) == mine then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tonumber(string.sub(held, #mine + 1))}
+local mine = already_mine(KEYS[1], held, ARGV[1], ARGV[2])
+if mine then
+  return mine
 end
 local head = redis.call('LINDEX', KEYS[2], 0)
 if held == false and (head == false or head == ARGV[1]) then
@@ -27,13 +26,7 @@ if held == false and (head == false or head == ARGV[1]) then
     redis.call('LPOP', KEYS[2])
     redis.call('ZREM', KEYS[3], ARGV[1])
   end
-  local fence = redis.call('INCR', KEYS[4])
-  if fence == 1 then
-    fence = tonumber(now_parts[1]) * 1000000 + tonumber(now_parts[2])
-    redis.call('SET', KEYS[4], string.format('%.0f', fence))
-  end
-  redis.call('SET', KEYS[1], mine .. string.format('%.0f', fence), 'PX', ARGV[2])
-  return {1, fence}
+  return take(KEYS[1], KEYS[4], ARGV[1], ARGV[2])
 end
 -- Wait in line (or refresh our place), and keep the queue no longer than its waiters need it.
 if redis.call('ZADD', KEYS[3], now + tonumber(ARGV[3]), ARGV[1]) == 1 then
@@ -44,9 +37,4 @@ redis.call('PEXPIRE', KEYS[3], 2 * tonumber(ARGV[3]))
 if held == false then
   return {0, -1}
 end
-local ttl = redis.call('PTTL', KEYS[1])
-if ttl == -1 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  ttl = tonumber(ARGV[2])
-end
-return {0, ttl}
+return refused(KEYS[1], ARGV[2])

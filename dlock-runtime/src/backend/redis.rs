@@ -22,10 +22,20 @@ static RELEASE: OnceLock<Script> = OnceLock::new();
 static EXTEND: OnceLock<Script> = OnceLock::new();
 
 fn acquire_script() -> &'static Script {
-    ACQUIRE.get_or_init(|| Script::new(include_str!("acquire.lua")))
+    ACQUIRE.get_or_init(|| {
+        Script::new(concat!(
+            include_str!("lock.lua"),
+            include_str!("acquire.lua")
+        ))
+    })
 }
 fn acquire_fair_script() -> &'static Script {
-    ACQUIRE_FAIR.get_or_init(|| Script::new(include_str!("acquire_fair.lua")))
+    ACQUIRE_FAIR.get_or_init(|| {
+        Script::new(concat!(
+            include_str!("lock.lua"),
+            include_str!("acquire_fair.lua")
+        ))
+    })
 }
 fn release_script() -> &'static Script {
     RELEASE.get_or_init(|| Script::new(include_str!("release.lua")))
