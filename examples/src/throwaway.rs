@@ -55,15 +55,7 @@ impl RedisServer {
         let dir =
             std::env::temp_dir().join(format!("dlock-example-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .args(["--protected-mode", "no", "--loglevel", "warning", "--dir"])
-            .arg(&dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()?;
+        let child = command(port, &dir).spawn()?;
         let mut server = Self { port, child, dir };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -118,6 +110,23 @@ impl RedisServer {
         let v = text.split_whitespace().find_map(|w| w.strip_prefix("v="))?;
         Some(v.to_owned())
     }
+}
+
+/// The command line of a throwaway server: `port` on 127.0.0.1 only, no persistence (no RDB
+/// snapshots, no AOF), working directory `dir`, warnings only on stderr, stdin and stdout closed.
+/// The test harness starts its servers with it too.
+#[must_use]
+pub fn command(port: u16, dir: &std::path::Path) -> Command {
+    let mut command = Command::new("redis-server");
+    command
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .args(["--protected-mode", "no", "--loglevel", "warning", "--dir"])
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    command
 }
 
 impl Drop for RedisServer {

@@ -112,29 +112,8 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--protected-mode",
-                "no",
-                "--loglevel",
-                "warning",
-                "--dir",
-            ])
-            .arg(&self.dir)
+        let child = dlock_examples::throwaway::command(self.port, &self.dir)
             .args(self.tls.iter().flat_map(|tls| tls.args.iter()))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
             .spawn();
         let child = match child {
             Ok(child) => child,
@@ -380,6 +359,22 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("bind a free loopback port")
+}
+
+/// Takes `key` with default options and releases it at once, panicking on any error: a warm-up
+/// (connection made, scripts loaded) or a check that the key is free.
+///
+/// # Panics
+/// When the lock cannot be taken or released.
+pub async fn acquire_and_release(locker: &Locker, key: &str) {
+    let guard = locker
+        .acquire(key, dlock_runtime::LockOptions::new())
+        .await
+        .unwrap_or_else(|e| panic!("acquire `{key}`: {e}"));
+    guard
+        .release()
+        .await
+        .unwrap_or_else(|e| panic!("release `{key}`: {e}"));
 }
 
 /// A key no other test in this process uses.

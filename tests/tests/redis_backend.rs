@@ -3,7 +3,7 @@
 use std::{process::Command, time::Duration};
 
 use dlock_runtime::{LockOptions, Locker};
-use dlock_tests::{RedisServer, free_port, unique_key};
+use dlock_tests::{RedisServer, acquire_and_release, free_port, unique_key};
 use redis::Commands as _;
 use tokio::time::Instant;
 
@@ -42,21 +42,9 @@ async fn acquire_and_release_take_one_round_trip_each() {
     let locker = server.locker();
     let key = unique_key("trips");
     // Warm up: connect and load the scripts.
-    locker
-        .acquire(&key, LockOptions::new())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    acquire_and_release(&locker, &key).await;
     let before = server.calls("evalsha") + server.calls("eval");
-    locker
-        .acquire(&key, LockOptions::new())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    acquire_and_release(&locker, &key).await;
     assert_eq!(server.calls("evalsha") + server.calls("eval") - before, 2);
 }
 
@@ -66,12 +54,7 @@ async fn try_once_sends_exactly_one_attempt() {
     let (a, b) = (server.locker(), server.locker());
     let key = unique_key("once");
     let _held = a.acquire(&key, LockOptions::new()).await.unwrap();
-    b.acquire(&unique_key("warm"), LockOptions::new())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    acquire_and_release(&b, &unique_key("warm")).await;
     let before = server.calls("evalsha");
     assert!(
         b.try_acquire(&key, Duration::from_secs(1))
@@ -119,26 +102,14 @@ async fn scripts_are_reloaded_after_script_flush_and_restart() {
     let mut server = RedisServer::start();
     let locker = server.locker();
     let key = unique_key("noscript");
-    locker
-        .acquire(&key, LockOptions::new())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    acquire_and_release(&locker, &key).await;
     assert!(
         server
             .command(&["SCRIPT", "FLUSH"])
             .unwrap()
             .starts_with("+OK")
     );
-    locker
-        .acquire(&key, LockOptions::new())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    acquire_and_release(&locker, &key).await;
     server.restart();
     // The connection was cut and the script cache is empty: the locker reconnects and reloads.
     let guard = locker
@@ -177,13 +148,7 @@ async fn unreachable_server_is_a_backend_error_within_the_timeout() {
 async fn stalled_server_is_a_backend_error_within_the_timeout() {
     let server = RedisServer::start();
     let locker = short_locker(&server, Duration::from_millis(100));
-    locker
-        .acquire(&unique_key("warm"), LockOptions::new())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    acquire_and_release(&locker, &unique_key("warm")).await;
     server.pause();
     let started = Instant::now();
     let result = locker
@@ -206,13 +171,7 @@ async fn attempt_with_lost_reply_recognises_its_own_lock() {
     let server = RedisServer::start();
     let locker = short_locker(&server, Duration::from_millis(100));
     let key = unique_key("ambiguous");
-    locker
-        .acquire(&unique_key("warm"), LockOptions::new())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    acquire_and_release(&locker, &unique_key("warm")).await;
     server.pause();
     let waiting = {
         let (locker, key) = (locker.clone(), key.clone());
@@ -239,13 +198,7 @@ async fn dropped_in_flight_acquire_leaves_no_lock() {
     let server = RedisServer::start();
     let locker = server.locker();
     let key = unique_key("inflight");
-    locker
-        .acquire(&unique_key("warm"), LockOptions::new())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    acquire_and_release(&locker, &unique_key("warm")).await;
     server.pause();
     let attempt = locker.acquire(&key, LockOptions::new().expire(Duration::from_secs(30)));
     assert!(

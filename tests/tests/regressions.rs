@@ -9,7 +9,7 @@ use std::{
 };
 
 use dlock_runtime::{LockError, LockOptions, Locker, dlock};
-use dlock_tests::{RedisServer, unique_key};
+use dlock_tests::{RedisServer, acquire_and_release, unique_key};
 
 /// A task that handed its guard to another task must not re-enter the lock the other task now
 /// holds (re-entry used to be keyed by the task that acquired).
@@ -135,13 +135,7 @@ async fn keys_that_name_dlocks_own_keys_are_refused() {
         .key_prefix("{app}:")
         .build()
         .unwrap();
-    tagged
-        .acquire("order:1", LockOptions::new())
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    acquire_and_release(&tagged, "order:1").await;
 }
 
 /// Huge durations used to panic (Instant overflow), in the caller or in the watchdog.
