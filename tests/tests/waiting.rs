@@ -272,3 +272,93 @@ async fn fair_mode_serves_tasks_in_arrival_order_in_memory() {
     }
     assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
 }
+
+/// A release message names the next fair waiter by a token prefix, never by the whole token
+/// (the token is what release and extend check): anyone subscribed could otherwise steal it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_release_messages_never_carry_a_whole_token() {
+    let server = RedisServer::start();
+    let key = unique_key("fair-messages");
+    let channel = format!("dlock:{key}");
+    let listener = {
+        let (client, channel) = (server.client(), channel.clone());
+        let (ready, subscribed) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let mut connection = client.get_connection().unwrap();
+            let mut pubsub = connection.as_pubsub();
+            pubsub.subscribe(&channel).unwrap();
+            pubsub
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            ready.send(()).unwrap();
+            let mut payloads = Vec::new();
+            while payloads.len() < 3 {
+                let Ok(message) = pubsub.get_message() else {
+                    break;
+                };
+                payloads.push(message.get_payload::<String>().unwrap());
+            }
+            payloads
+        });
+        subscribed.recv().unwrap();
+        thread
+    };
+    let holder = server.locker();
+    let held = holder
+        .acquire(&key, LockOptions::new().fair())
+        .await
+        .unwrap();
+    let mut redis = server.client().get_connection().unwrap();
+    let mut waiters = Vec::new();
+    for i in 0..2 {
+        let (locker, name) = (server.locker(), key.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = locker
+                .acquire(
+                    &name,
+                    LockOptions::new().fair().timeout(Duration::from_secs(10)),
+                )
+                .await
+                .unwrap();
+            guard.release().await.unwrap();
+        }));
+        wait_for_queue(&mut redis, &key, i + 1).await;
+    }
+    let tokens: Vec<String> = redis.lrange(format!("{{{channel}}}:queue"), 0, -1).unwrap();
+    assert_eq!(tokens.len(), 2);
+    held.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    let payloads = tokio::task::spawn_blocking(move || listener.join().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(payloads.len(), 3, "one message per release: {payloads:?}");
+    // The first two releases name the waiter next in line; the last has no one to name.
+    assert_eq!(payloads[0], tokens[0][..8]);
+    assert_eq!(payloads[1], tokens[1][..8]);
+    assert_eq!(payloads[2], "");
+}
+
+/// A locker that outlives the runtime its notification task ran on (a shared locker across
+/// `#[tokio::test]`s, say) starts the task again on the next runtime.
+#[test]
+fn notifications_survive_the_end_of_the_runtime_they_started_on() {
+    let server = RedisServer::start();
+    let waiter = slow_poller(Some(&server.url()), true);
+    for round in 0..2 {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let woke = runtime.block_on(async {
+            // The locker's connection also died with the old runtime: its first request fails
+            // and reconnects (one retry pause). Warm it up so only notifications are measured.
+            dlock_tests::acquire_and_release(&waiter, &unique_key("warm")).await;
+            let holder = server.locker();
+            wake_up_time(&holder, &waiter, &unique_key("runtimes")).await
+        });
+        runtime.shutdown_timeout(Duration::from_secs(1));
+        assert!(
+            woke < Duration::from_secs(1),
+            "round {round}: woken after {woke:?}, by the 3s poll rather than a notification"
+        );
+    }
+}
