@@ -28,10 +28,13 @@ async fn lock_key_is_prefix_plus_key_with_a_lease() {
     let value: String = redis.get(format!("dlock:{key}")).unwrap();
     let ttl: i64 = redis.pttl(format!("dlock:{key}")).unwrap();
     assert!(ttl > 6000 && ttl <= 7000, "ttl {ttl}");
-    // "<128-bit hex token>:<fence>"
-    let (token, fence) = value.split_once(':').unwrap();
-    assert_eq!(token.len(), 32);
-    assert_eq!(fence.parse::<u64>().unwrap(), guard.fencing_token());
+    // The value is the acquisition's token, 128 random bits in hex; the fence is not in it.
+    assert_eq!(value.len(), 32, "{value}");
+    assert!(value.bytes().all(|b| b.is_ascii_hexdigit()));
+    let fence_keys: Vec<String> = redis.keys("dlock:__fence:*").unwrap();
+    assert_eq!(fence_keys.len(), 1, "{fence_keys:?}");
+    let counter: u64 = redis.get(&fence_keys[0]).unwrap();
+    assert_eq!(counter, guard.fencing_token());
     guard.release().await.unwrap();
     assert!(!redis.exists::<_, bool>(format!("dlock:{key}")).unwrap());
 }
@@ -190,6 +193,11 @@ async fn attempt_with_lost_reply_recognises_its_own_lock() {
     server.resume();
     let guard = waiting.await.unwrap();
     assert!(guard.is_ok(), "its own lock blocked it: {guard:?}");
+    // Its fence is the highest issued, whichever attempt's reply it read.
+    let mut redis = server.client().get_connection().unwrap();
+    let counters: Vec<String> = redis.keys("dlock:__fence:*").unwrap();
+    let issued: Vec<u64> = counters.iter().map(|k| redis.get(k).unwrap()).collect();
+    assert!(issued.contains(&guard.unwrap().fencing_token()), "{issued:?}");
 }
 
 /// An acquisition dropped while its request is in flight must not leave a lock behind.
@@ -299,7 +307,7 @@ async fn secrets_never_appear_in_errors() {
         .get_connection()
         .unwrap();
     let value: String = redis.get(format!("dlock:{key}")).unwrap();
-    let token = value.split(':').next().unwrap().to_owned();
+    let token = value;
     assert!(!format!("{guard:?}").contains(&token));
     assert!(!format!("{locker:?}").contains("pw-right"));
     tokio::time::sleep(Duration::from_millis(200)).await;

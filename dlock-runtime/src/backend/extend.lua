@@ -1,8 +1,6 @@
 -- Compare-and-extend. KEYS[1] lock key; ARGV[1] token; ARGV[2] new lease in milliseconds.
 -- Never re-creates a key that is gone: returns 1 if extended, 0 if the key is gone or not ours.
-local held = redis.call('GET', KEYS[1])
-local mine = ARGV[1] .. ':'
-if held and string.sub(held, 1, #mine) == mine then
+if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end

@@ -1,39 +1,40 @@
 -- Shared by the acquire scripts: prepended to acquire.lua and acquire_fair.lua (Redis scripts
--- cannot include one another). A lock's value is "<token>:<fence>".
+-- cannot include one another). A lock's value is its acquisition's token; the fencing token is
+-- issued from the counter in the same script, so fences follow the order in which holds begin.
+-- Acquire replies with one integer: > 0 the lock is ours and that is its fence; < 0 someone else
+-- holds it for another (-1 - reply) ms; 0 it is free but another fair waiter is first in line.
 
--- Takes `lock` for `token` for `lease` ms, with the next fence from `counter`. Returns {1, fence}.
-local function take(lock, counter, token, lease)
-  local fence = redis.call('INCR', counter)
-  if fence == 1 then
+-- The next fence from `counter`.
+local function fence(counter)
+  local f = redis.call('INCR', counter)
+  if f == 1 then
     -- A counter that starts over (new server, restart without persistence, eviction) starts from
     -- the server clock in microseconds, above anything the previous counter could have issued
     -- unless it issued more than one fence per microsecond on average.
     local now = redis.call('TIME')
-    fence = tonumber(now[1]) * 1000000 + tonumber(now[2])
-    redis.call('SET', counter, string.format('%.0f', fence))
+    f = tonumber(now[1]) * 1000000 + tonumber(now[2])
+    redis.call('SET', counter, string.format('%.0f', f))
   end
-  redis.call('SET', lock, token .. ':' .. string.format('%.0f', fence), 'PX', lease)
-  return {1, fence}
+  return f
 end
 
--- When `held` (the lock's value) is `token`'s, as after a retry whose first reply was lost:
--- resets the lease and returns {1, fence}. Otherwise nil.
-local function already_mine(lock, held, token, lease)
-  local mine = token .. ':'
-  if held and string.sub(held, 1, #mine) == mine then
+-- When `held` (the lock's value) is `token`, as after a retry whose first reply was lost:
+-- resets the lease and returns a new fence (nobody learnt the first one). Otherwise nil.
+local function already_mine(lock, counter, held, token, lease)
+  if held == token then
     redis.call('PEXPIRE', lock, lease)
-    return {1, tonumber(string.sub(held, #mine + 1))}
+    return fence(counter)
   end
   return nil
 end
 
--- Someone else holds `lock`: returns {0, remaining ms}. A lock left without expiry (a crashed
--- or foreign writer) is given `lease` first: the TTL recheck.
+-- Someone else holds `lock`: returns -1 - its remaining ms. A lock left without expiry (a
+-- crashed or foreign writer) is given `lease` first: the TTL recheck.
 local function refused(lock, lease)
   local ttl = redis.call('PTTL', lock)
   if ttl == -1 then
     redis.call('PEXPIRE', lock, lease)
     ttl = tonumber(lease)
   end
-  return {0, ttl}
+  return -1 - ttl
 end

@@ -190,16 +190,15 @@ impl Backend for RedisBackend {
             if let Some(live) = fair {
                 invocation.arg(lease_millis(live));
             }
-            let (acquired, value): (i64, i64) = self.call("acquire", invocation).await?;
-            Ok(if acquired == 1 {
-                Attempt::Acquired {
-                    fence: u64::try_from(value).unwrap_or(0),
-                }
-            } else {
-                // A negative value: free, but another fair waiter is first in line.
-                Attempt::Held {
-                    ttl: u64::try_from(value).ok().map(Duration::from_millis),
-                }
+            // lock.lua: > 0 ours, with that fence; < 0 held for another (-1 - reply) ms;
+            // 0 free, but another fair waiter is first in line.
+            let reply: i64 = self.call("acquire", invocation).await?;
+            Ok(match u64::try_from(reply) {
+                Ok(0) => Attempt::Held { ttl: None },
+                Ok(fence) => Attempt::Acquired { fence },
+                Err(_) => Attempt::Held {
+                    ttl: Some(Duration::from_millis(reply.unsigned_abs() - 1)),
+                },
             })
         })
     }

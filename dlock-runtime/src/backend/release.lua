@@ -5,10 +5,8 @@
 -- Publishes on the channel named like the lock key when the lock or the head of its line moved;
 -- the message is the first 8 hex digits of the token of the waiter now first in line (fair mode),
 -- or empty (anyone). Never the whole token: the token is what release and extend check.
-local held = redis.call('GET', KEYS[1])
-local mine = ARGV[1] .. ':'
 local deleted = 0
-if held and string.sub(held, 1, #mine) == mine then
+if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   deleted = 1
 end
