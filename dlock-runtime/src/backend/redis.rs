@@ -95,8 +95,10 @@ impl RedisBackend {
         let manager = self
             .connection
             .get_or_try_init(|| async {
+                // No response timeout here: `call` bounds each request (one timer per request,
+                // not two), including the wait for a connection being re-established.
                 let config = ConnectionManagerConfig::new()
-                    .set_response_timeout(Some(self.request_timeout))
+                    .set_response_timeout(None)
                     .set_connection_timeout(Some(self.request_timeout))
                     .set_number_of_retries(1)
                     .set_min_delay(Duration::from_millis(10))
@@ -256,19 +258,32 @@ pub(crate) fn slot(key: &[u8]) -> u16 {
 }
 
 fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &b in bytes {
-        crc ^= u16::from(b) << 8;
-        for _ in 0..8 {
+    bytes.iter().fold(0u16, |crc, &b| {
+        (crc << 8) ^ CRC16_TABLE[usize::from((crc >> 8) as u8 ^ b)]
+    })
+}
+
+/// CRC16-XMODEM of every byte value, built at compile time.
+const CRC16_TABLE: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        #[allow(clippy::cast_possible_truncation)]
+        let mut crc = (i as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
             crc = if crc & 0x8000 != 0 {
                 (crc << 1) ^ 0x1021
             } else {
                 crc << 1
             };
+            bit += 1;
         }
+        table[i] = crc;
+        i += 1;
     }
-    crc
-}
+    table
+};
 
 /// A short hash tag that lands in `slot`: the first base-36 number, counting up, whose CRC16
 /// falls in it. The table is built once (about 170 000 CRCs of 1–4 bytes).
