@@ -275,59 +275,72 @@ fn locker(url: &str, notify: bool) -> Result<Locker, LockError> {
         .build()
 }
 
-/// W1: one client, fresh key per cycle.
-async fn w1(url: &str, variant: Variant, sizes: Sizes, run: usize) -> Result<Row, Error> {
+/// W1: one client, fresh key per cycle. The three variants take turns cycle by cycle (in a
+/// rotating order) on one task, so that a change in how the machine schedules the client, the
+/// connection tasks and the server, which moves a cycle's latency by up to 2× between runs on
+/// a 2-core VM, hits them alike. Each variant's rate is its cycles over the time spent in them.
+async fn w1(url: &str, sizes: Sizes, run: usize) -> Result<Vec<Row>, Error> {
+    let variants = [Variant::Floor, Variant::Api, Variant::Attribute];
     let mut redis = connection(url).await?;
     let mut stats = connection(url).await?;
     let release = redis::Script::new(RELEASE);
     let locker = locker(url, true)?;
     // Warm up: connections made, scripts loaded.
     for i in 0..20 {
-        one_w1(
-            &mut redis,
-            &release,
-            &locker,
-            variant,
-            &format!("bench:w1:warm:{run}:{i}"),
-            i,
-        )
-        .await?;
+        for variant in variants {
+            let key = format!("w1warm:{run}:{}:{i}", variant as usize);
+            one_w1(&mut redis, &release, &locker, variant, &key, i).await?;
+        }
     }
-    let before = commands_so_far(&mut stats).await?;
-    let mut latencies = Vec::with_capacity(sizes.w1_cycles);
+    let mut latencies: Vec<Vec<Duration>> = vec![Vec::with_capacity(sizes.w1_cycles); 3];
     let started = Instant::now();
     for i in 0..sizes.w1_cycles {
         if started.elapsed() > sizes.time_cap {
             break;
         }
-        let t = Instant::now();
-        one_w1(
-            &mut redis,
-            &release,
-            &locker,
-            variant,
-            &format!("w1:{run}:{i}"),
-            i + run * 1_000_000,
-        )
-        .await?;
-        latencies.push(t.elapsed());
+        for turn in 0..variants.len() {
+            let v = (i + turn) % variants.len();
+            let key = format!("w1:{run}:{v}:{i}");
+            let t = Instant::now();
+            one_w1(
+                &mut redis,
+                &release,
+                &locker,
+                variants[v],
+                &key,
+                i + run * 1_000_000,
+            )
+            .await?;
+            latencies[v].push(t.elapsed());
+        }
     }
-    let elapsed = started.elapsed();
-    let after = commands_so_far(&mut stats).await?;
-    latencies.sort();
-    #[allow(clippy::cast_precision_loss)]
-    let n = latencies.len() as f64;
-    Ok(Row {
-        workload: "W1 1 client, fresh keys",
-        variant: variant.name(),
-        ops: latencies.len(),
-        per_sec: n / elapsed.as_secs_f64(),
-        p50: Some(percentile(&latencies, 0.5)),
-        p99: Some(percentile(&latencies, 0.99)),
+    let mut rows = Vec::new();
+    for (v, mut latencies) in latencies.into_iter().enumerate() {
+        // Commands per acquisition, counted on a short run of this variant alone.
+        let before = commands_so_far(&mut stats).await?;
+        let counted = 50;
+        for i in 0..counted {
+            let key = format!("w1count:{run}:{v}:{i}");
+            one_w1(&mut redis, &release, &locker, variants[v], &key, usize::MAX / 2 - i).await?;
+        }
+        let after = commands_so_far(&mut stats).await?;
+        let spent: Duration = latencies.iter().sum();
+        latencies.sort();
         #[allow(clippy::cast_precision_loss)]
-        commands_per_acquire: Some((after - before).saturating_sub(1) as f64 / n),
-        ..Row::default()
-    })
+        let n = latencies.len() as f64;
+        rows.push(Row {
+            workload: "W1 1 client, fresh keys",
+            variant: variants[v].name(),
+            ops: latencies.len(),
+            per_sec: n / spent.as_secs_f64(),
+            p50: Some(percentile(&latencies, 0.5)),
+            p99: Some(percentile(&latencies, 0.99)),
+            #[allow(clippy::cast_precision_loss)]
+            commands_per_acquire: Some((after - before).saturating_sub(1) as f64 / counted as f64),
+            ..Row::default()
+        });
+    }
+    Ok(rows)
 }
 
 async fn one_w1(
@@ -722,9 +735,12 @@ async fn bench(url: &str, args: &Args) -> Result<bool, Error> {
     let mut w2s: Vec<Vec<(Row, Vec<Duration>)>> = vec![Vec::new(); variants.len()];
     let mut w3s: Vec<Vec<(Row, Vec<Duration>)>> = vec![Vec::new(); modes.len()];
     for round in 0..args.rounds {
+        eprint!(".");
+        for (i, row) in w1(url, sizes, round).await?.into_iter().enumerate() {
+            w1s[i].push((row, Vec::new()));
+        }
         for (i, variant) in variants.into_iter().enumerate() {
             eprint!(".");
-            w1s[i].push((w1(url, variant, sizes, round * 10 + i).await?, Vec::new()));
             w2s[i].push((w2(url, variant, sizes, round * 10 + i).await?, Vec::new()));
         }
         for (i, mode) in modes.into_iter().enumerate() {
