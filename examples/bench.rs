@@ -321,7 +321,15 @@ async fn w1(url: &str, sizes: Sizes, run: usize) -> Result<Vec<Row>, Error> {
         let counted = 50;
         for i in 0..counted {
             let key = format!("w1count:{run}:{v}:{i}");
-            one_w1(&mut redis, &release, &locker, variants[v], &key, usize::MAX / 2 - i).await?;
+            one_w1(
+                &mut redis,
+                &release,
+                &locker,
+                variants[v],
+                &key,
+                usize::MAX / 2 - i,
+            )
+            .await?;
         }
         let after = commands_so_far(&mut stats).await?;
         let spent: Duration = latencies.iter().sum();
@@ -489,6 +497,8 @@ async fn w3(
             .await?;
         clients.push((redis, locker));
     }
+    let mut stats = connection(url).await?;
+    let commands_before = commands_so_far(&mut stats).await?;
     let started = Instant::now();
     let cap = sizes.time_cap;
     let tasks: Vec<_> = clients
@@ -559,6 +569,7 @@ async fn w3(
         t.await??;
     }
     let elapsed = started.elapsed();
+    let commands = commands_so_far(&mut stats).await? - commands_before;
     let mut sections = std::mem::take(
         &mut *log
             .lock()
@@ -591,6 +602,10 @@ async fn w3(
         handoff_p99: (!handoffs.is_empty()).then(|| percentile(&handoffs, 0.99)),
         other_share: Some(to_other as f64 / (sections.len().max(2) - 1) as f64),
         exact: Some(counted == sections.len() as u64),
+        // The body's GET and SET are not the lock's: 2 per section.
+        commands_per_acquire: Some(
+            (commands.saturating_sub(1) as f64 / sections.len().max(1) as f64 - 2.0).max(0.0),
+        ),
         ..Row::default()
     };
     Ok((row, waits))

@@ -243,8 +243,14 @@ impl Locker {
             lease: lease_len,
             fair: fair.then(|| waiter_liveness(settings)),
         };
-        let mut watch = None;
-        let mut watch_asked = !settings.notify;
+        // A subscription already up (another waiter's, or a recent one's) covers the first
+        // attempt; otherwise the first refusal asks for one.
+        let mut watch = if settings.notify {
+            self.backend().watching(key)
+        } else {
+            None
+        };
+        let mut watch_asked = !settings.notify || watch.is_some();
         let mut attempts: u32 = 0;
         let mut last_error = None;
         loop {

@@ -197,7 +197,10 @@ async fn attempt_with_lost_reply_recognises_its_own_lock() {
     let mut redis = server.client().get_connection().unwrap();
     let counters: Vec<String> = redis.keys("dlock:__fence:*").unwrap();
     let issued: Vec<u64> = counters.iter().map(|k| redis.get(k).unwrap()).collect();
-    assert!(issued.contains(&guard.unwrap().fencing_token()), "{issued:?}");
+    assert!(
+        issued.contains(&guard.unwrap().fencing_token()),
+        "{issued:?}"
+    );
 }
 
 /// An acquisition dropped while its request is in flight must not leave a lock behind.

@@ -118,6 +118,73 @@ async fn lost_subscription_degrades_and_recovers() {
     );
 }
 
+fn subscribers(server: &RedisServer, channel: &str) -> usize {
+    let mut redis = server.client().get_connection().unwrap();
+    let (_, n): (String, usize) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query(&mut redis)
+        .unwrap();
+    n
+}
+
+/// After its last waiter leaves, a key's channel stays subscribed for a moment (a contended key
+/// is likely contended again), then it is unsubscribed.
+#[tokio::test]
+async fn a_channel_lingers_after_its_last_waiter_then_goes() {
+    let server = RedisServer::start();
+    let (holder, waiter) = (server.locker(), slow_poller(Some(&server.url()), true));
+    let key = unique_key("linger");
+    let woke = wake_up_time(&holder, &waiter, &key).await;
+    assert!(woke < Duration::from_secs(1), "woken after {woke:?}");
+    let channel = format!("dlock:{key}");
+    assert_eq!(subscribers(&server, &channel), 1, "unsubscribed at once");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while subscribers(&server, &channel) != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "still subscribed 10s after the last waiter"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A waiter that finds its key's channel still subscribed is covered from its first attempt:
+/// no SUBSCRIBE, and no second attempt (to cover a release before the subscription) until the
+/// release wakes it.
+#[tokio::test]
+async fn a_lingering_subscription_covers_the_next_waiter_from_its_first_attempt() {
+    let server = RedisServer::start();
+    let (holder, waiter) = (server.locker(), slow_poller(Some(&server.url()), true));
+    let key = unique_key("covered");
+    wake_up_time(&holder, &waiter, &key).await;
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let (subscribes, attempts) = (server.calls("subscribe"), server.calls("evalsha"));
+    let waiting = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        tokio::spawn(async move {
+            let guard = waiter
+                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(20)))
+                .await
+                .unwrap();
+            let at = Instant::now();
+            guard.release().await.unwrap();
+            at
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        server.calls("subscribe") - subscribes,
+        0,
+        "subscribed again"
+    );
+    assert_eq!(server.calls("evalsha") - attempts, 1, "attempts while held");
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let woke = waiting.await.unwrap() - released_at;
+    assert!(woke < Duration::from_secs(1), "woken after {woke:?}");
+}
+
 fn fair_waiter(server: &RedisServer, key: &str, name: &str) -> Child {
     Command::new(env!("CARGO_BIN_EXE_dlock-worker"))
         .args([&server.url(), key, name, "fair-waiter"])

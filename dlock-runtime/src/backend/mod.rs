@@ -45,7 +45,8 @@ pub(crate) struct Request<'a> {
 ///   fair queue when `fair`, and wake the key's waiters.
 /// - `extend`: reset the lease only while the key holds `token`; never re-creates the key.
 /// - `watch`: a wake-up for releases of `key`, shared by this client's waiters; `None` when
-///   notifications are unavailable (waiters poll then).
+///   notifications are unavailable (waiters poll then). `watching`: the same when it needs no
+///   I/O (the subscription is up already).
 pub(crate) trait Backend: Send + Sync + 'static {
     fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Attempt, BackendError>>;
 
@@ -57,6 +58,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<bool, BackendError>>;
 
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Option<Watch>>;
+
+    /// A wake-up for releases of `key` that is in place already (no I/O), so a waiter armed
+    /// with it before its first attempt misses no release; `None` otherwise.
+    fn watching(&self, _key: &str) -> Option<Watch> {
+        None
+    }
 
     fn extend<'a>(
         &'a self,

@@ -242,6 +242,10 @@ impl Backend for RedisBackend {
         })
     }
 
+    fn watching(&self, key: &str) -> Option<Watch> {
+        self.notifier.as_ref()?.watching(key)
+    }
+
     fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Option<Watch>> {
         Box::pin(async move {
             match &self.notifier {

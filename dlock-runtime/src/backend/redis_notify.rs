@@ -5,6 +5,11 @@
 //! that arrives just as the last one leaves is never left unsubscribed. When the connection
 //! drops, every waiter is woken (they fall back to polling), and the task reconnects and
 //! resubscribes while anyone still waits.
+//!
+//! A channel stays subscribed for [`LINGER`] after its last waiter leaves: a key that is
+//! contended now is likely contended again soon, and a waiter that finds its channel already
+//! subscribed is covered from its first attempt (no SUBSCRIBE, and no second attempt to cover
+//! a release that came before the subscription).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -12,19 +17,29 @@ use std::{
     time::Duration,
 };
 
+use tokio::time::Instant;
+
 use futures_util::StreamExt as _;
 use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::backend::{NextInLine, Watch};
 
+/// How long a channel stays subscribed after its last waiter left.
+const LINGER: Duration = Duration::from_secs(2);
+
 enum Op {
     Subscribe(String, oneshot::Sender<bool>),
-    Unsubscribe(String),
+    /// The last waiter of a channel left: its linger starts.
+    Idle,
 }
 
 struct Channel {
     waiters: usize,
+    /// The server confirmed the subscription and the connection has not dropped since.
+    confirmed: bool,
+    /// When the last waiter left, while nobody waits.
+    idle_since: Option<Instant>,
     notify: Arc<Notify>,
     /// The fair waiter the last release named as next in line (the message's payload).
     next: NextInLine,
@@ -89,6 +104,24 @@ impl Notifier {
         control.ops.clone()
     }
 
+    /// A wake-up for releases of `key` when the channel is subscribed already (a waiter is on
+    /// it, or one left less than [`LINGER`] ago); no I/O.
+    pub(crate) fn watching(&self, key: &str) -> Option<Watch> {
+        let (notify, next) = {
+            let mut channels = self.shared.channels();
+            let channel = channels.get_mut(key).filter(|c| c.confirmed)?;
+            channel.waiters += 1;
+            channel.idle_since = None;
+            (channel.notify.clone(), channel.next.clone())
+        };
+        let registration = Registration {
+            shared: self.shared.clone(),
+            ops: self.ops(),
+            key: key.to_owned(),
+        };
+        Some(Watch::new(notify, next, registration))
+    }
+
     /// A wake-up for releases of `key`, once the server has confirmed the subscription; `None`
     /// when notifications cannot be had now.
     pub(crate) async fn watch(&self, key: &str) -> Option<Watch> {
@@ -96,10 +129,13 @@ impl Notifier {
             let mut channels = self.shared.channels();
             let channel = channels.entry(key.to_owned()).or_insert_with(|| Channel {
                 waiters: 0,
+                confirmed: false,
+                idle_since: None,
                 notify: Arc::new(Notify::new()),
                 next: NextInLine::default(),
             });
             channel.waiters += 1;
+            channel.idle_since = None;
             (channel.notify.clone(), channel.next.clone())
         };
         let ops = self.ops();
@@ -118,7 +154,7 @@ impl Notifier {
     }
 }
 
-/// One waiter's interest in a channel; the last one to go asks for the UNSUBSCRIBE.
+/// One waiter's interest in a channel; the last one to go starts the channel's linger.
 struct Registration {
     shared: Arc<Shared>,
     ops: mpsc::UnboundedSender<Op>,
@@ -130,13 +166,13 @@ impl Drop for Registration {
         let mut channels = self.shared.channels();
         let last = channels.get_mut(&self.key).is_some_and(|c| {
             c.waiters -= 1;
+            if c.waiters == 0 {
+                c.idle_since = Some(Instant::now());
+            }
             c.waiters == 0
         });
         if last {
-            channels.remove(&self.key);
-            let _ = self
-                .ops
-                .send(Op::Unsubscribe(std::mem::take(&mut self.key)));
+            let _ = self.ops.send(Op::Idle);
         }
     }
 }
@@ -166,19 +202,56 @@ async fn subscribe(shared: &Shared, sink: &mut PubSubSink, key: &str) -> bool {
     }
 }
 
+/// Marks `key`'s channel confirmed after the server accepted the subscription.
+fn confirm(shared: &Shared, key: &str) {
+    if let Some(channel) = shared.channels().get_mut(key) {
+        channel.confirmed = true;
+    }
+}
+
+/// Forgets the channels whose linger is over and returns them; `next` becomes the end of the
+/// earliest linger still running.
+fn expired(shared: &Shared, next: &mut Option<Instant>) -> Vec<String> {
+    let now = Instant::now();
+    let mut channels = shared.channels();
+    let gone: Vec<String> = channels
+        .iter()
+        .filter(|(_, c)| c.waiters == 0 && c.idle_since.is_some_and(|t| t + LINGER <= now))
+        .map(|(k, _)| k.clone())
+        .collect();
+    for key in &gone {
+        channels.remove(key);
+    }
+    *next = channels
+        .values()
+        .filter(|c| c.waiters == 0)
+        .filter_map(|c| c.idle_since)
+        .min()
+        .map(|t| t + LINGER);
+    gone
+}
+
 /// The task that owns the pub/sub connection.
 async fn run(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<Op>) {
     let mut connection: Option<(PubSubSink, PubSubStream)> = None;
     let mut subscribed: HashSet<String> = HashSet::new();
     let mut retry = Duration::from_millis(50);
+    let mut next_sweep: Option<Instant> = None;
     loop {
         if connection.is_none() {
-            let wanted: Vec<String> = shared.channels().keys().cloned().collect();
+            let wanted: Vec<String> = {
+                let mut channels = shared.channels();
+                // Lingering channels are not worth a reconnection.
+                channels.retain(|_, c| c.waiters > 0);
+                channels.keys().cloned().collect()
+            };
+            next_sweep = None;
             if !wanted.is_empty() {
                 // Someone waits: reconnect and resubscribe, or poll for a while and try again.
                 if let Some((mut sink, stream)) = connect(&shared).await {
                     for key in wanted {
                         if subscribe(&shared, &mut sink, &key).await {
+                            confirm(&shared, &key);
                             subscribed.insert(key);
                         }
                     }
@@ -192,7 +265,7 @@ async fn run(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<Op>) {
                     op = ops.recv() => match op {
                         None => return,
                         Some(Op::Subscribe(_, reply)) => { let _ = reply.send(false); }
-                        Some(Op::Unsubscribe(_)) => {}
+                        Some(Op::Idle) => {}
                     },
                 }
                 retry = (retry * 2).min(Duration::from_secs(2));
@@ -201,7 +274,7 @@ async fn run(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<Op>) {
             // Nobody waits: connect when someone asks.
             match ops.recv().await {
                 None => return,
-                Some(Op::Unsubscribe(_)) => continue,
+                Some(Op::Idle) => continue,
                 Some(Op::Subscribe(key, reply)) => {
                     let Some((mut sink, stream)) = connect(&shared).await else {
                         let _ = reply.send(false);
@@ -209,6 +282,7 @@ async fn run(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<Op>) {
                     };
                     let ok = subscribe(&shared, &mut sink, &key).await;
                     if ok {
+                        confirm(&shared, &key);
                         subscribed.insert(key);
                     }
                     let _ = reply.send(ok);
@@ -220,6 +294,7 @@ async fn run(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<Op>) {
         let Some((sink, stream)) = connection.as_mut() else {
             continue;
         };
+        let sweep_at = next_sweep.unwrap_or_else(crate::guard::far_future);
         tokio::select! {
             message = stream.next() => match message {
                 Some(message) => {
@@ -234,25 +309,33 @@ async fn run(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<Op>) {
                     tracing::debug!("release notification connection lost; waiters poll until it is back");
                     connection = None;
                     subscribed.clear();
-                    for channel in shared.channels().values() {
+                    for channel in shared.channels().values_mut() {
+                        channel.confirmed = false;
                         *channel.next.lock().unwrap_or_else(PoisonError::into_inner) = None;
                         channel.notify.notify_waiters();
                     }
                 }
             },
+            () = tokio::time::sleep_until(sweep_at), if next_sweep.is_some() => {
+                for key in expired(&shared, &mut next_sweep) {
+                    if subscribed.remove(&key) {
+                        let _ = tokio::time::timeout(shared.request_timeout, sink.unsubscribe(&key)).await;
+                    }
+                }
+            }
             op = ops.recv() => match op {
                 None => return,
                 Some(Op::Subscribe(key, reply)) => {
                     let ok = subscribed.contains(&key) || subscribe(&shared, sink, &key).await;
                     if ok {
+                        confirm(&shared, &key);
                         subscribed.insert(key);
                     }
                     let _ = reply.send(ok);
                 }
-                Some(Op::Unsubscribe(key)) => {
-                    let unwanted = !shared.channels().contains_key(&key);
-                    if unwanted && subscribed.remove(&key) {
-                        let _ = tokio::time::timeout(shared.request_timeout, sink.unsubscribe(&key)).await;
+                Some(Op::Idle) => {
+                    if next_sweep.is_none() {
+                        next_sweep = Some(Instant::now() + LINGER);
                     }
                 }
             },
