@@ -148,13 +148,19 @@ struct Row {
     other_share: Option<f64>,
     exact: Option<bool>,
     commands_per_acquire: Option<f64>,
+    /// CPU time per operation: the Redis server's (`INFO cpu`) and this program's.
+    server_cpu: Option<Duration>,
+    client_cpu: Option<Duration>,
 }
 
 impl Row {
     fn json(&self, floor: f64) -> String {
         let opt = |d: Option<Duration>| d.map_or("null".to_owned(), |d| format!("{:.3}", ms(d)));
+        let us = |d: Option<Duration>| {
+            d.map_or("null".to_owned(), |d| format!("{:.2}", d.as_secs_f64() * 1e6))
+        };
         format!(
-            "{{\"workload\":\"{}\",\"variant\":\"{}\",\"ops\":{},\"per_sec\":{:.1},\"ratio_to_floor\":{:.3},\"p50_ms\":{},\"p99_ms\":{},\"wait_max_ms\":{},\"handoff_p50_ms\":{},\"handoff_p99_ms\":{},\"other_share\":{},\"exact\":{},\"commands_per_acquire\":{}}}",
+            "{{\"workload\":\"{}\",\"variant\":\"{}\",\"ops\":{},\"per_sec\":{:.1},\"ratio_to_floor\":{:.3},\"p50_ms\":{},\"p99_ms\":{},\"wait_max_ms\":{},\"handoff_p50_ms\":{},\"handoff_p99_ms\":{},\"other_share\":{},\"exact\":{},\"commands_per_acquire\":{},\"server_cpu_us\":{},\"client_cpu_us\":{}}}",
             self.workload,
             self.variant,
             self.ops,
@@ -170,6 +176,8 @@ impl Row {
             self.exact.map_or("null".to_owned(), |e| e.to_string()),
             self.commands_per_acquire
                 .map_or("null".to_owned(), |c| format!("{c:.2}")),
+            us(self.server_cpu),
+            us(self.client_cpu),
         )
     }
 }
@@ -239,6 +247,27 @@ fn sum_commands(server_info: &str) -> u64 {
                 .ok()
         })
         .sum()
+}
+
+/// The server's CPU time so far (`used_cpu_sys` + `used_cpu_user`).
+async fn server_cpu_so_far(redis: &mut redis::aio::MultiplexedConnection) -> Result<Duration, Error> {
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(redis).await?;
+    let seconds: f64 = info
+        .lines()
+        .filter(|l| l.starts_with("used_cpu_sys:") || l.starts_with("used_cpu_user:"))
+        .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
+        .sum();
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+/// This process's CPU time so far, summed over its threads (Linux; `None` elsewhere).
+fn client_cpu_so_far() -> Option<Duration> {
+    let mut nanos = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        nanos += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(Duration::from_nanos(nanos))
 }
 
 async fn commands_so_far(redis: &mut redis::aio::MultiplexedConnection) -> Result<u64, Error> {
@@ -384,6 +413,9 @@ async fn w2(url: &str, variant: Variant, sizes: Sizes, run: usize) -> Result<Row
         one_w2_warm(&mut redis, &release, &locker, variant, run, c).await?;
         clients.push((redis, locker, release));
     }
+    let mut stats = connection(url).await?;
+    let server_before = server_cpu_so_far(&mut stats).await?;
+    let client_before = client_cpu_so_far();
     let started = Instant::now();
     let cap = sizes.time_cap;
     let tasks: Vec<_> = clients
@@ -416,12 +448,18 @@ async fn w2(url: &str, variant: Variant, sizes: Sizes, run: usize) -> Result<Row
     for t in tasks {
         ops += t.await??;
     }
+    let elapsed = started.elapsed();
+    let client = client_cpu_so_far().zip(client_before).map(|(a, b)| a - b);
+    let server = server_cpu_so_far(&mut stats).await? - server_before;
+    let per_op = |d: Duration| d / u32::try_from(ops.max(1)).unwrap_or(u32::MAX);
     #[allow(clippy::cast_precision_loss)]
     Ok(Row {
         workload: "W2 16 clients, distinct keys",
         variant: variant.name(),
         ops,
-        per_sec: ops as f64 / started.elapsed().as_secs_f64(),
+        per_sec: ops as f64 / elapsed.as_secs_f64(),
+        server_cpu: Some(per_op(server)),
+        client_cpu: client.map(per_op),
         ..Row::default()
     })
 }
@@ -613,9 +651,12 @@ async fn w3(
 
 fn table(rows: &[Row], floors: &[(&'static str, f64)]) -> String {
     let mut out = String::from(
-        "| workload | variant | ops | per s | × floor | p50 ms | p99 ms | wait max ms | hand-off p50 ms | hand-off p99 ms | to another client | exact | cmds/acq |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n",
+        "| workload | variant | ops | per s | × floor | p50 ms | p99 ms | wait max ms | hand-off p50 ms | hand-off p99 ms | to another client | exact | cmds/acq | server CPU µs/op | client CPU µs/op |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
     );
     let cell = |d: Option<Duration>| d.map_or("–".to_owned(), |d| format!("{:.2}", ms(d)));
+    let us = |d: Option<Duration>| {
+        d.map_or("–".to_owned(), |d| format!("{:.1}", d.as_secs_f64() * 1e6))
+    };
     for r in rows {
         let floor = floors
             .iter()
@@ -623,7 +664,7 @@ fn table(rows: &[Row], floors: &[(&'static str, f64)]) -> String {
             .map_or(1.0, |(_, f)| *f);
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.0} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.workload,
             r.variant,
             r.ops,
@@ -643,6 +684,8 @@ fn table(rows: &[Row], floors: &[(&'static str, f64)]) -> String {
             }),
             r.commands_per_acquire
                 .map_or("–".to_owned(), |c| format!("{c:.1}")),
+            us(r.server_cpu),
+            us(r.client_cpu),
         );
     }
     out
