@@ -157,7 +157,9 @@ impl Row {
     fn json(&self, floor: f64) -> String {
         let opt = |d: Option<Duration>| d.map_or("null".to_owned(), |d| format!("{:.3}", ms(d)));
         let us = |d: Option<Duration>| {
-            d.map_or("null".to_owned(), |d| format!("{:.2}", d.as_secs_f64() * 1e6))
+            d.map_or("null".to_owned(), |d| {
+                format!("{:.2}", d.as_secs_f64() * 1e6)
+            })
         };
         format!(
             "{{\"workload\":\"{}\",\"variant\":\"{}\",\"ops\":{},\"per_sec\":{:.1},\"ratio_to_floor\":{:.3},\"p50_ms\":{},\"p99_ms\":{},\"wait_max_ms\":{},\"handoff_p50_ms\":{},\"handoff_p99_ms\":{},\"other_share\":{},\"exact\":{},\"commands_per_acquire\":{},\"server_cpu_us\":{},\"client_cpu_us\":{}}}",
@@ -250,7 +252,9 @@ fn sum_commands(server_info: &str) -> u64 {
 }
 
 /// The server's CPU time so far (`used_cpu_sys` + `used_cpu_user`).
-async fn server_cpu_so_far(redis: &mut redis::aio::MultiplexedConnection) -> Result<Duration, Error> {
+async fn server_cpu_so_far(
+    redis: &mut redis::aio::MultiplexedConnection,
+) -> Result<Duration, Error> {
     let info: String = redis::cmd("INFO").arg("cpu").query_async(redis).await?;
     let seconds: f64 = info
         .lines()
@@ -655,7 +659,9 @@ fn table(rows: &[Row], floors: &[(&'static str, f64)]) -> String {
     );
     let cell = |d: Option<Duration>| d.map_or("–".to_owned(), |d| format!("{:.2}", ms(d)));
     let us = |d: Option<Duration>| {
-        d.map_or("–".to_owned(), |d| format!("{:.1}", d.as_secs_f64() * 1e6))
+        d.map_or("–".to_owned(), |d| {
+            format!("{:.1}", d.as_secs_f64() * 1e6)
+        })
     };
     for r in rows {
         let floor = floors

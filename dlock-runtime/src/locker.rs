@@ -47,7 +47,8 @@ use crate::{
 /// - **Backend errors** while waiting are retried until the deadline; the last one is returned as
 ///   [`LockError::Backend`] when the deadline passes.
 /// - **Notifications**: a waiter refused once subscribes to the key's release channel (one
-///   pub/sub connection per locker) and is woken by releases; the pause is the fallback.
+///   pub/sub connection per locker; a channel stays subscribed 2s after its last waiter) and is
+///   woken by releases; the pause is the fallback. Woken waiters race, unless `fair`.
 /// - **Re-entry**: inside a `#[dlock]` body or [`LockGuard::scope`], acquiring a key that scope
 ///   holds through this locker (or a clone) returns at once; nowhere else.
 #[derive(Clone)]
