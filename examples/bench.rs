@@ -325,7 +325,9 @@ async fn w1(url: &str, sizes: Sizes, run: usize) -> Result<Vec<Row>, Error> {
             one_w1(&mut redis, &release, &locker, variant, &key, i).await?;
         }
     }
-    let mut latencies: Vec<Vec<Duration>> = vec![Vec::with_capacity(sizes.w1_cycles); 3];
+    let mut latencies: Vec<Vec<Duration>> = (0..variants.len())
+        .map(|_| Vec::with_capacity(sizes.w1_cycles))
+        .collect();
     let started = Instant::now();
     for i in 0..sizes.w1_cycles {
         if started.elapsed() > sizes.time_cap {
