@@ -352,3 +352,29 @@ fn four_processes_exclude_each_other_through_the_api() {
 fn four_processes_exclude_each_other_through_the_attribute() {
     worker_processes("attr");
 }
+
+/// One locker used on several runtimes in turn (a global locker shared by `#[tokio::test]`s, each
+/// with its own runtime): the connection that died with the previous runtime is replaced, so
+/// the one attempt `try_acquire` makes on the next runtime works.
+#[test]
+fn a_locker_works_on_the_next_runtime_after_its_first_one_ended() {
+    let server = RedisServer::start();
+    let locker = server.locker();
+    for round in 0..3 {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let got = runtime.block_on(async {
+            match locker
+                .try_acquire(&unique_key("runtimes"), Duration::from_secs(5))
+                .await
+            {
+                Ok(Some(guard)) => guard.release().await.map(|()| true),
+                Ok(None) => Ok(false),
+                Err(e) => Err(e),
+            }
+        });
+        assert!(matches!(got, Ok(true)), "round {round}: {got:?}");
+    }
+}

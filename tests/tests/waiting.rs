@@ -416,8 +416,6 @@ fn notifications_survive_the_end_of_the_runtime_they_started_on() {
     for round in 0..2 {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let woke = runtime.block_on(async {
-            // The locker's connection also died with the old runtime: its first request fails
-            // and reconnects (one retry pause). Warm it up so only notifications are measured.
             dlock_tests::acquire_and_release(&waiter, &unique_key("warm")).await;
             let holder = server.locker();
             wake_up_time(&holder, &waiter, &unique_key("runtimes")).await

@@ -7,7 +7,6 @@ use redis::{
     Script,
     aio::{ConnectionManager, ConnectionManagerConfig},
 };
-use tokio::sync::OnceCell;
 
 use super::{Attempt, Backend, BoxFuture, Request, Token, Watch, lease_millis};
 use notify::Notifier;
@@ -44,9 +43,28 @@ fn extend_script() -> &'static Script {
     EXTEND.get_or_init(|| Script::new(include_str!("extend.lua")))
 }
 
+/// The connection manager and a task that never ends on the runtime it was made on: once that
+/// task is finished, the runtime is gone and so is the manager's connection task.
+struct Connection {
+    manager: ConnectionManager,
+    runtime: tokio::task::JoinHandle<()>,
+}
+
+impl Connection {
+    fn alive(&self) -> bool {
+        !self.runtime.is_finished()
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.runtime.abort();
+    }
+}
+
 pub(crate) struct RedisBackend {
     client: redis::Client,
-    connection: OnceCell<ConnectionManager>,
+    connection: std::sync::Mutex<Option<Connection>>,
     request_timeout: Duration,
     fence_prefix: String,
     /// Release notifications; `None` when turned off (`DLOCK_NOTIFY=off`).
@@ -56,7 +74,13 @@ pub(crate) struct RedisBackend {
 impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("connected", &self.connection.initialized())
+            .field(
+                "connected",
+                &self
+                    .connection
+                    .lock()
+                    .is_ok_and(|c| c.as_ref().is_some_and(Connection::alive)),
+            )
             .field("request_timeout", &self.request_timeout)
             .finish_non_exhaustive()
     }
@@ -84,31 +108,41 @@ impl RedisBackend {
         Ok(Self {
             notifier: notify.then(|| Notifier::new(client.clone(), request_timeout)),
             client,
-            connection: OnceCell::new(),
+            connection: std::sync::Mutex::new(None),
             request_timeout,
             fence_prefix: format!("{key_prefix}{}", super::FENCE_PREFIX),
         })
     }
 
-    /// The shared connection, made lazily on first use; it reconnects by itself afterwards.
-    async fn connection(&self) -> Result<ConnectionManager, BackendError> {
-        let manager = self
+    /// The shared connection, made lazily on first use; it reconnects by itself afterwards. It
+    /// is made again when the runtime it was made on has shut down (its tasks died with it), as
+    /// when one locker serves several `#[tokio::test]`s in turn.
+    fn connection(&self) -> Result<ConnectionManager, BackendError> {
+        let mut slot = self
             .connection
-            .get_or_try_init(|| async {
-                // No response timeout here: `call` bounds each request (one timer per request,
-                // not two), including the wait for a connection being re-established.
-                let config = ConnectionManagerConfig::new()
-                    .set_response_timeout(None)
-                    .set_connection_timeout(Some(self.request_timeout))
-                    .set_number_of_retries(1)
-                    .set_min_delay(Duration::from_millis(10))
-                    .set_max_delay(Duration::from_millis(100));
-                ConnectionManager::new_lazy_with_config(self.client.clone(), config).map_err(|e| {
-                    BackendError::with_source("could not set up the Redis connection", e)
-                })
-            })
-            .await?;
-        Ok(manager.clone())
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(connection) = slot.as_ref().filter(|c| c.alive()) {
+            return Ok(connection.manager.clone());
+        }
+        // No response timeout here: `call` bounds each request (one timer per request, not
+        // two), including the wait for a connection being re-established.
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(None)
+            .set_connection_timeout(Some(self.request_timeout))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(100));
+        let manager = ConnectionManager::new_lazy_with_config(self.client.clone(), config)
+            .map_err(|e| BackendError::with_source("could not set up the Redis connection", e))?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            BackendError::new("the Redis backend runs on a tokio runtime; none is running")
+        })?;
+        *slot = Some(Connection {
+            manager: manager.clone(),
+            runtime: runtime.spawn(std::future::pending()),
+        });
+        Ok(manager)
     }
 
     /// Runs one script call, bounded by the request timeout even while the connection is being
@@ -118,7 +152,7 @@ impl RedisBackend {
         what: &'static str,
         invocation: redis::ScriptInvocation<'_>,
     ) -> Result<T, BackendError> {
-        let mut connection = self.connection().await?;
+        let mut connection = self.connection()?;
         // Two request timeouts: a NOSCRIPT answer costs a SCRIPT LOAD and a second EVALSHA.
         match tokio::time::timeout(
             self.request_timeout * 2,
