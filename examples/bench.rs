@@ -1,13 +1,14 @@
 //! The benchmark: dlock against the raw Redis commands, measured side by side in one run.
 //!
 //! ```sh
-//! cargo run --release --example bench                 # full run (about a minute)
+//! cargo run --release --example bench                 # full run (under a minute)
 //! cargo run --release --example bench -- --quick      # tiny counts: a correctness smoke test
 //! cargo run --release --example bench -- --json bench.jsonl --plot w3.svg
 //! ```
 //!
-//! Every variant runs `--rounds` times (3 by default), taking turns with the others so that a
-//! drift of the machine hits them alike; each figure is the median round.
+//! Every variant runs `--rounds` times (5 by default), taking turns with the others so that a
+//! drift of the machine hits them alike; each figure is the median round. In W1 the variants
+//! take turns cycle by cycle.
 //!
 //! It uses `DLOCK_REDIS_URL` (or `REDIS_URL`) when set, or else starts its own `redis-server` on a
 //! free loopback port. Every figure is also given as a ratio to the **floor**: the same work
@@ -15,7 +16,9 @@
 //! the two-round-trip limit of any Redis lock.
 //!
 //! - **W1**: one client, a fresh key per cycle: cycles/s and latency p50/p99.
-//! - **W2**: 16 clients with their own connections, distinct keys: cycles/s.
+//! - **W2**: 16 clients with their own connections, distinct keys: cycles/s, and the CPU time
+//!   per cycle of the Redis server (`INFO cpu`) and of this program (Linux), which tell what
+//!   limits it when clients and server share a small machine.
 //! - **W3**: 8 clients with their own connections on ONE key; the body is a non-atomic GET/SET of
 //!   a counter. Critical sections/s, whether the counter is exact, wait p50/p99/max, hand-off
 //!   p50/p99 (release by one client to acquisition by another), and the share of hand-offs that
@@ -57,7 +60,7 @@ impl Sizes {
         Self {
             w1_cycles: 5000,
             w2_clients: 16,
-            w2_cycles: 1000,
+            w2_cycles: 2000,
             w3_clients: 8,
             w3_sections: 2000,
             time_cap: Duration::from_secs(20),
@@ -86,7 +89,7 @@ struct Args {
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         sizes: Sizes::full(),
-        rounds: 3,
+        rounds: 5,
         json: None,
         plot: None,
     };
