@@ -23,21 +23,24 @@ fn slow_poller(url: Option<&str>, notify: bool) -> Locker {
     }
 }
 
+/// A task that waits for `key` (up to 20s), releases it, and returns when it got it.
+fn spawn_waiter(waiter: &Locker, key: &str) -> tokio::task::JoinHandle<Instant> {
+    let (waiter, key) = (waiter.clone(), key.to_owned());
+    tokio::spawn(async move {
+        let guard = waiter
+            .acquire(&key, LockOptions::new().timeout(Duration::from_secs(20)))
+            .await
+            .unwrap();
+        let at = Instant::now();
+        guard.release().await.unwrap();
+        at
+    })
+}
+
 /// How long a waiter took to get the lock after the holder released it.
 async fn wake_up_time(holder: &Locker, waiter: &Locker, key: &str) -> Duration {
     let held = holder.acquire(key, LockOptions::new()).await.unwrap();
-    let waiting = {
-        let (waiter, key) = (waiter.clone(), key.to_owned());
-        tokio::spawn(async move {
-            let guard = waiter
-                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(20)))
-                .await
-                .unwrap();
-            let at = Instant::now();
-            guard.release().await.unwrap();
-            at
-        })
-    };
+    let waiting = spawn_waiter(waiter, key);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let released_at = Instant::now();
     held.release().await.unwrap();
@@ -160,18 +163,7 @@ async fn a_lingering_subscription_covers_the_next_waiter_from_its_first_attempt(
     wake_up_time(&holder, &waiter, &key).await;
     let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
     let (subscribes, attempts) = (server.calls("subscribe"), server.calls("evalsha"));
-    let waiting = {
-        let (waiter, key) = (waiter.clone(), key.clone());
-        tokio::spawn(async move {
-            let guard = waiter
-                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(20)))
-                .await
-                .unwrap();
-            let at = Instant::now();
-            guard.release().await.unwrap();
-            at
-        })
-    };
+    let waiting = spawn_waiter(&waiter, &key);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         server.calls("subscribe") - subscribes,
