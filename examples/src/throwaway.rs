@@ -57,34 +57,8 @@ impl RedisServer {
         std::fs::create_dir_all(&dir)?;
         let child = command(port, &dir).spawn()?;
         let mut server = Self { port, child, dir };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if server.ping() {
-                return Ok(server);
-            }
-            if let Ok(Some(status)) = server.child.try_wait() {
-                return Err(std::io::Error::other(format!(
-                    "redis-server exited at start ({status}); port {port} may be taken"
-                )));
-            }
-            if Instant::now() > deadline {
-                return Err(std::io::Error::other(
-                    "redis-server did not answer PING within 10s",
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    fn ping(&self) -> bool {
-        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
-            return false;
-        };
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-        let mut reply = [0u8; 7];
-        stream.write_all(b"PING\r\n").is_ok()
-            && stream.read_exact(&mut reply).is_ok()
-            && &reply == b"+PONG\r\n"
+        wait_ready(port, &mut server.child)?;
+        Ok(server)
     }
 
     /// The loopback port it listens on.
@@ -110,6 +84,44 @@ impl RedisServer {
         let v = text.split_whitespace().find_map(|w| w.strip_prefix("v="))?;
         Some(v.to_owned())
     }
+}
+
+/// Waits (up to 10s) until the server on `port`, started as `child`, answers `PING`. The test
+/// harness waits for its servers with it too.
+///
+/// # Errors
+/// When the server exits first (the port may be taken) or does not answer in time.
+pub fn wait_ready(port: u16, child: &mut Child) -> std::io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if ping(port) {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(std::io::Error::other(format!(
+                "redis-server exited at start ({status}); port {port} may be taken"
+            )));
+        }
+        if Instant::now() > deadline {
+            return Err(std::io::Error::other(
+                "redis-server did not answer PING within 10s",
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `true` when a server on 127.0.0.1:`port` answers `PING` now (within a second).
+#[must_use]
+pub fn ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut reply = [0u8; 7];
+    stream.write_all(b"PING\r\n").is_ok()
+        && stream.read_exact(&mut reply).is_ok()
+        && &reply == b"+PONG\r\n"
 }
 
 /// The command line of a throwaway server: `port` on 127.0.0.1 only, no persistence (no RDB

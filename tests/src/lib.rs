@@ -11,7 +11,7 @@ use std::{
     path::PathBuf,
     process::{Child, Command, Stdio},
     sync::atomic::{AtomicU64, Ordering},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use dlock_runtime::Locker;
@@ -115,42 +115,22 @@ impl RedisServer {
         let child = dlock_examples::throwaway::command(self.port, &self.dir)
             .args(self.tls.iter().flat_map(|tls| tls.args.iter()))
             .spawn();
-        let child = match child {
+        let mut child = match child {
             Ok(child) => child,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_REDIS}"),
             Err(e) => panic!("could not start redis-server: {e}"),
         };
+        let ready = dlock_examples::throwaway::wait_ready(self.port, &mut child);
         self.child = Some(child);
-        self.wait_ready();
-    }
-
-    fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if self.ping() {
-                return;
-            }
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                panic!(
-                    "redis-server exited at start ({status}); is port {} taken?",
-                    self.port
-                );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "redis-server did not answer PING within 10s"
-            );
-            std::thread::sleep(Duration::from_millis(10));
+        if let Err(e) = ready {
+            panic!("{e}");
         }
     }
 
     /// `true` when the server answers PING now.
     #[must_use]
     pub fn ping(&self) -> bool {
-        self.command(&["PING"])
-            .is_some_and(|r| r.starts_with("+PONG"))
+        dlock_examples::throwaway::ping(self.port)
     }
 
     /// Sends one command over a fresh plain connection and returns the raw RESP reply
