@@ -11,7 +11,7 @@ use tracing::Instrument as _;
 
 use crate::{
     LockError, LockGuard, LockOptions,
-    backend::{Attempt, Backend, Request, Token, memory::MemoryBackend},
+    backend::{Attempt, Backend, FAIR_PREFIX, FENCE_PREFIX, Request, Token, memory::MemoryBackend},
     config::{BackendKind, RedisUrl, Settings},
     guard::{Hold, far_future},
     options::Lease,
@@ -198,22 +198,21 @@ impl Locker {
                 ),
             ));
         }
-        let full = format!("{}{key}", settings.key_prefix);
-        // dlock's own keys: the fencing counters (`<prefix>__fence:{tag}`) and the fair-mode
-        // companions (`{<lock key>}:queue`, `{<lock key>}:waiters`). A lock key must not be one.
-        let companion_like =
-            full.starts_with('{') && (full.ends_with(":queue") || full.ends_with(":waiters"));
-        if key.starts_with(crate::backend::FENCE_PREFIX) || companion_like {
+        // dlock's own keys: the fencing counters (`<prefix>__fence:{tag}`) and fair mode's
+        // queues (`<prefix>__fair:{…}…`). A lock key must not be one.
+        if [FENCE_PREFIX, FAIR_PREFIX]
+            .iter()
+            .any(|p| key.starts_with(p))
+        {
             return Err(LockError::invalid_key(
                 key,
                 format!(
-                    "keys starting with `{}` (after the prefix), and keys starting with `{{` and \
-                     ending in `:queue` or `:waiters`, are reserved for dlock's own bookkeeping",
-                    crate::backend::FENCE_PREFIX
+                    "keys starting with `{FENCE_PREFIX}` or `{FAIR_PREFIX}` (after the prefix) are \
+                     reserved for dlock's own bookkeeping"
                 ),
             ));
         }
-        Ok(full)
+        Ok(format!("{}{key}", settings.key_prefix))
     }
 
     async fn wait_for(

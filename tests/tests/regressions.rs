@@ -115,20 +115,10 @@ async fn a_guard_dropped_on_a_plain_thread_releases() {
 async fn keys_that_name_dlocks_own_keys_are_refused() {
     let server = RedisServer::start();
     let locker = server.locker();
-    for key in ["__fence:{0}", "__fence:x"] {
+    for key in ["__fence:{0}", "__fence:x", "__fair:{dlock:order:1}:queue"] {
         let err = locker.acquire(key, LockOptions::new()).await.unwrap_err();
         assert!(err.is_invalid_key(), "{key}: {err:?}");
     }
-    let braced = Locker::builder()
-        .redis_url(server.url())
-        .key_prefix("")
-        .build()
-        .unwrap();
-    let err = braced
-        .acquire("{dlock:order:1}:queue", LockOptions::new())
-        .await
-        .unwrap_err();
-    assert!(err.is_invalid_key(), "{err:?}");
     // A prefix with a hash tag (one slot for every lock) stays allowed.
     let tagged = Locker::builder()
         .redis_url(server.url())
@@ -199,4 +189,52 @@ fn builder_debug_hides_the_password() {
     assert!(!format!("{builder:?}").contains("S3CRET"));
     let locker = builder.build().unwrap();
     assert!(!format!("{locker:?}").contains("S3CRET"));
+}
+
+/// A key with a hash tag and a name like a fair queue's (`{user1}:cart:queue`) is an ordinary
+/// lock: fair mode's queue of `{user1}:cart` lives in dlock's reserved namespace, so the two
+/// never share a Redis key (they did: the queue was `dlock:{user1}:cart:queue`, a list, and the
+/// lock failed with WRONGTYPE until its deadline).
+#[tokio::test]
+async fn a_lock_named_like_a_fair_queue_is_its_own_key() {
+    let server = RedisServer::start();
+    let locker = server.locker();
+    let held = locker
+        .acquire("{user1}:cart", LockOptions::new().fair())
+        .await
+        .unwrap();
+    // A fair waiter queues behind the holder.
+    let queued = {
+        let locker = server.locker();
+        tokio::spawn(async move {
+            locker
+                .acquire(
+                    "{user1}:cart",
+                    LockOptions::new().fair().timeout(Duration::from_secs(10)),
+                )
+                .await
+                .map(drop)
+        })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !server
+        .command(&["KEYS", "dlock:__fair:*dlock:{user1}:cart:queue"])
+        .is_some_and(|reply| reply.contains(":queue"))
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let other = locker
+        .acquire(
+            "{user1}:cart:queue",
+            LockOptions::new().timeout(Duration::from_secs(1)),
+        )
+        .await;
+    assert!(other.is_ok(), "{other:?}");
+    other.unwrap().release().await.unwrap();
+    held.release().await.unwrap();
+    assert!(matches!(queued.await, Ok(Ok(()))));
 }

@@ -124,7 +124,7 @@ async fn fair_attribute_serves_callers_in_order() {
         // Each caller takes its place in the queue before the next one arrives.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while server
-            .command(&["LLEN", &format!("{{dlock:fair:{name}}}:queue")])
+            .command(&["LLEN", &format!("dlock:__fair:{{dlock:fair:{name}}}:queue")])
             .is_none_or(|r| r.trim() != format!(":{}", me + 1))
         {
             assert!(

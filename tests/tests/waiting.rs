@@ -185,7 +185,9 @@ fn fair_waiter(server: &RedisServer, key: &str, name: &str) -> Child {
 }
 
 fn queue_len(redis: &mut redis::Connection, key: &str) -> usize {
-    redis.llen(format!("{{dlock:{key}}}:queue")).unwrap()
+    redis
+        .llen(format!("dlock:__fair:{{dlock:{key}}}:queue"))
+        .unwrap()
 }
 
 async fn wait_for_queue(redis: &mut redis::Connection, key: &str, len: usize) {
@@ -383,7 +385,9 @@ async fn fair_release_messages_never_carry_a_whole_token() {
         }));
         wait_for_queue(&mut redis, &key, i + 1).await;
     }
-    let tokens: Vec<String> = redis.lrange(format!("{{{channel}}}:queue"), 0, -1).unwrap();
+    let tokens: Vec<String> = redis
+        .lrange(format!("dlock:__fair:{{{channel}}}:queue"), 0, -1)
+        .unwrap();
     assert_eq!(tokens.len(), 2);
     held.release().await.unwrap();
     for waiter in waiters {

@@ -13,6 +13,8 @@ pub(crate) mod redis;
 
 /// What follows the key prefix in the names of the fencing counters; lock keys may not start so.
 pub(crate) const FENCE_PREFIX: &str = "__fence:";
+/// What follows the key prefix in the names of fair mode's queue keys; lock keys may not start so.
+pub(crate) const FAIR_PREFIX: &str = "__fair:";
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

@@ -67,6 +67,7 @@ pub(crate) struct RedisBackend {
     connection: std::sync::Mutex<Option<Connection>>,
     request_timeout: Duration,
     fence_prefix: String,
+    fair_prefix: String,
     /// Release notifications; `None` when turned off (`DLOCK_NOTIFY=off`).
     notifier: Option<Notifier>,
 }
@@ -111,6 +112,7 @@ impl RedisBackend {
             connection: std::sync::Mutex::new(None),
             request_timeout,
             fence_prefix: format!("{key_prefix}{}", super::FENCE_PREFIX),
+            fair_prefix: format!("{key_prefix}{}", super::FAIR_PREFIX),
         })
     }
 
@@ -180,16 +182,18 @@ impl RedisBackend {
     }
 }
 
-/// A companion key of `key` in the same cluster slot: the lock key as hash tag, unless the lock
-/// key carries a hash tag of its own (which the companion then shares).
-fn companion(key: &str, suffix: &str) -> String {
-    if hash_tag(key.as_bytes()).is_some() {
-        format!("{key}:{suffix}")
-    } else if !key.contains(['{', '}']) {
-        format!("{{{key}}}:{suffix}")
+/// A fair-mode companion of the lock key `key` (`queue` or `waiters`), in dlock's reserved
+/// namespace (no lock key can be named so) and in `key`'s Cluster slot:
+/// `<prefix>__fair:{<key>}:<suffix>`, or `<prefix>__fair:{<a tag of its slot>}<key>:<suffix>`
+/// for a key with braces of its own.
+fn companion(fair_prefix: &str, key: &str, suffix: &str) -> String {
+    if key.contains(['{', '}']) {
+        format!(
+            "{fair_prefix}{{{}}}{key}:{suffix}",
+            slot_tag(slot(key.as_bytes()))
+        )
     } else {
-        // Braces that make no tag: the whole key is hashed, so lead with a tag of its slot.
-        format!("{{{}}}{key}:{suffix}", slot_tag(slot(key.as_bytes())))
+        format!("{fair_prefix}{{{key}}}:{suffix}")
     }
 }
 
@@ -216,8 +220,8 @@ impl Backend for RedisBackend {
             invocation.key(key);
             if fair.is_some() {
                 invocation
-                    .key(companion(key, "queue"))
-                    .key(companion(key, "waiters"));
+                    .key(companion(&self.fair_prefix, key, "queue"))
+                    .key(companion(&self.fair_prefix, key, "waiters"));
             }
             invocation
                 .key(self.fence_key(key))
@@ -250,8 +254,8 @@ impl Backend for RedisBackend {
             invocation.key(key);
             if fair {
                 invocation
-                    .key(companion(key, "queue"))
-                    .key(companion(key, "waiters"));
+                    .key(companion(&self.fair_prefix, key, "queue"))
+                    .key(companion(&self.fair_prefix, key, "waiters"));
             }
             invocation.arg(token.as_str());
             let deleted: i64 = self.call("release", invocation).await?;
@@ -373,13 +377,20 @@ mod tests {
 
     #[test]
     fn companions_share_the_lock_key_slot() {
-        for key in ["dlock:order:42", "dlock:{user1}:cart", "dlock:{}:x", "a{b"] {
-            assert_eq!(
-                slot(companion(key, "queue").as_bytes()),
-                slot(key.as_bytes()),
-                "{key}"
-            );
+        for (prefix, key) in [
+            ("dlock:", "dlock:order:42"),
+            ("dlock:", "dlock:{user1}:cart"),
+            ("dlock:", "dlock:{}:x"),
+            ("", "a{b"),
+            ("{app}:", "{app}:order:1"),
+        ] {
+            let queue = companion(&format!("{prefix}__fair:"), key, "queue");
+            assert_eq!(slot(queue.as_bytes()), slot(key.as_bytes()), "{key}");
         }
+        assert_eq!(
+            companion("dlock:__fair:", "dlock:order:42", "queue"),
+            "dlock:__fair:{dlock:order:42}:queue"
+        );
     }
 
     #[test]
