@@ -125,7 +125,7 @@ impl Locker {
     /// - [`LockError::Backend`] when the server could not be reached until the deadline;
     /// - [`LockError::InvalidKey`] for an empty key or one longer than `DLOCK_MAX_KEY_LEN`
     ///   (nothing is sent);
-    /// - [`LockError::Config`] for a zero lease.
+    /// - [`LockError::Config`] for a zero lease, or `max_hold` without `expire_auto`.
     pub async fn acquire(&self, key: &str, options: LockOptions) -> Result<LockGuard, LockError> {
         let full_key = self.full_key(key)?;
         let settings = &self.inner.settings;
@@ -136,6 +136,12 @@ impl Locker {
             Lease::Auto => settings.expire,
         };
         crate::options::check_lease(lease_len)?;
+        if options.max_hold.is_some() && lease != Lease::Auto {
+            // A fixed lease already ends on its own; a ceiling on renewal would be ignored.
+            return Err(LockError::config(
+                "max_hold: only a renewed lease (`expire_auto`) has a ceiling to set",
+            ));
+        }
         if let Some(guard) = self.reenter(&full_key) {
             return Ok(guard);
         }
@@ -244,8 +250,8 @@ impl Locker {
             fair: fair.then(|| waiter_liveness(settings)),
         };
         // A subscription already up (another waiter's, or a recent one's) covers the first
-        // attempt; otherwise the first refusal asks for one.
-        let mut watch = if settings.notify {
+        // attempt; otherwise the first refusal asks for one. A single attempt needs neither.
+        let mut watch = if settings.notify && !timeout.is_zero() {
             self.backend().watching(key)
         } else {
             None

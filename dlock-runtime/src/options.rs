@@ -81,7 +81,8 @@ impl LockOptions {
 
     /// With [`expire_auto`](Self::expire_auto): stop renewing this long after the lock was taken,
     /// so a hung task cannot hold a key forever. The hold is then lost when the last lease runs
-    /// out. Default: no ceiling.
+    /// out. Default: no ceiling. Without `expire_auto`, acquiring fails with
+    /// [`LockError::Config`](crate::LockError::Config).
     pub fn max_hold(mut self, ceiling: Duration) -> Self {
         self.max_hold = Some(ceiling);
         self

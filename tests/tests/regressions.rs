@@ -148,6 +148,15 @@ async fn huge_durations_neither_panic_nor_stop_renewal() {
         .await
         .unwrap_err();
     assert!(err.is_config(), "{err:?}");
+    // A ceiling on renewal of a lease that is not renewed is a mistake, not a no-op.
+    let err = locker
+        .acquire(&key, LockOptions::new().max_hold(Duration::from_secs(1)))
+        .await
+        .unwrap_err();
+    assert!(
+        err.is_config() && err.to_string().contains("max_hold"),
+        "{err:?}"
+    );
     let renewed = locker
         .acquire(
             &key,
