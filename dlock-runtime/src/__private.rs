@@ -1,69 +1,9 @@
 //! What `#[dlock]` expands to calls. Not public API: no semver guarantees.
 
-use std::{future::Future, sync::Arc};
+use std::{future::Future, pin::pin, task::Poll};
 
-use crate::guard::Hold;
 pub use crate::{LockError, LockGuard, LockOptions, Locker};
-
-/// What the locked bodies running on this task hold, innermost last.
-#[derive(Clone)]
-struct Scope {
-    holds: Vec<Arc<Hold>>,
-}
-
-tokio::task_local! {
-    static SCOPE: Scope;
-}
-
-/// `body` with `hold` added to the task's scope: re-entry and `fencing_token()` see it.
-pub(crate) fn in_scope<F: Future>(
-    hold: &Arc<Hold>,
-    body: F,
-) -> impl Future<Output = F::Output> + use<F> {
-    let mut holds = SCOPE.try_with(|s| s.holds.clone()).unwrap_or_default();
-    holds.push(hold.clone());
-    SCOPE.scope(Scope { holds }, body)
-}
-
-/// The hold on `key` through `locker` that an enclosing scope of this task has.
-pub(crate) fn scoped_hold(locker: &Locker, key: &str) -> Option<Arc<Hold>> {
-    SCOPE
-        .try_with(|scope| {
-            scope
-                .holds
-                .iter()
-                .rev()
-                .find(|h| h.key() == key && h.locker().same_as(locker))
-                .cloned()
-        })
-        .ok()
-        .flatten()
-}
-
-/// The fencing token of the lock held by the innermost `#[dlock]` function running on this task.
-///
-/// ```
-/// # use dlock_runtime::{dlock, LockError};
-/// #[dlock(key = "report", client = locker)]
-/// async fn write_report(locker: &dlock_runtime::Locker) -> Result<u64, LockError> {
-///     Ok(dlock_runtime::fencing_token().expect("inside a locked body"))
-/// }
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// # let locker = dlock_runtime::Locker::memory();
-/// let first = write_report(&locker).await.unwrap();
-/// let second = write_report(&locker).await.unwrap();
-/// assert!(second > first);
-/// assert_eq!(dlock_runtime::fencing_token(), None);
-/// # }
-/// ```
-#[must_use]
-pub fn fencing_token() -> Option<u64> {
-    SCOPE
-        .try_with(|scope| scope.holds.last().map(|h| h.fence()))
-        .ok()
-        .flatten()
-}
+use crate::{guard::Hold, scope::in_scope};
 
 /// The key text of a template.
 #[must_use]
@@ -116,38 +56,66 @@ pub enum OnLost {
 /// Runs a locked body, then releases the lock (on every path: completion here, panic and
 /// cancellation through the guard's `Drop`).
 ///
+/// With [`OnLost::Abort`], no code of the body runs after its lease ran out on the client's
+/// clock: the clock is read before every poll of the body, and the body's future is dropped
+/// instead of polled once it has. A body that completes after that moment (a blocking step ran
+/// past the lease) has its output dropped. With [`OnLost::Continue`] the body finishes and its
+/// output is returned; the loss is only reported (a `warn` event).
+///
 /// # Errors
-/// [`LockError::Lost`] when the lease was lost while the body ran and `on_lost` is
-/// [`OnLost::Abort`]; the body's future has been dropped then.
+/// [`LockError::Lost`] with [`OnLost::Abort`] when the lease ran out or was lost before the body
+/// finished, or when the release found the key gone or taken over.
 pub async fn run<F: Future>(
     guard: LockGuard,
     on_lost: OnLost,
     body: F,
 ) -> Result<F::Output, LockError> {
-    let body = in_scope(guard.hold(), body);
-    let output = match on_lost {
-        OnLost::Abort => {
-            tokio::select! {
-                biased;
-                output = body => Some(output),
-                () = guard.lost() => None,
+    let hold = guard.hold().clone();
+    let body = in_scope(&hold, body);
+    match on_lost {
+        OnLost::Abort => match while_held(&hold, body).await {
+            Some(output) => match guard.release().await {
+                // A release that could not reach the server leaves the key to its lease; the
+                // body ran under the lock, so its result stands.
+                Err(error) if error.is_lost() => Err(error),
+                Ok(()) | Err(_) => Ok(output),
+            },
+            None => {
+                let error = guard.lost_error();
+                let _ = guard.release().await;
+                Err(error)
             }
-        }
-        OnLost::Continue => Some(body.await),
-    };
-    match output {
-        Some(output) => {
-            // A release that finds the key gone has already been reported by the guard; the
-            // body's result stands.
+        },
+        OnLost::Continue => {
+            let output = body.await;
+            // Reports a lease that ran out meanwhile; the release reports a key found gone.
+            hold.still_held();
             let _ = guard.release().await;
             Ok(output)
         }
-        None => {
-            let error = guard.lost_error();
-            let _ = guard.release().await;
-            Err(error)
-        }
     }
+}
+
+/// Polls `body` only while `hold` is held, reading the clock before each poll and after the
+/// last; `None` (with the body dropped) when the hold was lost before the body finished.
+async fn while_held<F: Future>(hold: &Hold, body: F) -> Option<F::Output> {
+    let mut body = pin!(body);
+    let mut lost = pin!(hold.lost());
+    std::future::poll_fn(|cx| {
+        if !hold.still_held() {
+            return Poll::Ready(None);
+        }
+        if let Poll::Ready(output) = body.as_mut().poll(cx) {
+            // A body that blocked its thread past the lease and then completed ran unprotected.
+            return Poll::Ready(hold.still_held().then_some(output));
+        }
+        // Wakes this task when the lease runs out or renewal reports the key gone.
+        match lost.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    })
+    .await
 }
 
 /// How a lock failure becomes the function's return value when no `on_fail` is given.

@@ -187,7 +187,17 @@ impl Hold {
         }
     }
 
-    async fn lost(&self) {
+    /// [`is_held`](Self::is_held), marking the hold lost (and reporting it) when the lease ran
+    /// out on the clock: a timer may not have fired yet, as when the thread was blocked.
+    pub(crate) fn still_held(&self) -> bool {
+        let held = self.is_held();
+        if !held {
+            self.mark_lost("the lease ran out on the client's clock");
+        }
+        held
+    }
+
+    pub(crate) async fn lost(&self) {
         let mut rx = self.state.subscribe();
         loop {
             let state = *rx.borrow_and_update();
@@ -345,7 +355,7 @@ impl LockGuard {
         &self,
         body: F,
     ) -> impl std::future::Future<Output = F::Output> + use<F> {
-        crate::__private::in_scope(&self.hold, body)
+        crate::scope::in_scope(&self.hold, body)
     }
 
     /// Resets the lease to `lease` from now, if the key still holds this acquisition's token.

@@ -60,8 +60,8 @@ mod error;
 mod guard;
 mod locker;
 mod options;
+mod scope;
 
-pub use __private::fencing_token;
 pub use config::{
     BackendKind, DEFAULT_EXPIRE, DEFAULT_KEY_PREFIX, DEFAULT_MAX_KEY_LEN, DEFAULT_REDIS_URL,
     DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_TIMEOUT, RedisUrl,
@@ -70,6 +70,7 @@ pub use error::{BackendError, LockError};
 pub use guard::LockGuard;
 pub use locker::{Locker, LockerBuilder, global, set_global};
 pub use options::LockOptions;
+pub use scope::fencing_token;
 
 #[cfg(feature = "macros")]
 pub use dlock_macros::dlock;

@@ -181,7 +181,7 @@ impl Locker {
     /// A further guard when an enclosing scope of this task (a locked body, or
     /// [`LockGuard::scope`]) holds `key` through this locker.
     fn reenter(&self, key: &str) -> Option<LockGuard> {
-        let hold = crate::__private::scoped_hold(self, key)?;
+        let hold = crate::scope::scoped_hold(self, key)?;
         if !hold.reenter() {
             return None;
         }

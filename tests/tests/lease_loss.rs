@@ -11,7 +11,7 @@ use std::{
 };
 
 use dlock_runtime::{LockError, Locker, dlock};
-use dlock_tests::RedisServer;
+use dlock_tests::{RedisServer, acquire_and_release};
 
 /// Sleeps `for_ms`, then records that it got past the sleep.
 async fn work(for_ms: u64, finished: &AtomicBool) {
@@ -156,4 +156,145 @@ async fn max_hold_ends_the_renewals() {
     assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
     assert!(!finished.load(Ordering::SeqCst));
     assert!(!server.exists("dlock:capped"));
+}
+
+/// Microseconds since the Unix epoch: comparable across processes on this machine.
+fn unix_micros() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+}
+
+/// A body whose thread is blocked past its 1s lease (a synchronous call) and that then reaches
+/// an `.await`. Records when each of its lines ran; `other` is started inside it and takes the
+/// lock from another process as soon as the lease lets it.
+#[dlock(key = "<key>", client = locker, expire = "1s")]
+async fn starved(
+    locker: &Locker,
+    key: &str,
+    server: &RedisServer,
+    lines: &std::sync::Mutex<Vec<(&'static str, u128)>>,
+    other: &std::sync::Mutex<Option<std::process::Child>>,
+) -> Result<(), LockError> {
+    lines.lock().unwrap().push(("start", unix_micros()));
+    *other.lock().unwrap() = Some(
+        std::process::Command::new(env!("CARGO_BIN_EXE_dlock-worker"))
+            .args([&server.url(), key, "10000", "take"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    tokio::task::yield_now().await;
+    lines
+        .lock()
+        .unwrap()
+        .push(("after the await", unix_micros()));
+    Ok(())
+}
+
+/// Regression: the body was polled before the loss was looked at, so the code after the
+/// `.await` ran while another process held the lock, and the call returned `Ok`.
+#[tokio::test]
+async fn a_body_starved_past_its_lease_never_runs_after_its_next_await() {
+    let server = RedisServer::start();
+    let locker = server.locker();
+    let key = dlock_tests::unique_key("starved");
+    acquire_and_release(&locker, &key).await;
+    let lines = std::sync::Mutex::new(Vec::new());
+    let other = std::sync::Mutex::new(None);
+    let result = starved(&locker, &key, &server, &lines, &other).await;
+    assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
+
+    let child = other.lock().unwrap().take().unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "the other process failed");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let taken: u128 = stdout
+        .trim()
+        .strip_prefix("acquired ")
+        .unwrap_or_else(|| panic!("unexpected output {stdout:?}"))
+        .parse()
+        .unwrap();
+    let lines = lines.into_inner().unwrap();
+    let started = lines[0].1;
+    assert!(
+        taken >= started + 900_000,
+        "the other process got in {}µs into a 1s lease",
+        taken - started
+    );
+    for (line, at) in &lines[1..] {
+        assert!(
+            *at < taken,
+            "`{line}` ran {}µs after another process took the lock",
+            at - taken
+        );
+    }
+    assert_eq!(lines.len(), 1, "no line after the await ran: {lines:?}");
+}
+
+/// Blocks past its 300ms lease and completes without ever yielding.
+#[dlock(key = "<key>", client = locker, expire = "300ms")]
+async fn completes_late(locker: &Locker, key: &str) -> Result<u8, LockError> {
+    std::thread::sleep(Duration::from_millis(400));
+    Ok(7)
+}
+
+#[tokio::test]
+async fn a_body_that_completes_after_its_lease_ran_out_returns_lost() {
+    let server = RedisServer::start();
+    let locker = server.locker();
+    let key = dlock_tests::unique_key("late");
+    let result = completes_late(&locker, &key).await;
+    assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
+    // The memory backend keeps the same promise.
+    let result = completes_late(&Locker::memory(), &key).await;
+    assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
+}
+
+#[dlock(key = "<key>", client = locker, expire = "1s", on_lost = "continue")]
+async fn starved_continue(
+    locker: &Locker,
+    key: &str,
+    finished: &AtomicBool,
+) -> Result<u8, LockError> {
+    std::thread::sleep(Duration::from_millis(1500));
+    tokio::task::yield_now().await;
+    finished.store(true, Ordering::SeqCst);
+    Ok(7)
+}
+
+#[tokio::test]
+async fn on_lost_continue_finishes_a_starved_body_and_returns_its_output() {
+    let server = RedisServer::start();
+    let finished = AtomicBool::new(false);
+    let key = dlock_tests::unique_key("starved:continue");
+    let result = starved_continue(&server.locker(), &key, &finished).await;
+    assert_eq!(result.unwrap(), 7);
+    assert!(finished.load(Ordering::SeqCst));
+}
+
+/// Deletes its own lock key (an operator's `DEL`, a failover that lost it) and completes well
+/// within its lease.
+#[dlock(key = "<key>", client = locker, expire = "10s")]
+async fn key_deleted_underneath(
+    locker: &Locker,
+    key: &str,
+    server: &RedisServer,
+) -> Result<u8, LockError> {
+    assert_eq!(
+        server.command(&["DEL", &format!("dlock:{key}")]).as_deref(),
+        Some(":1\r\n")
+    );
+    Ok(7)
+}
+
+/// Regression: the `Lost` that the release reported was discarded and the call returned `Ok`.
+#[tokio::test]
+async fn a_release_that_finds_the_key_gone_makes_the_call_lost() {
+    let server = RedisServer::start();
+    let key = dlock_tests::unique_key("deleted");
+    let result = key_deleted_underneath(&server.locker(), &key, &server).await;
+    assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
 }

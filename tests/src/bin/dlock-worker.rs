@@ -6,6 +6,9 @@
 //! `dlock-worker <redis-url> <key> <name> fair-waiter`: waits for the lock in fair mode, then
 //! appends its name to the list `<key>:order`, holds 20ms and releases.
 //!
+//! `dlock-worker <redis-url> <key> <wait-ms> take`: waits up to `wait-ms` for the lock, prints
+//! `acquired <unix time in µs>` once it holds it, holds 50ms and releases.
+//!
 //! `dlock-worker <redis-url> <key> 1 pause-holder`: the paused-holder fault test's child. It
 //! takes the lock with a 1s lease, prints `acquired <fence>`, waits for a line on stdin (the test
 //! freezes it meanwhile), then tries a fenced write and a release and prints what happened.
@@ -92,6 +95,19 @@ async fn run() -> Result<(), WorkerError> {
             .rpush(format!("{key}:order"), iterations.as_str())
             .await?;
         tokio::time::sleep(Duration::from_millis(20)).await;
+        guard.release().await?;
+        return Ok(());
+    }
+    if mode == "take" {
+        let wait = Duration::from_millis(iterations.parse().expect("wait-ms is a number"));
+        let guard = locker
+            .acquire(key, LockOptions::new().timeout(wait))
+            .await?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("a clock after 1970");
+        println!("acquired {}", now.as_micros());
+        tokio::time::sleep(Duration::from_millis(50)).await;
         guard.release().await?;
         return Ok(());
     }
