@@ -44,6 +44,20 @@ pub async fn acquire(
     locker?.acquire(&key, options).await
 }
 
+/// Test support for the shared semantic suite: two acquisition attempts with one token, as when
+/// the first attempt's reply was lost. Returns the first attempt's fence and the guard of the
+/// second; every engine must give the second a new, higher fence.
+///
+/// # Errors
+/// As [`Locker::acquire`]; `Timeout` when the key was busy.
+pub async fn attempt_twice(
+    locker: &Locker,
+    key: &str,
+    lease: std::time::Duration,
+) -> Result<(u64, LockGuard), LockError> {
+    locker.attempt_twice(key, lease).await
+}
+
 /// What a locked function does when its lease is lost while the body runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OnLost {

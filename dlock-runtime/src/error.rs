@@ -118,6 +118,7 @@ impl LockError {
 pub struct BackendError {
     message: String,
     source: Option<Box<dyn StdError + Send + Sync>>,
+    refused: bool,
 }
 
 impl BackendError {
@@ -125,7 +126,24 @@ impl BackendError {
         Self {
             message: message.into(),
             source: None,
+            refused: false,
         }
+    }
+
+    /// An error that asking again cannot cure (a permission the server's ACL denies, a lock key
+    /// holding another type): an acquisition fails at once instead of retrying to its deadline.
+    #[cfg(feature = "redis")]
+    pub(crate) fn refused(mut self) -> Self {
+        self.refused = true;
+        self
+    }
+
+    /// `true` when the server refused the request for a reason that retrying cannot cure: a
+    /// permission its ACL denies, credentials it does not accept, a lock key holding a value of
+    /// another type. Such an acquisition fails at once rather than at its deadline.
+    #[must_use]
+    pub fn is_refused(&self) -> bool {
+        self.refused
     }
 
     #[cfg(feature = "redis")]
@@ -136,6 +154,7 @@ impl BackendError {
         Self {
             message: message.into(),
             source: Some(Box::new(source)),
+            refused: false,
         }
     }
 }
@@ -151,6 +170,7 @@ impl fmt::Debug for BackendError {
         f.debug_struct("BackendError")
             .field("message", &self.message)
             .field("source", &self.source)
+            .field("refused", &self.refused)
             .finish()
     }
 }

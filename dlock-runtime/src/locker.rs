@@ -45,7 +45,8 @@ use crate::{
 ///   attempt recognises a lock it set itself; giving up removes such a lock.
 /// - **Cancellation**: dropping an acquisition future leaves no lock behind.
 /// - **Backend errors** while waiting are retried until the deadline; the last one is returned as
-///   [`LockError::Backend`] when the deadline passes.
+///   [`LockError::Backend`] when the deadline passes. A refusal that asking again cannot cure (a
+///   permission the server's ACL denies, a lock key holding another type) fails at once.
 /// - **Notifications**: a waiter refused once subscribes to the key's release channel (one
 ///   pub/sub connection per locker; a channel stays subscribed 2s after its last waiter) and is
 ///   woken by releases; the pause is the fallback. Woken waiters race, unless `fair`.
@@ -174,6 +175,37 @@ impl Locker {
         }
     }
 
+    /// Two attempts with one token, as when the first attempt's reply was lost and the wait
+    /// tried again: the first attempt's fence (which its caller never learnt) and the guard of
+    /// the second. For the shared semantic suite, through `__private`.
+    pub(crate) async fn attempt_twice(
+        &self,
+        key: &str,
+        lease: Duration,
+    ) -> Result<(u64, LockGuard), LockError> {
+        crate::options::check_lease(lease)?;
+        let key = self.full_key(key)?;
+        let token = Token::generate()?;
+        let request = Request {
+            key: &key,
+            token: &token,
+            lease,
+            fair: None,
+        };
+        let Attempt::Acquired { fence: first } = self.backend().acquire(request).await? else {
+            return Err(LockError::Timeout {
+                key,
+                waited: Duration::ZERO,
+            });
+        };
+        let sent_at = Instant::now();
+        let Attempt::Acquired { fence } = self.backend().acquire(request).await? else {
+            return Err(LockError::Lost { key });
+        };
+        let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease, false);
+        Ok((first, LockGuard::new(hold, Lease::Fixed(lease), None)))
+    }
+
     pub(crate) fn same_as(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
@@ -295,6 +327,12 @@ impl Locker {
                     }
                     ttl
                 }
+                Err(error) if error.is_refused() => {
+                    // Asking again cannot help (a permission, a key of another type): say so
+                    // now. The cleanup stays armed: a script refused half-way may have set the key.
+                    last_error = Some(error);
+                    break;
+                }
                 Err(error) => {
                     if last_error.is_none() {
                         tracing::error!(error = %error, "lock backend error; retrying until the deadline");
@@ -344,6 +382,10 @@ impl Locker {
         let (key, _) = orphan.disarm();
         let waited = started.elapsed();
         match last_error {
+            Some(error) if error.is_refused() => {
+                tracing::error!(attempts, ?waited, error = %error, "lock backend refused the acquisition");
+                Err(LockError::Backend(error))
+            }
             Some(error) => {
                 tracing::error!(attempts, ?waited, error = %error, "lock backend unreachable until the deadline");
                 Err(LockError::Backend(error))

@@ -16,6 +16,9 @@ use std::{
 
 use dlock_runtime::Locker;
 
+pub mod engines;
+pub use engines::Engine;
+
 /// How to install what the tests need, printed when it is missing.
 pub const INSTALL_REDIS: &str = "redis-server not found on PATH: install it with `sudo apt-get install -y redis-server` (or run .ci/run, which does)";
 
@@ -43,17 +46,25 @@ impl RedisServer {
     /// When `redis-server` is not installed (with the install command) or does not come up.
     #[must_use]
     pub fn start() -> Self {
-        let port = free_port();
-        let dir = std::env::temp_dir().join(format!("dlock-redis-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("create a directory for redis-server");
-        let mut server = Self {
-            port,
-            child: None,
-            dir,
-            tls: None,
-        };
-        server.spawn();
-        server
+        // A port free when probed can be taken before the server binds it: try another.
+        let mut last = String::new();
+        for _ in 0..3 {
+            let port = free_port();
+            let dir =
+                std::env::temp_dir().join(format!("dlock-redis-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(&dir).expect("create a directory for redis-server");
+            let mut server = Self {
+                port,
+                child: None,
+                dir,
+                tls: None,
+            };
+            match server.try_spawn() {
+                Ok(()) => return server,
+                Err(e) => last = e,
+            }
+        }
+        panic!("{last}");
     }
 
     /// Like [`start`](Self::start), plus a TLS port whose certificate (for `localhost` and
@@ -112,6 +123,13 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
+        if let Err(e) = self.try_spawn() {
+            panic!("{e}");
+        }
+    }
+
+    /// Starts the process and waits until it answers; the error says why it did not.
+    fn try_spawn(&mut self) -> Result<(), String> {
         let child = dlock_examples::throwaway::command(self.port, &self.dir)
             .args(self.tls.iter().flat_map(|tls| tls.args.iter()))
             .spawn();
@@ -122,9 +140,10 @@ impl RedisServer {
         };
         let ready = dlock_examples::throwaway::wait_ready(self.port, &mut child);
         self.child = Some(child);
-        if let Err(e) = ready {
-            panic!("{e}");
-        }
+        ready.map_err(|e| {
+            self.kill();
+            e.to_string()
+        })
     }
 
     /// `true` when the server answers PING now.

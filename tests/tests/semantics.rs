@@ -1,5 +1,6 @@
-//! One suite of lock semantics, run against every backend: a real `redis-server` started by the
-//! harness, and the embedded memory backend.
+//! One suite of lock semantics, run against every engine of `dlock_tests::engines::ENGINES`: real
+//! servers started by the harness (Redis as the default user, as the README's ACL user, and as
+//! that user without channel permissions) and the embedded memory backend.
 
 use std::{
     sync::{
@@ -10,74 +11,10 @@ use std::{
 };
 
 use dlock_runtime::{LockError, LockOptions, Locker};
-use dlock_tests::{RedisServer, unique_key};
+use dlock_tests::{Engine as Env, unique_key};
 use tokio::time::Instant;
 
-/// A backend under test. `locker()` gives a new client: a new connection for Redis, a clone
-/// sharing the table for memory.
-enum Env {
-    Redis(RedisServer),
-    Memory(Locker),
-}
-
-impl Env {
-    fn redis() -> Self {
-        Self::Redis(RedisServer::start())
-    }
-
-    fn memory() -> Self {
-        Self::Memory(
-            Locker::builder()
-                .memory()
-                .timeout(Duration::from_secs(5))
-                .expire(Duration::from_secs(10))
-                .build()
-                .unwrap(),
-        )
-    }
-
-    /// A client whose default (and renewed) lease is `expire`. For memory it is a private table.
-    fn locker_with_expire(&self, expire: Duration) -> Locker {
-        match self {
-            Self::Redis(server) => Locker::builder()
-                .redis_url(server.url())
-                .expire(expire)
-                .build()
-                .unwrap(),
-            Self::Memory(_) => Locker::builder().memory().expire(expire).build().unwrap(),
-        }
-    }
-
-    fn locker(&self) -> Locker {
-        match self {
-            Self::Redis(server) => server.locker(),
-            Self::Memory(locker) => locker.clone(),
-        }
-    }
-}
-
-macro_rules! suite {
-    ($($name:ident),* $(,)?) => {
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Env::redis()).await;
-                }
-            )*
-        }
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Env::memory()).await;
-                }
-            )*
-        }
-    };
-}
-
-suite!(
+dlock_tests::engine_suite!(
     acquire_then_release,
     busy_lock_is_not_granted,
     mutual_exclusion_under_contention,
@@ -95,6 +32,7 @@ suite!(
     waiter_gets_the_lock_after_release,
     same_task_reenters_and_the_outermost_releases,
     another_task_does_not_reenter,
+    a_retry_that_finds_its_own_lock_gets_a_new_fence,
 );
 
 const SHORT: Duration = Duration::from_millis(300);
@@ -449,4 +387,31 @@ async fn free_for_another_task(locker: &Locker, key: &str) -> bool {
     tokio::spawn(async move { locker.try_acquire(&key, SHORT).await.unwrap().is_some() })
         .await
         .unwrap()
+}
+
+/// An attempt whose reply was lost, tried again with the same token: the retry finds the lock
+/// its own and is handed a new fence (nobody learnt the first), higher than every fence issued
+/// before; the lock still excludes others and releases normally.
+async fn a_retry_that_finds_its_own_lock_gets_a_new_fence(env: Env) {
+    let (locker, other) = (env.locker(), env.locker());
+    let key = unique_key("retried");
+    let before = locker.acquire(&key, LockOptions::new()).await.unwrap();
+    let earlier = before.fencing_token();
+    before.release().await.unwrap();
+
+    let (first, guard) =
+        dlock_runtime::__private::attempt_twice(&locker, &key, Duration::from_secs(10))
+            .await
+            .unwrap();
+    assert!(first > earlier, "{first} after {earlier}");
+    assert!(
+        guard.fencing_token() > first,
+        "the retry was handed {} after the lost reply's {first}",
+        guard.fencing_token()
+    );
+    assert!(other.try_acquire(&key, SHORT).await.unwrap().is_none());
+    let retried = guard.fencing_token();
+    guard.release().await.unwrap();
+    let next = other.acquire(&key, LockOptions::new()).await.unwrap();
+    assert!(next.fencing_token() > retried);
 }

@@ -14,7 +14,6 @@ use crate::error::BackendError;
 #[derive(Debug)]
 struct Entry {
     token: Token,
-    fence: u64,
     expires_at: Instant,
 }
 
@@ -129,10 +128,14 @@ impl Backend for MemoryBackend {
                 Some(_) => table.queue_head(key, now).is_some_and(|head| head != token),
                 None => false,
             };
+            let next_fence = table.fence + 1;
             let held_ttl = match table.live(key, now) {
+                // Ours already (an earlier attempt's reply was lost): a new fence, as on every
+                // engine; nobody learnt the first one.
                 Some(entry) if entry.token == *token => {
                     entry.expires_at = now + lease;
-                    return Attempt::Acquired { fence: entry.fence };
+                    table.fence = next_fence;
+                    return Attempt::Acquired { fence: next_fence };
                 }
                 Some(entry) => Some(entry.expires_at - now),
                 None => None,
@@ -153,7 +156,6 @@ impl Backend for MemoryBackend {
                 key.to_owned(),
                 Entry {
                     token: token.clone(),
-                    fence,
                     expires_at: now + lease,
                 },
             );

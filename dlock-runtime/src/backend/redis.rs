@@ -70,6 +70,8 @@ pub(crate) struct RedisBackend {
     fair_prefix: String,
     /// Release notifications; `None` when turned off (`DLOCK_NOTIFY=off`).
     notifier: Option<Notifier>,
+    /// A release's PUBLISH was refused once already (reported once per locker).
+    publish_denied: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -113,7 +115,28 @@ impl RedisBackend {
             request_timeout,
             fence_prefix: format!("{key_prefix}{}", super::FENCE_PREFIX),
             fair_prefix: format!("{key_prefix}{}", super::FAIR_PREFIX),
+            publish_denied: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// The server refused a release notification (the user has no permission on the key's
+    /// channel): the release itself stood. Reported once per locker; waiters elsewhere poll.
+    fn publish_denied(&self, key: &str) {
+        if self
+            .publish_denied
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        if self.notifier.is_some() {
+            tracing::warn!(
+                channel = %key,
+                "the Redis user may not PUBLISH release notifications (ACL channel permission \
+                 `&<prefix>*` missing): waiters of other lockers poll instead of being woken"
+            );
+        } else {
+            tracing::debug!(channel = %key, "release notification refused by the server's ACL");
+        }
     }
 
     /// The shared connection, made lazily on first use; it reconnects by itself afterwards. It
@@ -163,7 +186,7 @@ impl RedisBackend {
         .await
         {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(BackendError::with_source(format!("Redis {what} failed"), e)),
+            Ok(Err(e)) => Err(classify(what, e)),
             Err(_) => Err(BackendError::new(format!(
                 "Redis {what} got no reply within {:?}",
                 self.request_timeout * 2
@@ -179,6 +202,41 @@ impl RedisBackend {
             self.fence_prefix,
             slot_tag(slot(key.as_bytes()))
         )
+    }
+}
+
+/// A driver error as a [`BackendError`], marked refused when asking again cannot cure it: the
+/// server's ACL denies a command, key or channel (`NOPERM`; inside a script Redis says `ERR The
+/// user executing the script can't …`), it does not accept the credentials, a script cannot be
+/// loaded (`NOSCRIPT` after the reload), or the lock key holds another type (`WRONGTYPE`).
+fn classify(what: &'static str, error: redis::RedisError) -> BackendError {
+    let script_denied = error.code() == Some("ERR")
+        && error
+            .detail()
+            .is_some_and(|d| d.starts_with("The user executing the script can't"));
+    let why = match error.code() {
+        _ if script_denied => Some(
+            "the Redis user may not run a command or use a key the lock script needs \
+             (grant the ACL rule in dlock's README)",
+        ),
+        Some("NOPERM") => Some(
+            "the Redis user lacks a permission the lock needs (grant the ACL rule in dlock's README)",
+        ),
+        Some("NOSCRIPT") => Some("the lock script could not be loaded on the server"),
+        Some("WRONGTYPE") => Some(
+            "the lock key holds a value of another type: it is not a dlock lock (choose another key \
+             or prefix)",
+        ),
+        _ if error.kind() == redis::ErrorKind::AuthenticationFailed => {
+            Some("the server did not accept the credentials")
+        }
+        _ => None,
+    };
+    match why {
+        Some(why) => {
+            BackendError::with_source(format!("Redis {what} refused: {why}"), error).refused()
+        }
+        None => BackendError::with_source(format!("Redis {what} failed"), error),
     }
 }
 
@@ -258,8 +316,13 @@ impl Backend for RedisBackend {
                     .key(companion(&self.fair_prefix, key, "waiters"));
             }
             invocation.arg(token.as_str());
-            let deleted: i64 = self.call("release", invocation).await?;
-            Ok(deleted == 1)
+            // release.lua: bit 0 deleted, bit 1 the notification was refused (no channel
+            // permission); the release stands either way.
+            let reply: i64 = self.call("release", invocation).await?;
+            if reply & 2 != 0 {
+                self.publish_denied(key);
+            }
+            Ok(reply & 1 == 1)
         })
     }
 

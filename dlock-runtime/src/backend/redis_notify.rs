@@ -49,6 +49,8 @@ struct Shared {
     client: redis::Client,
     request_timeout: Duration,
     channels: Mutex<HashMap<String, Channel>>,
+    /// The server's ACL refused a SUBSCRIBE: waiters poll from then on, and nobody asks again.
+    denied: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -78,6 +80,7 @@ impl Notifier {
                 client,
                 request_timeout,
                 channels: Mutex::default(),
+                denied: std::sync::atomic::AtomicBool::new(false),
             }),
             control: Mutex::new(Control {
                 ops,
@@ -125,6 +128,13 @@ impl Notifier {
     /// A wake-up for releases of `key`, once the server has confirmed the subscription; `None`
     /// when notifications cannot be had now.
     pub(crate) async fn watch(&self, key: &str) -> Option<Watch> {
+        if self
+            .shared
+            .denied
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return None;
+        }
         let (notify, next) = {
             let mut channels = self.shared.channels();
             let channel = channels.entry(key.to_owned()).or_insert_with(|| Channel {
@@ -194,6 +204,19 @@ async fn connect(shared: &Shared) -> Option<(PubSubSink, PubSubStream)> {
 async fn subscribe(shared: &Shared, sink: &mut PubSubSink, key: &str) -> bool {
     match tokio::time::timeout(shared.request_timeout, sink.subscribe(key)).await {
         Ok(Ok(())) => true,
+        Ok(Err(error)) if error.code() == Some("NOPERM") => {
+            if !shared
+                .denied
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::warn!(
+                    channel = %key,
+                    "the Redis user may not SUBSCRIBE to release notifications (ACL channel \
+                     permission `&<prefix>*` missing): this locker's waiters poll instead"
+                );
+            }
+            false
+        }
         Ok(Err(error)) => {
             tracing::debug!(error = %error, "SUBSCRIBE refused; waiters of this key poll");
             false

@@ -1,7 +1,9 @@
 -- Compare-and-delete, then wake the waiters.
 -- KEYS[1] lock key; in fair mode also KEYS[2] the queue and KEYS[3] the waiter deadlines.
 -- ARGV[1] token.
--- Deletes the key only while it still holds this acquisition's token. Returns 1 if deleted, else 0.
+-- Deletes the key only while it still holds this acquisition's token. Returns 1 if deleted, else 0,
+-- plus 2 when the server refused the notification (a user without permission on the channel): the
+-- notification is a courtesy to waiters, and must never turn a release that deleted into an error.
 -- Publishes on the channel named like the lock key when the lock or the head of its line moved;
 -- the message is the first 8 hex digits of the token of the waiter now first in line (fair mode),
 -- or empty (anyone). Never the whole token: the token is what release and extend check.
@@ -20,6 +22,9 @@ if deleted == 1 or left == 1 then
   if #KEYS == 3 then
     next = string.sub(redis.call('LINDEX', KEYS[2], 0) or '', 1, 8)
   end
-  redis.call('PUBLISH', KEYS[1], next)
+  local published = redis.pcall('PUBLISH', KEYS[1], next)
+  if type(published) == 'table' and published.err then
+    return deleted + 2
+  end
 end
 return deleted

@@ -1,0 +1,155 @@
+//! The engines every semantic case runs on, in one place: adding an engine is one name in
+//! [`engine_suite!`](crate::engine_suite) plus an arm in [`Engine::start`] that starts its
+//! servers.
+
+use std::time::Duration;
+
+use dlock_runtime::Locker;
+
+use crate::RedisServer;
+
+/// The names of the engines the shared suite runs on; [`engine_suite!`](crate::engine_suite)
+/// makes one test module of each.
+///
+/// - `redis`: one `redis-server`, the default user.
+/// - `redis_acl`: the same, as a user created with exactly the ACL rule the README gives.
+/// - `redis_acl_no_channels`: that rule without its channel pattern: releases must still
+///   succeed, and waiters poll.
+/// - `memory`: the embedded backend.
+pub const ENGINES: &[&str] = &["redis", "redis_acl", "redis_acl_no_channels", "memory"];
+
+/// Expands to one module per engine of [`ENGINES`], each with one `#[tokio::test]` per case;
+/// a case is an `async fn(Engine)` in the calling file.
+///
+/// ```ignore
+/// dlock_tests::engine_suite!(acquire_then_release, busy_lock_is_not_granted);
+/// ```
+#[macro_export]
+macro_rules! engine_suite {
+    ($($case:ident),* $(,)?) => {
+        $crate::engine_suite!(@engines [redis, redis_acl, redis_acl_no_channels, memory] [$($case),*]);
+    };
+    (@engines [$($engine:ident),*] $cases:tt) => {
+        $( $crate::engine_suite!(@engine $engine $cases); )*
+    };
+    (@engine $engine:ident [$($case:ident),*]) => {
+        mod $engine {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case($crate::engines::Engine::start(stringify!($engine))).await;
+                }
+            )*
+        }
+    };
+}
+
+/// One engine deployment under test, stopped when dropped.
+#[derive(Debug)]
+pub enum Engine {
+    /// A `redis-server`, and the URL its lockers use (with an ACL user's credentials, or not).
+    Redis {
+        /// The server.
+        server: RedisServer,
+        /// What lockers connect with.
+        url: String,
+    },
+    /// The embedded backend: lockers from [`Engine::locker`] share one table.
+    Memory(Locker),
+}
+
+impl Engine {
+    /// Starts the engine named in [`ENGINES`].
+    ///
+    /// # Panics
+    /// For a name not in [`ENGINES`], or when its servers do not start (a missing binary names
+    /// the package to install).
+    #[must_use]
+    pub fn start(name: &str) -> Self {
+        match name {
+            "redis" => {
+                let server = RedisServer::start();
+                let url = server.url();
+                Self::Redis { server, url }
+            }
+            "redis_acl" | "redis_acl_no_channels" => {
+                let server = RedisServer::start();
+                let mut rule = readme_acl_rule();
+                if name == "redis_acl_no_channels" {
+                    rule.retain(|word| !word.starts_with('&'));
+                }
+                let args: Vec<&str> = rule.iter().map(String::as_str).collect();
+                let reply = server.command(&args).unwrap_or_default();
+                assert!(reply.starts_with("+OK"), "{args:?}: {reply}");
+                let url = format!(
+                    "redis://dlock-app:{ACL_PASSWORD}@127.0.0.1:{}",
+                    server.port()
+                );
+                Self::Redis { server, url }
+            }
+            "memory" => Self::Memory(
+                Locker::builder()
+                    .memory()
+                    .timeout(Duration::from_secs(5))
+                    .expire(Duration::from_secs(10))
+                    .build()
+                    .expect("valid memory locker"),
+            ),
+            other => panic!("unknown engine `{other}`; the engines are {ENGINES:?}"),
+        }
+    }
+
+    /// A new client with short test defaults (5s wait, 10s lease): its own connection on a
+    /// server, a clone sharing the table for memory.
+    #[must_use]
+    pub fn locker(&self) -> Locker {
+        self.locker_with_expire(Duration::from_secs(10))
+    }
+
+    /// A new client whose default (and renewed) lease is `expire`. For memory it has a private
+    /// table.
+    ///
+    /// # Panics
+    /// When the locker cannot be built.
+    #[must_use]
+    pub fn locker_with_expire(&self, expire: Duration) -> Locker {
+        match self {
+            Self::Redis { url, .. } => Locker::builder()
+                .redis_url(url.as_str())
+                .timeout(Duration::from_secs(5))
+                .expire(expire)
+                .build()
+                .expect("valid test locker"),
+            Self::Memory(locker) if expire == Duration::from_secs(10) => locker.clone(),
+            Self::Memory(_) => Locker::builder()
+                .memory()
+                .timeout(Duration::from_secs(5))
+                .expire(expire)
+                .build()
+                .expect("valid memory locker"),
+        }
+    }
+}
+
+/// The password the ACL engines' user gets in place of the README's `>CHANGE-ME`.
+const ACL_PASSWORD: &str = "acl-test-pw";
+
+/// The `ACL SETUSER dlock-app …` line of the README, split into words, with the test password:
+/// the suite runs as exactly the user the README tells operators to create.
+///
+/// # Panics
+/// When the README has no such line.
+#[must_use]
+pub fn readme_acl_rule() -> Vec<String> {
+    let readme = include_str!("../../README.md");
+    let line = readme
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER dlock-app "))
+        .expect("README.md gives the ACL rule for a dlock user");
+    line.split_whitespace()
+        .map(|word| match word {
+            ">CHANGE-ME" => format!(">{ACL_PASSWORD}"),
+            other => other.to_owned(),
+        })
+        .collect()
+}

@@ -1,0 +1,220 @@
+//! Redis ACL users: an acquisition the server refuses for good (a missing command, script load,
+//! key type or credential) fails at once with a `Backend` error saying what is missing; a user
+//! without channel permissions still releases, with one warning, and its waiters poll.
+
+use std::{
+    io::Write,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use dlock_runtime::{LockError, LockOptions, Locker};
+use dlock_tests::{RedisServer, engines::readme_acl_rule, unique_key};
+
+/// Creates `dlock-app` with the README's rule, minus the words `without`, and returns a locker
+/// logged in as it that would wait 10s.
+fn user_without(server: &RedisServer, without: &[&str]) -> Locker {
+    let mut rule = readme_acl_rule();
+    rule.retain(|word| !without.contains(&word.as_str()));
+    let args: Vec<&str> = rule.iter().map(String::as_str).collect();
+    assert!(server.command(&args).unwrap().starts_with("+OK"));
+    let password = rule
+        .iter()
+        .find_map(|word| word.strip_prefix('>'))
+        .expect("the rule sets a password");
+    Locker::builder()
+        .redis_url(format!(
+            "redis://dlock-app:{password}@127.0.0.1:{}",
+            server.port()
+        ))
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+/// Acquires with a 10s wait and returns the error, checking it came at once.
+async fn refused_at_once(locker: &Locker, key: &str) -> LockError {
+    let started = Instant::now();
+    let result = locker.acquire(key, LockOptions::new()).await;
+    let err = result.expect_err("the acquisition was refused");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "retried for {:?} instead of failing at once: {err}",
+        started.elapsed()
+    );
+    let LockError::Backend(backend) = &err else {
+        panic!("expected a Backend error, got {err:?}");
+    };
+    assert!(backend.is_refused(), "{backend:?}");
+    err
+}
+
+#[tokio::test]
+async fn a_user_without_evalsha_fails_at_once() {
+    let server = RedisServer::start();
+    let locker = user_without(&server, &["+evalsha"]);
+    let err = refused_at_once(&locker, &unique_key("no-evalsha")).await;
+    assert!(err.to_string().contains("ACL rule"), "{err}");
+}
+
+#[tokio::test]
+async fn a_user_who_may_not_load_scripts_fails_at_once() {
+    let server = RedisServer::start();
+    let locker = user_without(&server, &["+script|load"]);
+    let err = refused_at_once(&locker, &unique_key("no-load")).await;
+    assert!(err.to_string().contains("ACL rule"), "{err}");
+}
+
+/// The script's own `INCR` (the fencing counter) is denied after its `SET` ran: the error says
+/// so at once, and the half-set lock is removed by token rather than left to its lease.
+#[tokio::test]
+async fn a_command_denied_inside_the_script_fails_at_once_and_leaves_no_lock() {
+    let server = RedisServer::start();
+    let locker = user_without(&server, &["+incr"]);
+    let key = unique_key("no-incr");
+    let err = refused_at_once(&locker, &key).await;
+    assert!(err.to_string().contains("ACL rule"), "{err}");
+    assert!(
+        server
+            .gone_within(&format!("dlock:{key}"), Duration::from_secs(2))
+            .await,
+        "the half-set lock was left behind"
+    );
+}
+
+#[tokio::test]
+async fn a_key_outside_the_users_pattern_fails_at_once() {
+    let server = RedisServer::start();
+    let locker = Locker::builder()
+        .redis_url({
+            let _ = user_without(&server, &[]);
+            format!("redis://dlock-app:acl-test-pw@127.0.0.1:{}", server.port())
+        })
+        .key_prefix("other:")
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let err = refused_at_once(&locker, &unique_key("outside")).await;
+    assert!(err.to_string().contains("ACL rule"), "{err}");
+}
+
+#[tokio::test]
+async fn a_lock_key_of_another_type_fails_at_once() {
+    let server = RedisServer::start();
+    let key = unique_key("list");
+    assert!(
+        server
+            .command(&["RPUSH", &format!("dlock:{key}"), "x"])
+            .unwrap()
+            .starts_with(':')
+    );
+    let locker = Locker::builder()
+        .redis_url(server.url())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let err = refused_at_once(&locker, &key).await;
+    assert!(err.to_string().contains("another type"), "{err}");
+}
+
+#[tokio::test]
+async fn refused_credentials_fail_at_once() {
+    let server = RedisServer::start();
+    let _ = user_without(&server, &[]);
+    let locker = Locker::builder()
+        .redis_url(format!(
+            "redis://dlock-app:wrong-pw@127.0.0.1:{}",
+            server.port()
+        ))
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let err = refused_at_once(&locker, &unique_key("creds")).await;
+    assert!(err.to_string().contains("credentials"), "{err}");
+    assert!(!format!("{err:?}").contains("wrong-pw"), "{err:?}");
+}
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Self;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+/// Without channel permissions: releases succeed (the key is gone), the refused PUBLISH and
+/// SUBSCRIBE are each reported once as a `warn` naming the channel permission, and a waiter
+/// still gets the lock by polling.
+#[test]
+fn a_user_without_channels_releases_warns_once_and_polls() {
+    let server = RedisServer::start();
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(captured.clone())
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let holder = user_without(&server, &["&dlock:*"]);
+        let waiter = Locker::builder()
+            .redis_url(format!(
+                "redis://dlock-app:acl-test-pw@127.0.0.1:{}",
+                server.port()
+            ))
+            .build()
+            .unwrap();
+        let key = unique_key("no-channels");
+        for _ in 0..3 {
+            let guard = holder.acquire(&key, LockOptions::new()).await.unwrap();
+            guard.release().await.expect("a release that deleted is Ok");
+            assert!(!server.exists(&format!("dlock:{key}")));
+        }
+        let guard = holder.acquire(&key, LockOptions::new()).await.unwrap();
+        let waiting = tokio::spawn({
+            let (waiter, key) = (waiter.clone(), key.clone());
+            async move {
+                waiter
+                    .acquire(&key, LockOptions::new().timeout(Duration::from_secs(5)))
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        guard.release().await.unwrap();
+        let second = waiting
+            .await
+            .unwrap()
+            .expect("the waiter polled its way in");
+        second.release().await.unwrap();
+    });
+    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    // Once per locker: the holder released five times, the waiter once.
+    assert_eq!(
+        log.matches("may not PUBLISH").count(),
+        2,
+        "one warning per locker for the refused notifications:\n{log}"
+    );
+    assert_eq!(
+        log.matches("may not SUBSCRIBE").count(),
+        1,
+        "one warning for the refused subscription:\n{log}"
+    );
+    assert!(log.contains("&<prefix>*"), "{log}");
+    assert!(!log.contains("acl-test-pw"), "{log}");
+}
