@@ -121,7 +121,7 @@ impl Parse for Args {
                 let expire = if lit.value() == "auto" {
                     Expire::Auto
                 } else {
-                    Expire::Fixed(duration::parse_positive(&lit, "expire", EXPIRE_ZERO)?)
+                    Expire::Fixed(duration::parse_lease(&lit, EXPIRE_ZERO)?)
                 };
                 set(&mut args.expire, "expire", token.span, expire)?;
             } else if lookahead.peek(kw::client) {

@@ -69,7 +69,7 @@ pub use config::{
 pub use error::{BackendError, LockError};
 pub use guard::LockGuard;
 pub use locker::{Locker, LockerBuilder, global, set_global};
-pub use options::LockOptions;
+pub use options::{LockOptions, MAX_LEASE, MIN_LEASE};
 pub use scope::fencing_token;
 
 #[cfg(feature = "macros")]

@@ -89,19 +89,24 @@ impl LockOptions {
     }
 }
 
-/// The longest lease accepted: a year. Longer ones are surely a mistake (and would overflow the
-/// clocks they are added to).
-pub(crate) const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The longest lease accepted: 365 days. Longer ones are surely a mistake (and would overflow the
+/// clocks they are added to). `#[dlock]` refuses any duration argument longer than this at
+/// compile time.
+pub const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// A lease between 1ms and [`MAX_LEASE`].
+/// The shortest lease accepted: 1ms (Redis keeps leases in whole milliseconds). `#[dlock]`
+/// refuses a shorter `expire` at compile time.
+pub const MIN_LEASE: Duration = Duration::from_millis(1);
+
+/// A lease between [`MIN_LEASE`] and [`MAX_LEASE`].
 pub(crate) fn check_lease(lease: Duration) -> Result<(), crate::LockError> {
-    if lease < Duration::from_millis(1) {
+    if lease < MIN_LEASE {
         Err(crate::LockError::config(
             "expire: the lease must be at least 1ms",
         ))
     } else if lease > MAX_LEASE {
         Err(crate::LockError::config(
-            "expire: the lease must be at most a year",
+            "expire: the lease must be at most 365 days",
         ))
     } else {
         Ok(())

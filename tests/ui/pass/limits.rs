@@ -1,0 +1,36 @@
+//! The attribute accepts exactly the durations the runtime accepts: the boundaries compile here
+//! and run on the embedded backend; one step past them is `ui/fail/duration-limits.rs`.
+use std::time::Duration;
+
+use dlock_runtime::{LockError, Locker, dlock};
+
+#[dlock(key = "longest", client = locker, expire = "365days", timeout = "365days")]
+async fn longest(locker: &Locker) -> Result<(), LockError> {
+    Ok(())
+}
+
+#[dlock(key = "shortest", client = locker, expire = "1ms")]
+async fn shortest(locker: &Locker) -> Result<(), LockError> {
+    Ok(())
+}
+
+#[dlock(key = "ceiling", client = locker, expire = "auto", max_hold = "365days")]
+async fn ceiling(locker: &Locker) -> Result<(), LockError> {
+    Ok(())
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    // The numbers the attribute checks against are the runtime's.
+    assert_eq!(dlock_runtime::MAX_LEASE, Duration::from_secs(365 * 24 * 3600));
+    assert_eq!(dlock_runtime::MIN_LEASE, Duration::from_millis(1));
+    let locker = Locker::memory();
+    longest(&locker).await.unwrap();
+    ceiling(&locker).await.unwrap();
+    // A 1ms lease may run out before the body is polled; what matters is that the runtime does
+    // not refuse it as a configuration error.
+    match shortest(&locker).await {
+        Ok(()) | Err(LockError::Lost { .. }) => {}
+        Err(e) => panic!("the runtime refused a lease the attribute accepts: {e}"),
+    }
+}
