@@ -27,6 +27,12 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
 pub enum BackendKind {
     /// A Redis server at this URL (`redis://[user[:password]@]host[:port][/db]`).
     Redis(RedisUrl),
+    /// A Redis Cluster reached through these seed nodes
+    /// (`redis+cluster://[user:password@]h1:p1,h2:p2`; feature `redis-cluster`).
+    RedisCluster(RedisUrl),
+    /// A Redis master found through these sentinels
+    /// (`redis+sentinel://[user:password@]s1:p1,s2:p2/<master>`; feature `redis-sentinel`).
+    RedisSentinel(RedisUrl),
     /// The embedded in-process backend.
     Memory,
 }
@@ -35,6 +41,8 @@ impl fmt::Debug for BackendKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Redis(url) => f.debug_tuple("Redis").field(url).finish(),
+            Self::RedisCluster(url) => f.debug_tuple("RedisCluster").field(url).finish(),
+            Self::RedisSentinel(url) => f.debug_tuple("RedisSentinel").field(url).finish(),
             Self::Memory => f.write_str("Memory"),
         }
     }
@@ -84,6 +92,11 @@ impl RedisUrl {
                 "{var}: expected a URL like `redis://[user:password@]host:port[/db]`"
             )))
         }
+    }
+
+    /// A URL whose form [`crate::url::parse`] checked already.
+    pub(crate) fn trusted(url: &str) -> Self {
+        Self(url.to_owned())
     }
 
     #[cfg(feature = "redis")]
@@ -189,6 +202,10 @@ impl Settings {
                 ));
             }
         };
+        // The one URL that names any engine wins over the two variables above.
+        if let Some(url) = get("DLOCK_URL") {
+            settings.backend = crate::url::parse("DLOCK_URL", &url)?;
+        }
         if let Some(prefix) = var("DLOCK_KEY_PREFIX") {
             settings.key_prefix = prefix;
         }
@@ -346,6 +363,28 @@ mod tests {
     }
 
     #[test]
+    fn dlock_url_wins_over_the_older_variables() {
+        let s = env(&[
+            ("DLOCK_URL", "memory://"),
+            ("DLOCK_BACKEND", "redis"),
+            ("DLOCK_REDIS_URL", "redis://d:2"),
+        ])
+        .unwrap();
+        assert_eq!(s.backend, BackendKind::Memory);
+        let s = env(&[("DLOCK_URL", "redis://u:1"), ("DLOCK_BACKEND", "memory")]).unwrap();
+        assert_eq!(
+            s.backend,
+            BackendKind::Redis(RedisUrl("redis://u:1".into()))
+        );
+        let err = env(&[
+            ("DLOCK_URL", "etcd://e:2379"),
+            ("DLOCK_REDIS_URL", "redis://d:2"),
+        ])
+        .unwrap_err();
+        assert!(err.to_string().contains("DLOCK_URL"), "{err}");
+    }
+
+    #[test]
     fn bad_values_name_the_variable() {
         for (var, value) in [
             ("DLOCK_BACKEND", "etcd"),
@@ -358,6 +397,8 @@ mod tests {
             ("DLOCK_MAX_KEY_LEN", "0"),
             ("DLOCK_MAX_KEY_LEN", "big"),
             ("DLOCK_NOTIFY", "maybe"),
+            ("DLOCK_URL", "ftp://x"),
+            ("DLOCK_URL", "redis+cluster://"),
         ] {
             let err = env(&[(var, value)]).unwrap_err();
             assert!(err.is_config(), "{var}={value}: {err:?}");

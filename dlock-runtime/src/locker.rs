@@ -12,7 +12,7 @@ use tracing::Instrument as _;
 use crate::{
     LockError, LockGuard, LockOptions,
     backend::{Attempt, Backend, FAIR_PREFIX, FENCE_PREFIX, Request, Token, memory::MemoryBackend},
-    config::{BackendKind, RedisUrl, Settings},
+    config::{BackendKind, Settings},
     guard::{Hold, far_future},
     options::Lease,
 };
@@ -525,11 +525,21 @@ impl LockerBuilder {
         })
     }
 
-    /// Use Redis at this URL (`redis://[user[:password]@]host[:port][/db]`). Default:
-    /// `redis://127.0.0.1:6379`.
-    pub fn redis_url(mut self, url: impl Into<String>) -> Self {
+    /// The engine and its address, chosen by the URL's scheme (as `DLOCK_URL`):
+    /// `redis://[user[:password]@]host[:port][/db]`, `rediss://…` (feature `tls`),
+    /// `redis+cluster://[user:password@]h1:p1,h2:p2` (feature `redis-cluster`),
+    /// `redis+sentinel://[user:password@]s1:p1,s2:p2/<master>` (feature `redis-sentinel`), or
+    /// `memory://` (the process's shared embedded table). Checked by [`build`](Self::build).
+    /// Default: `redis://127.0.0.1:6379`.
+    pub fn url(mut self, url: impl Into<String>) -> Self {
         self.url = Some(url.into());
         self
+    }
+
+    /// Use Redis at this URL (`redis://[user[:password]@]host[:port][/db]`); the same as
+    /// [`url`](Self::url), which also takes the other engines' URLs.
+    pub fn redis_url(self, url: impl Into<String>) -> Self {
+        self.url(url)
     }
 
     /// Use a new private embedded table instead of a server.
@@ -591,7 +601,7 @@ impl LockerBuilder {
     /// as long as the key limit.
     pub fn build(mut self) -> Result<Locker, LockError> {
         if let Some(url) = self.url.take() {
-            self.settings.backend = BackendKind::Redis(RedisUrl::parse("redis url", &url)?);
+            self.settings.backend = crate::url::parse("LockerBuilder::url", &url)?;
         }
         self.settings.validate()?;
         let backend: Arc<dyn Backend> = match &self.settings.backend {
@@ -604,10 +614,36 @@ impl LockerBuilder {
                 self.settings.request_timeout,
                 self.settings.notify,
             )?),
+            #[cfg(feature = "redis-cluster")]
+            BackendKind::RedisCluster(url) => {
+                Arc::new(crate::backend::redis::RedisBackend::cluster(
+                    url,
+                    &self.settings.key_prefix,
+                    self.settings.request_timeout,
+                )?)
+            }
+            #[cfg(feature = "redis-sentinel")]
+            BackendKind::RedisSentinel(url) => {
+                Arc::new(crate::backend::redis::RedisBackend::sentinel(
+                    url,
+                    &self.settings.key_prefix,
+                    self.settings.request_timeout,
+                    self.settings.notify,
+                )?)
+            }
             #[cfg(not(feature = "redis"))]
             BackendKind::Redis(_) => {
                 return Err(LockError::config(
                     "DLOCK_BACKEND: `redis` needs dlock-runtime's `redis` feature",
+                ));
+            }
+            #[allow(
+                unreachable_patterns,
+                reason = "every engine compiled in is matched above"
+            )]
+            _ => {
+                return Err(LockError::config(
+                    "this engine's cargo feature is not enabled in dlock-runtime",
                 ));
             }
         };

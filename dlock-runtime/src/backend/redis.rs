@@ -13,6 +13,9 @@ use notify::Notifier;
 
 #[path = "redis_notify.rs"]
 mod notify;
+#[cfg(feature = "redis-sentinel")]
+#[path = "redis_sentinel.rs"]
+mod sentinel;
 use crate::{LockError, config::RedisUrl, error::BackendError};
 
 static ACQUIRE: OnceLock<Script> = OnceLock::new();
@@ -43,10 +46,40 @@ fn extend_script() -> &'static Script {
     EXTEND.get_or_init(|| Script::new(include_str!("extend.lua")))
 }
 
-/// The connection manager and a task that never ends on the runtime it was made on: once that
-/// task is finished, the runtime is gone and so is the manager's connection task.
+/// How the backend reaches Redis: one server, a Cluster, or the master the sentinels name.
+enum Link {
+    Single(redis::Client),
+    #[cfg(feature = "redis-cluster")]
+    Cluster(redis::cluster::ClusterClient),
+    #[cfg(feature = "redis-sentinel")]
+    Sentinel(sentinel::Master),
+}
+
+/// A live multiplexed connection of either kind; both reconnect by themselves.
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    #[cfg(feature = "redis-cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Conn {
+    async fn invoke<T: redis::FromRedisValue>(
+        &mut self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> redis::RedisResult<T> {
+        match self {
+            Self::Single(c) => invocation.invoke_async(c).await,
+            #[cfg(feature = "redis-cluster")]
+            Self::Cluster(c) => invocation.invoke_async(c).await,
+        }
+    }
+}
+
+/// The connection and a task that never ends on the runtime it was made on: once that task is
+/// finished, the runtime is gone and so is the connection's own task.
 struct Connection {
-    manager: ConnectionManager,
+    manager: Conn,
     runtime: tokio::task::JoinHandle<()>,
 }
 
@@ -63,7 +96,7 @@ impl Drop for Connection {
 }
 
 pub(crate) struct RedisBackend {
-    client: redis::Client,
+    link: Link,
     connection: std::sync::Mutex<Option<Connection>>,
     request_timeout: Duration,
     fence_prefix: String,
@@ -97,26 +130,80 @@ impl RedisBackend {
         request_timeout: Duration,
         notify: bool,
     ) -> Result<Self, LockError> {
-        #[cfg(feature = "tls")]
-        if url.as_str().starts_with("rediss://") {
-            // rustls needs a process-wide crypto provider; install ring's unless the program
-            // already installed one (then ours is refused, and theirs is used).
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
+        install_tls_provider(url.as_str());
         let client = redis::Client::open(url.as_str()).map_err(|_| {
             LockError::config(
                 "DLOCK_REDIS_URL: expected a URL like `redis://[user:password@]host:port[/db]`",
             )
         })?;
-        Ok(Self {
-            notifier: notify.then(|| Notifier::new(client.clone(), request_timeout)),
-            client,
+        let notifier = notify.then(|| Notifier::new(Some(client.clone()), request_timeout));
+        Ok(Self::with_link(
+            Link::Single(client),
+            notifier,
+            key_prefix,
+            request_timeout,
+        ))
+    }
+
+    /// A Cluster backend on the seed nodes of a `redis+cluster://` URL; makes no connection.
+    /// Waiters poll: release notifications are not yet carried over sharded pub/sub.
+    #[cfg(feature = "redis-cluster")]
+    pub(crate) fn cluster(
+        url: &RedisUrl,
+        key_prefix: &str,
+        request_timeout: Duration,
+    ) -> Result<Self, LockError> {
+        install_tls_provider(url.as_str());
+        let form = "redis+cluster://[user:password@]h1:p1,h2:p2";
+        let hosts = crate::url::HostList::parse("redis cluster url", url.as_str(), form)?;
+        let client = redis::cluster::ClusterClient::builder(hosts.node_urls(""))
+            .connection_timeout(request_timeout)
+            .retries(2)
+            .build()
+            .map_err(|_| LockError::config(format!("DLOCK_URL: expected `{form}`")))?;
+        Ok(Self::with_link(
+            Link::Cluster(client),
+            None,
+            key_prefix,
+            request_timeout,
+        ))
+    }
+
+    /// A backend on the master that the sentinels of a `redis+sentinel://` URL name; makes no
+    /// connection.
+    #[cfg(feature = "redis-sentinel")]
+    pub(crate) fn sentinel(
+        url: &RedisUrl,
+        key_prefix: &str,
+        request_timeout: Duration,
+        notify: bool,
+    ) -> Result<Self, LockError> {
+        install_tls_provider(url.as_str());
+        let master = sentinel::Master::new(url.as_str(), request_timeout)?;
+        let notifier = notify.then(|| Notifier::new(None, request_timeout));
+        Ok(Self::with_link(
+            Link::Sentinel(master),
+            notifier,
+            key_prefix,
+            request_timeout,
+        ))
+    }
+
+    fn with_link(
+        link: Link,
+        notifier: Option<Notifier>,
+        key_prefix: &str,
+        request_timeout: Duration,
+    ) -> Self {
+        Self {
+            link,
+            notifier,
             connection: std::sync::Mutex::new(None),
             request_timeout,
             fence_prefix: format!("{key_prefix}{}", super::FENCE_PREFIX),
             fair_prefix: format!("{key_prefix}{}", super::FAIR_PREFIX),
             publish_denied: std::sync::atomic::AtomicBool::new(false),
-        })
+        }
     }
 
     /// The server refused a release notification (the user has no permission on the key's
@@ -141,15 +228,35 @@ impl RedisBackend {
 
     /// The shared connection, made lazily on first use; it reconnects by itself afterwards. It
     /// is made again when the runtime it was made on has shut down (its tasks died with it), as
-    /// when one locker serves several `#[tokio::test]`s in turn.
-    fn connection(&self) -> Result<ConnectionManager, BackendError> {
-        let mut slot = self
-            .connection
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(connection) = slot.as_ref().filter(|c| c.alive()) {
-            return Ok(connection.manager.clone());
+    /// when one locker serves several `#[tokio::test]`s in turn, and (Sentinel) when it was
+    /// dropped after an error because the master may have moved.
+    async fn connection(&self) -> Result<Conn, BackendError> {
+        if let Some(connection) = self.live_connection() {
+            return Ok(connection);
         }
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            BackendError::new("the Redis backend runs on a tokio runtime; none is running")
+        })?;
+        let client = match &self.link {
+            Link::Single(client) => client.clone(),
+            #[cfg(feature = "redis-cluster")]
+            Link::Cluster(client) => {
+                // No response timeout here: `call` bounds each request.
+                let config = redis::cluster::ClusterConfig::new()
+                    .set_connection_timeout(self.request_timeout);
+                let manager =
+                    Conn::Cluster(client.get_pending_async_connection_with_config(config));
+                return Ok(self.store(manager, &runtime));
+            }
+            #[cfg(feature = "redis-sentinel")]
+            Link::Sentinel(master) => {
+                let client = master.resolve().await?;
+                if let Some(notifier) = &self.notifier {
+                    notifier.follow(client.clone());
+                }
+                client
+            }
+        };
         // No response timeout here: `call` bounds each request (one timer per request, not
         // two), including the wait for a connection being re-established.
         let config = ConnectionManagerConfig::new()
@@ -158,16 +265,47 @@ impl RedisBackend {
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(10))
             .set_max_delay(Duration::from_millis(100));
-        let manager = ConnectionManager::new_lazy_with_config(self.client.clone(), config)
+        let manager = ConnectionManager::new_lazy_with_config(client, config)
             .map_err(|e| BackendError::with_source("could not set up the Redis connection", e))?;
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
-            BackendError::new("the Redis backend runs on a tokio runtime; none is running")
-        })?;
+        Ok(self.store(Conn::Single(manager), &runtime))
+    }
+
+    fn live_connection(&self) -> Option<Conn> {
+        self.connection
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .filter(|c| c.alive())
+            .map(|c| c.manager.clone())
+    }
+
+    fn store(&self, manager: Conn, runtime: &tokio::runtime::Handle) -> Conn {
+        let mut slot = self
+            .connection
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(current) = slot.as_ref().filter(|c| c.alive()) {
+            // Another request made one meanwhile: share it.
+            return current.manager.clone();
+        }
         *slot = Some(Connection {
             manager: manager.clone(),
             runtime: runtime.spawn(std::future::pending()),
         });
-        Ok(manager)
+        manager
+    }
+
+    /// Sentinel: after an error that may mean the master moved (a replica's `READONLY`, a
+    /// connection lost or silent), the next request asks the sentinels again.
+    fn forget_connection_after(&self, error: &BackendError) {
+        #[cfg(feature = "redis-sentinel")]
+        if matches!(self.link, Link::Sentinel(_)) && !error.is_refused() {
+            *self
+                .connection
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        }
+        let _ = error;
     }
 
     /// Runs one script call, bounded by the request timeout even while the connection is being
@@ -177,21 +315,26 @@ impl RedisBackend {
         what: &'static str,
         invocation: redis::ScriptInvocation<'_>,
     ) -> Result<T, BackendError> {
-        let mut connection = self.connection()?;
-        // Two request timeouts: a NOSCRIPT answer costs a SCRIPT LOAD and a second EVALSHA.
-        match tokio::time::timeout(
-            self.request_timeout * 2,
-            invocation.invoke_async(&mut connection),
-        )
+        // Two request timeouts: a NOSCRIPT answer costs a SCRIPT LOAD and a second EVALSHA; a
+        // Sentinel asks for the master first.
+        let bound = self.request_timeout * 2;
+        let result = tokio::time::timeout(bound, async {
+            let mut connection = self.connection().await?;
+            connection
+                .invoke(&invocation)
+                .await
+                .map_err(|e| classify(what, e))
+        })
         .await
-        {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(classify(what, e)),
-            Err(_) => Err(BackendError::new(format!(
-                "Redis {what} got no reply within {:?}",
-                self.request_timeout * 2
-            ))),
+        .unwrap_or_else(|_| {
+            Err(BackendError::new(format!(
+                "Redis {what} got no reply within {bound:?}"
+            )))
+        });
+        if let Err(error) = &result {
+            self.forget_connection_after(error);
         }
+        result
     }
 
     /// The fencing counter in the same cluster slot as `key`: one counter per slot, so storage
@@ -203,6 +346,16 @@ impl RedisBackend {
             slot_tag(slot(key.as_bytes()))
         )
     }
+}
+
+/// rustls needs a process-wide crypto provider; install ring's unless the program already
+/// installed one (then ours is refused, and theirs is used).
+fn install_tls_provider(url: &str) {
+    #[cfg(feature = "tls")]
+    if url.starts_with("rediss") {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    let _ = url;
 }
 
 /// A driver error as a [`BackendError`], marked refused when asking again cannot cure it: the

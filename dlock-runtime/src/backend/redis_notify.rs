@@ -30,6 +30,8 @@ const LINGER: Duration = Duration::from_secs(2);
 
 enum Op {
     Subscribe(String, oneshot::Sender<bool>),
+    /// The server moved (a Sentinel failover): drop the connection and resubscribe there.
+    Reconnect,
     /// The last waiter of a channel left: its linger starts.
     Idle,
 }
@@ -46,7 +48,8 @@ struct Channel {
 }
 
 struct Shared {
-    client: redis::Client,
+    /// The server to subscribe on; `None` until known (a Sentinel master not yet found).
+    client: Mutex<Option<redis::Client>>,
     request_timeout: Duration,
     channels: Mutex<HashMap<String, Channel>>,
     /// The server's ACL refused a SUBSCRIBE: waiters poll from then on, and nobody asks again.
@@ -73,11 +76,11 @@ struct Control {
 }
 
 impl Notifier {
-    pub(crate) fn new(client: redis::Client, request_timeout: Duration) -> Self {
+    pub(crate) fn new(client: Option<redis::Client>, request_timeout: Duration) -> Self {
         let (ops, receiver) = mpsc::unbounded_channel();
         Self {
             shared: Arc::new(Shared {
-                client,
+                client: Mutex::new(client),
                 request_timeout,
                 channels: Mutex::default(),
                 denied: std::sync::atomic::AtomicBool::new(false),
@@ -105,6 +108,27 @@ impl Notifier {
             tokio::spawn(run(self.shared.clone(), receiver));
         }
         control.ops.clone()
+    }
+
+    /// Subscribes on `client` from now on (a Sentinel master found, or moved); an open
+    /// connection to another server is dropped and its channels resubscribed on this one.
+    #[cfg(feature = "redis-sentinel")]
+    pub(crate) fn follow(&self, client: redis::Client) {
+        let moved = {
+            let mut current = self
+                .shared
+                .client
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let moved = current.as_ref().is_some_and(|c| {
+                c.get_connection_info().addr() != client.get_connection_info().addr()
+            });
+            *current = Some(client);
+            moved
+        };
+        if moved {
+            let _ = self.ops().send(Op::Reconnect);
+        }
     }
 
     /// A wake-up for releases of `key` when the channel is subscribed already (a waiter is on
@@ -188,7 +212,12 @@ impl Drop for Registration {
 }
 
 async fn connect(shared: &Shared) -> Option<(PubSubSink, PubSubStream)> {
-    match tokio::time::timeout(shared.request_timeout, shared.client.get_async_pubsub()).await {
+    let client = shared
+        .client
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()?;
+    match tokio::time::timeout(shared.request_timeout, client.get_async_pubsub()).await {
         Ok(Ok(pubsub)) => Some(pubsub.split()),
         Ok(Err(error)) => {
             tracing::debug!(error = %error, "release notifications unavailable; waiters poll");
@@ -288,7 +317,7 @@ async fn run(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<Op>) {
                     op = ops.recv() => match op {
                         None => return,
                         Some(Op::Subscribe(_, reply)) => { let _ = reply.send(false); }
-                        Some(Op::Idle) => {}
+                        Some(Op::Idle | Op::Reconnect) => {}
                     },
                 }
                 retry = (retry * 2).min(Duration::from_secs(2));
@@ -297,7 +326,7 @@ async fn run(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<Op>) {
             // Nobody waits: connect when someone asks.
             match ops.recv().await {
                 None => return,
-                Some(Op::Idle) => continue,
+                Some(Op::Idle | Op::Reconnect) => continue,
                 Some(Op::Subscribe(key, reply)) => {
                     let Some((mut sink, stream)) = connect(&shared).await else {
                         let _ = reply.send(false);
@@ -359,6 +388,15 @@ async fn run(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<Op>) {
                 Some(Op::Idle) => {
                     if next_sweep.is_none() {
                         next_sweep = Some(Instant::now() + LINGER);
+                    }
+                }
+                Some(Op::Reconnect) => {
+                    tracing::debug!("release notifications move to the new master");
+                    connection = None;
+                    subscribed.clear();
+                    for channel in shared.channels().values_mut() {
+                        channel.confirmed = false;
+                        channel.notify.notify_waiters();
                     }
                 }
             },

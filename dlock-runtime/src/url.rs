@@ -1,0 +1,255 @@
+//! Engine URLs: the scheme of one URL (`DLOCK_URL`, [`LockerBuilder::url`](crate::LockerBuilder::url))
+//! picks the engine, and multi-host forms list their hosts with commas the way libpq and MongoDB
+//! URLs do. Parsing only: no I/O, and no password in any error.
+
+use crate::{LockError, config::BackendKind, config::RedisUrl};
+
+/// What the recognised schemes are, for error messages.
+const EXPECTED: &str = "a URL like `redis://host:port`, `redis+cluster://h1:p1,h2:p2`, \
+    `redis+sentinel://s1:p1,s2:p2/<master>` or `memory://`";
+
+/// Reads an engine URL. `var` names where it came from (`DLOCK_URL`, …) for the error.
+pub(crate) fn parse(var: &str, url: &str) -> Result<BackendKind, LockError> {
+    let url = url.trim();
+    let Some((scheme, _)) = url.split_once("://") else {
+        return Err(LockError::config(format!("{var}: expected {EXPECTED}")));
+    };
+    match scheme {
+        "redis" | "rediss" | "redis+unix" | "unix" => {
+            Ok(BackendKind::Redis(RedisUrl::parse(var, url)?))
+        }
+        "redis+cluster" | "rediss+cluster" => {
+            needs(
+                var,
+                scheme,
+                "redis-cluster",
+                cfg!(feature = "redis-cluster"),
+            )?;
+            tls_needs(var, scheme)?;
+            HostList::parse(var, url, "redis+cluster://[user:password@]h1:p1,h2:p2")?;
+            Ok(BackendKind::RedisCluster(RedisUrl::trusted(url)))
+        }
+        "redis+sentinel" | "rediss+sentinel" => {
+            needs(
+                var,
+                scheme,
+                "redis-sentinel",
+                cfg!(feature = "redis-sentinel"),
+            )?;
+            tls_needs(var, scheme)?;
+            let form = "redis+sentinel://[user:password@]s1:p1,s2:p2/<master name>";
+            let hosts = HostList::parse(var, url, form)?;
+            hosts.master_name(var, form)?;
+            Ok(BackendKind::RedisSentinel(RedisUrl::trusted(url)))
+        }
+        "memory" => Ok(BackendKind::Memory),
+        "redis+redlock" | "rediss+redlock" => Err(not_yet(var, scheme, "redlock")),
+        "etcd" | "etcds" => Err(not_yet(var, scheme, "etcd")),
+        "zk" => Err(not_yet(var, scheme, "zookeeper")),
+        "postgres" | "postgresql" => Err(not_yet(var, scheme, "postgres")),
+        _ => Err(LockError::config(format!(
+            "{var}: unknown scheme `{scheme}://`; expected {EXPECTED}"
+        ))),
+    }
+}
+
+/// A scheme whose engine is compiled out.
+fn needs(var: &str, scheme: &str, feature: &str, enabled: bool) -> Result<(), LockError> {
+    if enabled {
+        Ok(())
+    } else {
+        Err(LockError::config(format!(
+            "{var}: `{scheme}://` needs dlock-runtime's `{feature}` feature; enable it in Cargo.toml"
+        )))
+    }
+}
+
+fn tls_needs(var: &str, scheme: &str) -> Result<(), LockError> {
+    needs(
+        var,
+        scheme,
+        "tls",
+        !scheme.starts_with("rediss") || cfg!(feature = "tls"),
+    )
+}
+
+/// A scheme of the *Engines* table whose engine this version does not have yet.
+fn not_yet(var: &str, scheme: &str, feature: &str) -> LockError {
+    LockError::config(format!(
+        "{var}: `{scheme}://` is provided by dlock-runtime's `{feature}` feature, which this \
+         version does not have yet"
+    ))
+}
+
+/// A multi-host URL taken apart: `scheme://[userinfo@]h1:p1,h2:p2[/path][?query]`.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct HostList<'a> {
+    pub(crate) tls: bool,
+    pub(crate) userinfo: Option<&'a str>,
+    pub(crate) hosts: Vec<(&'a str, u16)>,
+    /// After the hosts, without the leading `/`; may be empty.
+    pub(crate) path: &'a str,
+    pub(crate) query: Option<&'a str>,
+}
+
+impl<'a> HostList<'a> {
+    /// Takes `url` apart; `form` is the expected form, for the error. Errors never show the
+    /// URL (it may hold a password).
+    pub(crate) fn parse(var: &str, url: &'a str, form: &str) -> Result<Self, LockError> {
+        let bad = |why: &str| LockError::config(format!("{var}: {why}; expected `{form}`"));
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| bad("no scheme"))?;
+        let (rest, query) = match rest.split_once('?') {
+            Some((rest, query)) => (rest, Some(query)),
+            None => (rest, None),
+        };
+        // The password may hold `/` or `@`: the host list starts after the last `@`.
+        let (userinfo, rest) = match rest.rfind('@') {
+            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+            None => (None, rest),
+        };
+        let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
+        if hosts.is_empty() {
+            return Err(bad("no host"));
+        }
+        let hosts = hosts
+            .split(',')
+            .map(|host| {
+                let (name, port) = host
+                    .rsplit_once(':')
+                    .ok_or_else(|| bad("every host needs a port (`host:port`)"))?;
+                let port = port
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|p| *p > 0)
+                    .ok_or_else(|| bad("a port is not a number from 1 to 65535"))?;
+                if name.is_empty() {
+                    return Err(bad("a host name is empty"));
+                }
+                Ok((name, port))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            tls: scheme.starts_with("rediss"),
+            userinfo,
+            hosts,
+            path,
+            query,
+        })
+    }
+
+    /// The Sentinel master's name: the first path segment, not empty.
+    pub(crate) fn master_name(&self, var: &str, form: &str) -> Result<&'a str, LockError> {
+        let name = self.path.split('/').next().unwrap_or("");
+        if name.is_empty() {
+            return Err(LockError::config(format!(
+                "{var}: the master name is missing; expected `{form}`"
+            )));
+        }
+        Ok(name)
+    }
+
+    /// `redis://[userinfo@]host:port` (or `rediss://`) for each host, with `path` after it.
+    #[cfg(any(feature = "redis-cluster", feature = "redis-sentinel"))]
+    pub(crate) fn node_urls(&self, path: &str) -> Vec<String> {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let userinfo = self.userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+        self.hosts
+            .iter()
+            .map(|(host, port)| format!("{scheme}://{userinfo}{host}:{port}{path}"))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schemes_pick_the_engine() {
+        assert!(matches!(
+            parse("DLOCK_URL", "redis://h:1"),
+            Ok(BackendKind::Redis(_))
+        ));
+        assert!(matches!(
+            parse("DLOCK_URL", "memory://"),
+            Ok(BackendKind::Memory)
+        ));
+        let cluster = parse("DLOCK_URL", "redis+cluster://a:1,b:2");
+        let sentinel = parse("DLOCK_URL", "redis+sentinel://a:1,b:2/mymaster");
+        if cfg!(feature = "redis-cluster") {
+            assert!(matches!(cluster, Ok(BackendKind::RedisCluster(_))));
+        } else {
+            assert!(
+                cluster
+                    .unwrap_err()
+                    .to_string()
+                    .contains("`redis-cluster` feature")
+            );
+        }
+        if cfg!(feature = "redis-sentinel") {
+            assert!(matches!(sentinel, Ok(BackendKind::RedisSentinel(_))));
+        } else {
+            assert!(
+                sentinel
+                    .unwrap_err()
+                    .to_string()
+                    .contains("`redis-sentinel` feature")
+            );
+        }
+        for (url, feature) in [
+            ("redis+redlock://a:1,b:2,c:3", "`redlock`"),
+            ("rediss+redlock://a:1,b:2,c:3", "`redlock`"),
+            ("etcd://a:2379", "`etcd`"),
+            ("etcds://a:2379", "`etcd`"),
+            ("zk://a:2181/app", "`zookeeper`"),
+            ("postgres://u:pw@db/app", "`postgres`"),
+            ("postgresql://u:pw@db/app", "`postgres`"),
+        ] {
+            let err = parse("DLOCK_URL", url).unwrap_err().to_string();
+            assert!(
+                err.contains(feature) && err.contains("DLOCK_URL"),
+                "{url}: {err}"
+            );
+            assert!(!err.contains("pw"), "{err}");
+        }
+    }
+
+    #[test]
+    fn malformed_host_lists_name_the_variable_and_hide_the_password() {
+        for url in [
+            "redis+cluster://",
+            "redis+cluster://u:s3cret@",
+            "redis+cluster://u:s3cret@a:1,,b:2",
+            "redis+cluster://u:s3cret@a:1,b",
+            "redis+cluster://u:s3cret@a:1,b:http",
+            "redis+cluster://u:s3cret@a:0",
+            "redis+cluster://u:s3cret@:6379",
+            "redis+sentinel://u:s3cret@a:1,b:2",
+            "redis+sentinel://u:s3cret@a:1,b:2/",
+            "http://u:s3cret@a:1",
+            "no scheme at all s3cret",
+        ] {
+            let err = parse("DLOCK_URL", url).unwrap_err();
+            assert!(err.is_config(), "{url}: {err:?}");
+            let text = err.to_string();
+            assert!(text.contains("DLOCK_URL"), "{url}: {text}");
+            assert!(!text.contains("s3cret"), "{url}: {text}");
+        }
+        let err = parse("DLOCK_URL", "redis+sentinel://a:1/").unwrap_err();
+        if cfg!(feature = "redis-sentinel") {
+            assert!(err.to_string().contains("master name"), "{err}");
+        }
+    }
+
+    #[test]
+    fn host_lists_keep_passwords_with_separators() {
+        let url = "rediss+cluster://app:p@ss/w,rd@h1:7000,h2:7001/?x=1";
+        let hosts = HostList::parse("X", url, "").unwrap();
+        assert!(hosts.tls);
+        assert_eq!(hosts.userinfo, Some("app:p@ss/w,rd"));
+        assert_eq!(hosts.hosts, vec![("h1", 7000), ("h2", 7001)]);
+        assert_eq!(hosts.query, Some("x=1"));
+        let sentinel = HostList::parse("X", "redis+sentinel://s1:1,s2:2/mymaster/2", "").unwrap();
+        assert_eq!(sentinel.master_name("X", "").unwrap(), "mymaster");
+    }
+}
