@@ -49,9 +49,11 @@ impl Master {
             ..hosts.clone()
         }
         .node_urls("");
+        // An owned name: `build` takes a `String` unless redis-rs's rustls feature is on.
+        let service: String = name.to_owned();
         let client = SentinelClient::build(
             sentinels,
-            name,
+            service,
             Some(node),
             SentinelServerType::Master,
         )
