@@ -89,6 +89,33 @@ impl Hold {
         })
     }
 
+    /// Marks the hold lost when the engine reports it gone (`signal`), for as long as the hold
+    /// lives: the task ends with the hold, or once it is lost anyway.
+    pub(crate) fn follow_engine(self: &Arc<Self>, signal: Option<crate::backend::LossSignal>) {
+        let (Some(signal), Some(runtime)) = (signal, &self.runtime) else {
+            return;
+        };
+        let hold = Arc::downgrade(self);
+        let mut state = self.state.subscribe();
+        runtime.spawn(async move {
+            let ended = async {
+                while state.changed().await.is_ok() {
+                    if *state.borrow() == State::Lost {
+                        return;
+                    }
+                }
+            };
+            tokio::select! {
+                () = signal.0 => {
+                    if let Some(hold) = hold.upgrade() {
+                        hold.mark_lost("the engine reported the lease gone");
+                    }
+                }
+                () = ended => {}
+            }
+        });
+    }
+
     /// Hands the compare-and-delete of this hold to the runtime it was acquired on.
     fn release_in_background(&self) {
         spawn_release(

@@ -11,7 +11,10 @@ use tracing::Instrument as _;
 
 use crate::{
     LockError, LockGuard, LockOptions,
-    backend::{Attempt, Backend, FAIR_PREFIX, FENCE_PREFIX, Request, Token, memory::MemoryBackend},
+    backend::{
+        Attempt, Backend, FAIR_PREFIX, FENCE_PREFIX, FairOrder, Request, Token,
+        memory::MemoryBackend,
+    },
     config::{BackendKind, Settings},
     guard::{Hold, far_future},
     options::Lease,
@@ -146,6 +149,11 @@ impl Locker {
         if let Some(guard) = self.reenter(&full_key) {
             return Ok(guard);
         }
+        if options.fair
+            && let FairOrder::Unsupported(why) = self.backend().fair_order()
+        {
+            return Err(LockError::config(format!("fair: {why}")));
+        }
         let span =
             tracing::debug_span!("dlock.acquire", key = %full_key, ?timeout, expire = ?lease);
         self.wait_for(full_key, timeout, lease, lease_len, &options)
@@ -192,17 +200,24 @@ impl Locker {
             lease,
             fair: None,
         };
-        let Attempt::Acquired { fence: first } = self.backend().acquire(request).await? else {
+        let Attempt::Acquired { fence: first, .. } = self.backend().acquire(request).await? else {
             return Err(LockError::Timeout {
                 key,
                 waited: Duration::ZERO,
             });
         };
         let sent_at = Instant::now();
-        let Attempt::Acquired { fence } = self.backend().acquire(request).await? else {
+        let Attempt::Acquired {
+            fence,
+            granted,
+            lost,
+        } = self.backend().acquire(request).await?
+        else {
             return Err(LockError::Lost { key });
         };
+        let lease = granted.unwrap_or(lease);
         let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease, false);
+        hold.follow_engine(lost);
         Ok((first, LockGuard::new(hold, Lease::Fixed(lease), None)))
     }
 
@@ -284,7 +299,7 @@ impl Locker {
         // A subscription already up (another waiter's, or a recent one's) covers the first
         // attempt; otherwise the first refusal asks for one. A single attempt needs neither.
         let mut watch = if settings.notify && !timeout.is_zero() {
-            self.backend().watching(key)
+            self.backend().watching(key, &orphan.token)
         } else {
             None
         };
@@ -305,22 +320,29 @@ impl Locker {
             let was_armed = orphan.armed;
             orphan.armed = true;
             let holder_ttl = match self.backend().acquire(request).await {
-                Ok(Attempt::Acquired { fence }) => {
+                Ok(Attempt::Acquired {
+                    fence,
+                    granted,
+                    lost,
+                }) => {
                     let waited = started.elapsed();
                     tracing::debug!(attempts, ?waited, fencing_token = fence, "lock acquired");
                     let (key, token) = orphan.disarm();
+                    let lease_len = granted.unwrap_or(lease_len);
                     let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease_len, fair);
+                    hold.follow_engine(lost);
                     return Ok(LockGuard::new(hold, lease, options.max_hold));
                 }
-                Ok(Attempt::Held { ttl }) => {
-                    // A definite "not ours" clears nothing an earlier lost reply may have set.
-                    orphan.armed = was_armed || fair;
+                Ok(Attempt::Held { ttl, queued }) => {
+                    // A definite "not ours" clears nothing an earlier lost reply may have set;
+                    // a place in line is given up with the wait.
+                    orphan.armed = was_armed || queued;
                     last_error = None;
                     if !watch_asked && Instant::now() < deadline {
                         // Subscribe on the first refusal, then try again at once: the release
                         // may have come before the subscription did.
                         watch_asked = true;
-                        watch = self.backend().watch(key).await;
+                        watch = self.backend().watch(key, token).await;
                         if watch.is_some() {
                             continue;
                         }
@@ -347,7 +369,12 @@ impl Locker {
             if now >= deadline {
                 break;
             }
-            let (min, max) = settings.retry;
+            // A watch on this waiter's predecessor signals every change that matters: the pause
+            // is then only a slow safety net, not a poll.
+            let (min, max) = match &watch {
+                Some(watch) if watch.is_reliable() => (RELIABLE_WATCH_PAUSE, RELIABLE_WATCH_PAUSE),
+                _ => settings.retry,
+            };
             let mut pause = jitter(min, max).min(deadline - now);
             if let Some(ttl) = holder_ttl {
                 pause = pause.min(ttl.max(Duration::from_millis(1)));
@@ -468,6 +495,9 @@ pub(crate) fn spawn_release(
 fn waiter_liveness(settings: &Settings) -> Duration {
     (settings.retry.1 * 4 + settings.request_timeout * 4).max(Duration::from_millis(250))
 }
+
+/// The fallback pause of a waiter whose wake-up is a watch on its predecessor in line.
+const RELIABLE_WATCH_PAUSE: Duration = Duration::from_secs(1);
 
 /// A uniformly random pause in `min..=max`.
 fn jitter(min: Duration, max: Duration) -> Duration {

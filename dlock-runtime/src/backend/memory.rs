@@ -135,7 +135,7 @@ impl Backend for MemoryBackend {
                 Some(entry) if entry.token == *token => {
                     entry.expires_at = now + lease;
                     table.fence = next_fence;
-                    return Attempt::Acquired { fence: next_fence };
+                    return Attempt::acquired(next_fence);
                 }
                 Some(entry) => Some(entry.expires_at - now),
                 None => None,
@@ -144,7 +144,10 @@ impl Backend for MemoryBackend {
                 if let Some(live) = fair {
                     table.wait_in_line(key, token, now + live);
                 }
-                return Attempt::Held { ttl: held_ttl };
+                return Attempt::Held {
+                    ttl: held_ttl,
+                    queued: fair.is_some(),
+                };
             }
             if fair.is_some() {
                 table.leave_queue(key, token);
@@ -159,7 +162,7 @@ impl Backend for MemoryBackend {
                     expires_at: now + lease,
                 },
             );
-            Attempt::Acquired { fence }
+            Attempt::acquired(fence)
         });
         Box::pin(std::future::ready(Ok(attempt)))
     }
@@ -200,7 +203,7 @@ impl Backend for MemoryBackend {
         Box::pin(std::future::ready(Ok(extended)))
     }
 
-    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Option<Watch>> {
+    fn watch<'a>(&'a self, key: &'a str, _token: &'a Token) -> BoxFuture<'a, Option<Watch>> {
         let notify = self.with_table(|table, _| {
             if let Some(notify) = table.watchers.get(key).and_then(Weak::upgrade) {
                 return notify;

@@ -19,12 +19,64 @@ pub(crate) const FAIR_PREFIX: &str = "__fair:";
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The answer to one acquisition attempt.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Attempt {
-    /// The lock is ours (newly, or already from an earlier attempt whose reply was lost).
-    Acquired { fence: u64 },
-    /// Someone else holds it; `ttl` is their remaining lease when the backend knows it.
-    Held { ttl: Option<Duration> },
+    /// The lock is ours (newly, or already from an earlier attempt whose reply was lost: then
+    /// with a new fence).
+    Acquired {
+        /// Greater than every fence handed out for this key before.
+        fence: u64,
+        /// The lease the engine granted when it differs from the one asked for (etcd rounds up to
+        /// whole seconds); the guard's lease clock counts this one.
+        granted: Option<Duration>,
+        /// Resolves when the engine itself learns the hold is gone (etcd's watch on the holder
+        /// key, a ZooKeeper session expiry); the hold is then lost at once.
+        lost: Option<LossSignal>,
+    },
+    /// Someone else holds it, or is ahead in line.
+    Held {
+        /// The holder's remaining lease, when the engine knows it.
+        ttl: Option<Duration>,
+        /// The engine keeps a place in line for this token (Redis fair mode's queue, etcd's and
+        /// ZooKeeper's waiter nodes): a wait that gives up must release it.
+        queued: bool,
+    },
+}
+
+impl Attempt {
+    /// A plain grant: this fence, the lease asked for, no loss signal of the engine's own.
+    pub(crate) fn acquired(fence: u64) -> Self {
+        Self::Acquired {
+            fence,
+            granted: None,
+            lost: None,
+        }
+    }
+}
+
+/// A future that resolves when the engine reports a hold lost.
+pub(crate) struct LossSignal(pub(crate) BoxFuture<'static, ()>);
+
+impl fmt::Debug for LossSignal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LossSignal")
+    }
+}
+
+/// How an engine serves `fair` acquisitions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(
+    dead_code,
+    reason = "`Native` is for etcd and ZooKeeper, `Unsupported` for RedLock"
+)]
+pub(crate) enum FairOrder {
+    /// A queue the engine keeps when a [`Request`] asks for it (Redis, memory).
+    Queue,
+    /// Every waiter holds a place in line by construction (etcd revisions, ZooKeeper
+    /// sequence numbers): `fair` changes nothing.
+    Native,
+    /// The engine cannot promise an order: a `fair` acquisition is a configuration error.
+    Unsupported(&'static str),
 }
 
 /// One acquisition attempt.
@@ -38,17 +90,21 @@ pub(crate) struct Request<'a> {
     pub(crate) fair: Option<Duration>,
 }
 
-/// One lock service.
+/// One lock service. Every engine (Redis, Cluster, Sentinel, the embedded table, and those to
+/// come) is one implementation; the waiting loop, the lease clock, renewal and the guard are
+/// the locker's and the same for all.
 ///
-/// - `acquire`: take the key for `token` if it is free (and, in fair mode, `token` is at the
-///   head of the queue) or already ours; otherwise report the holder's remaining lease, and give
-///   a key without expiry one (the TTL recheck).
-/// - `release`: delete the key only while it holds `token` (`false` when it did not), leave the
-///   fair queue when `fair`, and wake the key's waiters.
-/// - `extend`: reset the lease only while the key holds `token`; never re-creates the key.
-/// - `watch`: a wake-up for releases of `key`, shared by this client's waiters; `None` when
-///   notifications are unavailable (waiters poll then). `watching`: the same when it needs no
-///   I/O (the subscription is up already).
+/// - `acquire`: take the key for `token` if it is free (and, in fair mode or on an engine with a
+///   line, `token` is first) or already ours; otherwise say so, with the holder's remaining
+///   lease when known, and whether the engine keeps a place in line for `token`. A key left
+///   without expiry is given one (the TTL recheck) where the engine can have such keys.
+/// - `release`: give up `token`'s hold or place in line (deleting nothing of anyone else's;
+///   `false` when it held nothing) and wake the key's waiters. `fair`: it may be in a queue.
+/// - `extend`: reset the lease only while `token` holds the key; never re-creates it.
+/// - `watch`: a wake-up for when `token` may have become first (any release of the key, or the
+///   deletion of `token`'s predecessor on an engine with a line), shared by this client's
+///   waiters where it can be; `None` when the engine cannot give one now (waiters poll).
+///   `watching`: the same when it needs no I/O.
 pub(crate) trait Backend: Send + Sync + 'static {
     fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Attempt, BackendError>>;
 
@@ -59,11 +115,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
         fair: bool,
     ) -> BoxFuture<'a, Result<bool, BackendError>>;
 
-    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Option<Watch>>;
+    fn watch<'a>(&'a self, key: &'a str, token: &'a Token) -> BoxFuture<'a, Option<Watch>>;
 
-    /// A wake-up for releases of `key` that is in place already (no I/O), so a waiter armed
-    /// with it before its first attempt misses no release; `None` otherwise.
-    fn watching(&self, _key: &str) -> Option<Watch> {
+    /// A wake-up for `key` that is in place already (no I/O), so a waiter armed with it before
+    /// its first attempt misses no release; `None` otherwise.
+    fn watching(&self, _key: &str, _token: &Token) -> Option<Watch> {
         None
     }
 
@@ -73,6 +129,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
         token: &'a Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>>;
+
+    /// How `fair` acquisitions are served.
+    fn fair_order(&self) -> FairOrder {
+        FairOrder::Queue
+    }
 }
 
 /// Who a release wake-up is for: the fair waiter the release named as next in line, or anyone.
@@ -82,6 +143,9 @@ pub(crate) type NextInLine = Arc<std::sync::Mutex<Option<String>>>;
 pub(crate) struct Watch {
     notify: Arc<Notify>,
     next: NextInLine,
+    /// Every moment the waiter may have become first is signalled (a watch on its predecessor):
+    /// the waiting loop's fallback pause can be long.
+    reliable: bool,
     _registration: Box<dyn Any + Send + Sync>,
 }
 
@@ -94,8 +158,21 @@ impl Watch {
         Self {
             notify,
             next,
+            reliable: false,
             _registration: Box::new(registration),
         }
+    }
+
+    /// Marks the wake-up as covering every change that matters to this waiter, as a watch on
+    /// its predecessor in line does: the waiting loop then polls only as a slow fallback.
+    #[allow(dead_code, reason = "for the engines with a line (etcd, ZooKeeper)")]
+    pub(crate) fn reliable(mut self) -> Self {
+        self.reliable = true;
+        self
+    }
+
+    pub(crate) fn is_reliable(&self) -> bool {
+        self.reliable
     }
 
     pub(crate) fn notify(&self) -> Arc<Notify> {

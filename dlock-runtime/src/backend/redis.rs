@@ -445,10 +445,14 @@ impl Backend for RedisBackend {
             // 0 free, but another fair waiter is first in line.
             let reply: i64 = self.call("acquire", invocation).await?;
             Ok(match u64::try_from(reply) {
-                Ok(0) => Attempt::Held { ttl: None },
-                Ok(fence) => Attempt::Acquired { fence },
+                Ok(0) => Attempt::Held {
+                    ttl: None,
+                    queued: true,
+                },
+                Ok(fence) => Attempt::acquired(fence),
                 Err(_) => Attempt::Held {
                     ttl: Some(Duration::from_millis(reply.unsigned_abs() - 1)),
+                    queued: fair.is_some(),
                 },
             })
         })
@@ -496,11 +500,11 @@ impl Backend for RedisBackend {
         })
     }
 
-    fn watching(&self, key: &str) -> Option<Watch> {
+    fn watching(&self, key: &str, _token: &Token) -> Option<Watch> {
         self.notifier.as_ref()?.watching(key)
     }
 
-    fn watch<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Option<Watch>> {
+    fn watch<'a>(&'a self, key: &'a str, _token: &'a Token) -> BoxFuture<'a, Option<Watch>> {
         Box::pin(async move {
             match &self.notifier {
                 Some(notifier) => notifier.watch(key).await,

@@ -51,13 +51,9 @@ impl Master {
         .node_urls("");
         // An owned name: `build` takes a `String` unless redis-rs's rustls feature is on.
         let service: String = name.to_owned();
-        let client = SentinelClient::build(
-            sentinels,
-            service,
-            Some(node),
-            SentinelServerType::Master,
-        )
-        .map_err(|_| bad())?;
+        let client =
+            SentinelClient::build(sentinels, service, Some(node), SentinelServerType::Master)
+                .map_err(|_| bad())?;
         Ok(Self {
             sentinels: tokio::sync::Mutex::new(client),
             request_timeout,
