@@ -163,6 +163,8 @@ pub(crate) struct Settings {
     pub(crate) max_key_len: usize,
     pub(crate) request_timeout: Duration,
     pub(crate) notify: bool,
+    /// `DLOCK_REDIS_WAIT`: replicas that must acknowledge an acquisition; 0 = off.
+    pub(crate) redis_wait: u32,
 }
 
 impl Default for Settings {
@@ -176,6 +178,7 @@ impl Default for Settings {
             max_key_len: DEFAULT_MAX_KEY_LEN,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             notify: true,
+            redis_wait: 0,
         }
     }
 }
@@ -237,6 +240,14 @@ impl Settings {
                 "off" | "false" | "0" => false,
                 _ => return Err(LockError::config("DLOCK_NOTIFY: expected `on` or `off`")),
             };
+        }
+        if let Some(v) = get("DLOCK_REDIS_WAIT") {
+            settings.redis_wait = v.trim().parse().map_err(|_| {
+                LockError::config(
+                    "DLOCK_REDIS_WAIT: expected how many replicas must acknowledge an \
+                     acquisition, a whole number like `1` (0 turns it off)",
+                )
+            })?;
         }
         settings.validate()?;
         Ok(settings)
@@ -329,8 +340,10 @@ mod tests {
             ("DLOCK_MAX_KEY_LEN", "64"),
             ("DLOCK_REQUEST_TIMEOUT", "2s"),
             ("DLOCK_NOTIFY", "off"),
+            ("DLOCK_REDIS_WAIT", "2"),
         ])
         .unwrap();
+        assert_eq!(s.redis_wait, 2);
         assert_eq!(s.backend, BackendKind::Memory);
         assert_eq!(s.key_prefix, "app:");
         assert_eq!(s.timeout, Duration::ZERO);
@@ -398,6 +411,8 @@ mod tests {
             ("DLOCK_MAX_KEY_LEN", "big"),
             ("DLOCK_NOTIFY", "maybe"),
             ("DLOCK_URL", "ftp://x"),
+            ("DLOCK_REDIS_WAIT", "-1"),
+            ("DLOCK_REDIS_WAIT", "all"),
             ("DLOCK_URL", "redis+cluster://"),
         ] {
             let err = env(&[(var, value)]).unwrap_err();

@@ -624,6 +624,15 @@ impl LockerBuilder {
         self
     }
 
+    /// An acquisition counts only once this many replicas acknowledged it (Redis `WAIT`, within
+    /// the request timeout); with fewer it is undone and the attempt fails with a
+    /// [`LockError::Backend`] saying so, retried until the deadline. Redis, Sentinel and Cluster.
+    /// Default: 0, off (`DLOCK_REDIS_WAIT`).
+    pub fn redis_wait(mut self, replicas: u32) -> Self {
+        self.settings.redis_wait = replicas;
+        self
+    }
+
     /// Checks the settings and builds the locker, without any I/O.
     ///
     /// # Errors
@@ -638,29 +647,34 @@ impl LockerBuilder {
             BackendKind::Memory if self.private_memory => Arc::new(MemoryBackend::default()),
             BackendKind::Memory => Arc::new(MemoryBackend::shared()),
             #[cfg(feature = "redis")]
-            BackendKind::Redis(url) => Arc::new(crate::backend::redis::RedisBackend::new(
-                url,
-                &self.settings.key_prefix,
-                self.settings.request_timeout,
-                self.settings.notify,
-            )?),
-            #[cfg(feature = "redis-cluster")]
-            BackendKind::RedisCluster(url) => {
-                Arc::new(crate::backend::redis::RedisBackend::cluster(
-                    url,
-                    &self.settings.key_prefix,
-                    self.settings.request_timeout,
-                )?)
-            }
-            #[cfg(feature = "redis-sentinel")]
-            BackendKind::RedisSentinel(url) => {
-                Arc::new(crate::backend::redis::RedisBackend::sentinel(
+            BackendKind::Redis(url) => Arc::new(
+                crate::backend::redis::RedisBackend::new(
                     url,
                     &self.settings.key_prefix,
                     self.settings.request_timeout,
                     self.settings.notify,
-                )?)
-            }
+                )?
+                .wait_for_replicas(self.settings.redis_wait),
+            ),
+            #[cfg(feature = "redis-cluster")]
+            BackendKind::RedisCluster(url) => Arc::new(
+                crate::backend::redis::RedisBackend::cluster(
+                    url,
+                    &self.settings.key_prefix,
+                    self.settings.request_timeout,
+                )?
+                .wait_for_replicas(self.settings.redis_wait),
+            ),
+            #[cfg(feature = "redis-sentinel")]
+            BackendKind::RedisSentinel(url) => Arc::new(
+                crate::backend::redis::RedisBackend::sentinel(
+                    url,
+                    &self.settings.key_prefix,
+                    self.settings.request_timeout,
+                    self.settings.notify,
+                )?
+                .wait_for_replicas(self.settings.redis_wait),
+            ),
             #[cfg(not(feature = "redis"))]
             BackendKind::Redis(_) => {
                 return Err(LockError::config(

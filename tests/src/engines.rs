@@ -2,11 +2,14 @@
 //! [`engine_suite!`](crate::engine_suite) plus an arm in [`Engine::start`] that starts its
 //! servers.
 
-use std::time::Duration;
+use std::{
+    sync::{Arc, Mutex, Weak},
+    time::Duration,
+};
 
 use dlock_runtime::Locker;
 
-use crate::RedisServer;
+use crate::{RedisServer, cluster::RedisCluster, sentinel::RedisSentinels};
 
 /// The names of the engines the shared suite runs on; [`engine_suite!`](crate::engine_suite)
 /// makes one test module of each.
@@ -15,8 +18,17 @@ use crate::RedisServer;
 /// - `redis_acl`: the same, as a user created with exactly the ACL rule the README gives.
 /// - `redis_acl_no_channels`: that rule without its channel pattern: releases must still
 ///   succeed, and waiters poll.
+/// - `redis_cluster`: a 3-master, 3-replica Redis Cluster (one per test binary, shared).
+/// - `redis_sentinel`: a master, 2 replicas and 3 sentinels (one per test binary, shared).
 /// - `memory`: the embedded backend.
-pub const ENGINES: &[&str] = &["redis", "redis_acl", "redis_acl_no_channels", "memory"];
+pub const ENGINES: &[&str] = &[
+    "redis",
+    "redis_acl",
+    "redis_acl_no_channels",
+    "redis_cluster",
+    "redis_sentinel",
+    "memory",
+];
 
 /// Expands to one module per engine of [`ENGINES`], each with one `#[tokio::test]` per case;
 /// a case is an `async fn(Engine)` in the calling file.
@@ -27,7 +39,10 @@ pub const ENGINES: &[&str] = &["redis", "redis_acl", "redis_acl_no_channels", "m
 #[macro_export]
 macro_rules! engine_suite {
     ($($case:ident),* $(,)?) => {
-        $crate::engine_suite!(@engines [redis, redis_acl, redis_acl_no_channels, memory] [$($case),*]);
+        $crate::engine_suite!(
+            @engines [redis, redis_acl, redis_acl_no_channels, redis_cluster, redis_sentinel, memory]
+            [$($case),*]
+        );
     };
     (@engines [$($engine:ident),*] $cases:tt) => {
         $( $crate::engine_suite!(@engine $engine $cases); )*
@@ -54,8 +69,33 @@ pub enum Engine {
         /// What lockers connect with.
         url: String,
     },
+    /// A deployment shared by the tests of this binary that run at the same time (slow to
+    /// start), and the URL of its engine.
+    Shared {
+        /// Keeps the deployment up while this test runs.
+        deployment: Arc<dyn std::any::Any + Send + Sync>,
+        /// What lockers connect with.
+        url: String,
+    },
     /// The embedded backend: lockers from [`Engine::locker`] share one table.
     Memory(Locker),
+}
+
+/// The deployment of `slot`, started by `start` unless a running test still holds one: tests of
+/// one binary share it, and the last one to finish stops it (nothing outlives the binary).
+fn shared<T: Send + Sync + 'static>(
+    slot: &'static Mutex<Weak<T>>,
+    start: impl FnOnce() -> T,
+) -> Arc<T> {
+    let mut current = slot
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(deployment) = current.upgrade() {
+        return deployment;
+    }
+    let deployment = Arc::new(start());
+    *current = Arc::downgrade(&deployment);
+    deployment
 }
 
 impl Engine {
@@ -87,6 +127,24 @@ impl Engine {
                 );
                 Self::Redis { server, url }
             }
+            "redis_cluster" => {
+                static CLUSTER: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
+                let cluster = shared(&CLUSTER, RedisCluster::start);
+                let url = cluster.url();
+                Self::Shared {
+                    deployment: cluster,
+                    url,
+                }
+            }
+            "redis_sentinel" => {
+                static SENTINELS: Mutex<Weak<RedisSentinels>> = Mutex::new(Weak::new());
+                let sentinels = shared(&SENTINELS, RedisSentinels::start);
+                let url = sentinels.url();
+                Self::Shared {
+                    deployment: sentinels,
+                    url,
+                }
+            }
             "memory" => Self::Memory(
                 Locker::builder()
                     .memory()
@@ -114,8 +172,8 @@ impl Engine {
     #[must_use]
     pub fn locker_with_expire(&self, expire: Duration) -> Locker {
         match self {
-            Self::Redis { url, .. } => Locker::builder()
-                .redis_url(url.as_str())
+            Self::Redis { url, .. } | Self::Shared { url, .. } => Locker::builder()
+                .url(url.as_str())
                 .timeout(Duration::from_secs(5))
                 .expire(expire)
                 .build()

@@ -16,7 +16,9 @@ use std::{
 
 use dlock_runtime::Locker;
 
+pub mod cluster;
 pub mod engines;
+pub mod sentinel;
 pub use engines::Engine;
 
 /// How to install what the tests need, printed when it is missing.
@@ -28,15 +30,11 @@ pub struct RedisServer {
     port: u16,
     child: Option<Child>,
     dir: PathBuf,
-    /// `--tls-port` and the files it needs, when started with [`RedisServer::start_tls`].
-    tls: Option<Tls>,
-}
-
-/// The TLS side of a server: its port and the CA that signed its certificate.
-#[derive(Debug)]
-struct Tls {
-    port: u16,
-    args: Vec<String>,
+    /// Arguments after the throwaway command line: `--tls-port` and the files it needs (see
+    /// [`RedisServer::start_tls`]), or those given to [`RedisServer::start_with_args`].
+    extra_args: Vec<String>,
+    /// The TLS port, when started with [`RedisServer::start_tls`].
+    tls_port: Option<u16>,
 }
 
 impl RedisServer {
@@ -46,25 +44,43 @@ impl RedisServer {
     /// When `redis-server` is not installed (with the install command) or does not come up.
     #[must_use]
     pub fn start() -> Self {
+        Self::start_with_args(&[])
+    }
+
+    /// Like [`start`](Self::start), with `args` appended to the server's command line (e.g.
+    /// `["--cluster-enabled", "yes"]` or `["--replicaof", "127.0.0.1", "6379"]`); they are used
+    /// again by [`restart`](Self::restart).
+    ///
+    /// # Panics
+    /// When `redis-server` is not installed (with the install command) or does not come up.
+    #[must_use]
+    pub fn start_with_args(args: &[&str]) -> Self {
         // A port free when probed can be taken before the server binds it: try another.
         let mut last = String::new();
         for _ in 0..3 {
-            let port = free_port();
-            let dir =
-                std::env::temp_dir().join(format!("dlock-redis-{}-{port}", std::process::id()));
-            std::fs::create_dir_all(&dir).expect("create a directory for redis-server");
-            let mut server = Self {
-                port,
-                child: None,
-                dir,
-                tls: None,
-            };
-            match server.try_spawn() {
-                Ok(()) => return server,
+            match Self::try_start_with_args(args) {
+                Ok(server) => return server,
                 Err(e) => last = e,
             }
         }
         panic!("{last}");
+    }
+
+    /// One attempt of [`start_with_args`](Self::start_with_args) on one free port: the error
+    /// says why the server did not come up (the port, or a port in `args`, may have been taken).
+    pub(crate) fn try_start_with_args(args: &[&str]) -> Result<Self, String> {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("dlock-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create a directory for redis-server");
+        let mut server = Self {
+            port,
+            child: None,
+            dir,
+            extra_args: args.iter().map(|&a| a.to_owned()).collect(),
+            tls_port: None,
+        };
+        server.try_spawn()?;
+        Ok(server)
     }
 
     /// Like [`start`](Self::start), plus a TLS port whose certificate (for `localhost` and
@@ -83,21 +99,19 @@ impl RedisServer {
         let mut server = Self {
             port,
             child: None,
-            tls: Some(Tls {
-                port: tls_port,
-                args: vec![
-                    "--tls-port".into(),
-                    tls_port.to_string(),
-                    "--tls-cert-file".into(),
-                    file("server.crt"),
-                    "--tls-key-file".into(),
-                    file("server.key"),
-                    "--tls-ca-cert-file".into(),
-                    file("ca.crt"),
-                    "--tls-auth-clients".into(),
-                    "no".into(),
-                ],
-            }),
+            extra_args: vec![
+                "--tls-port".into(),
+                tls_port.to_string(),
+                "--tls-cert-file".into(),
+                file("server.crt"),
+                "--tls-key-file".into(),
+                file("server.key"),
+                "--tls-ca-cert-file".into(),
+                file("ca.crt"),
+                "--tls-auth-clients".into(),
+                "no".into(),
+            ],
+            tls_port: Some(tls_port),
             dir,
         };
         server.spawn();
@@ -112,7 +126,7 @@ impl RedisServer {
     pub fn tls_url(&self) -> String {
         format!(
             "rediss://localhost:{}",
-            self.tls.as_ref().expect("started with start_tls").port
+            self.tls_port.expect("started with start_tls")
         )
     }
 
@@ -131,7 +145,7 @@ impl RedisServer {
     /// Starts the process and waits until it answers; the error says why it did not.
     fn try_spawn(&mut self) -> Result<(), String> {
         let child = dlock_examples::throwaway::command(self.port, &self.dir)
-            .args(self.tls.iter().flat_map(|tls| tls.args.iter()))
+            .args(&self.extra_args)
             .spawn();
         let mut child = match child {
             Ok(child) => child,
@@ -152,20 +166,11 @@ impl RedisServer {
         dlock_examples::throwaway::ping(self.port)
     }
 
-    /// Sends one command over a fresh plain connection and returns the raw RESP reply
-    /// (`None` when the server does not answer within a second).
+    /// Sends one command over a fresh plain connection and returns the raw RESP reply, read
+    /// whole however long it is (`None` when the server does not answer within a second).
     #[must_use]
     pub fn command(&self, args: &[&str]) -> Option<String> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-        let mut request = format!("*{}\r\n", args.len());
-        for a in args {
-            request.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-        }
-        stream.write_all(request.as_bytes()).ok()?;
-        let mut buf = vec![0u8; 64 * 1024];
-        let n = stream.read(&mut buf).ok()?;
-        (n > 0).then(|| String::from_utf8_lossy(&buf[..n]).into_owned())
+        command_at(self.port, args)
     }
 
     /// `true` when `key` exists on the server now (`EXISTS key`, over a fresh connection).
@@ -349,6 +354,120 @@ fn make_certificates(dir: &std::path::Path) {
         "-extfile",
         "san.ext",
     ]);
+}
+
+/// Sends one command to the server (or sentinel) on 127.0.0.1:`port` over a fresh plain
+/// connection and returns the raw RESP reply, whole (`None` when nothing complete arrives, each
+/// read waiting up to a second).
+pub(crate) fn command_at(port: u16, args: &[&str]) -> Option<String> {
+    exchange(port, args).map(|raw| String::from_utf8_lossy(&raw).into_owned())
+}
+
+/// [`command_at`], parsed.
+pub(crate) fn query(port: u16, args: &[&str]) -> Option<Reply> {
+    Reply::parse(&exchange(port, args)?).map(|(reply, _)| reply)
+}
+
+/// Writes one command and reads until one whole reply has arrived: a bulk reply such as
+/// `CLUSTER NODES` can take more than one read.
+fn exchange(port: u16, args: &[&str]) -> Option<Vec<u8>> {
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(1)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    let mut request = format!("*{}\r\n", args.len());
+    for a in args {
+        request.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        let n = stream.read(&mut chunk).ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if Reply::parse(&buf).is_some() {
+            return Some(buf);
+        }
+    }
+}
+
+/// One RESP2 reply, as the harness's raw client reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Reply {
+    Status(String),
+    Error(String),
+    Int(i64),
+    Bulk(Option<String>),
+    Array(Option<Vec<Reply>>),
+}
+
+impl Reply {
+    /// The reply at the start of `buf` and the bytes it takes; `None` while it is incomplete
+    /// (or is not RESP2).
+    fn parse(buf: &[u8]) -> Option<(Self, usize)> {
+        let end = buf.windows(2).position(|w| w == b"\r\n")?;
+        let line = String::from_utf8_lossy(buf.get(1..end)?).into_owned();
+        let next = end + 2;
+        let reply = match buf[0] {
+            b'+' => (Self::Status(line), next),
+            b'-' => (Self::Error(line), next),
+            b':' => (Self::Int(line.parse().ok()?), next),
+            b'$' => match usize::try_from(line.parse::<i64>().ok()?) {
+                Err(_) => (Self::Bulk(None), next),
+                Ok(len) => {
+                    let data = buf.get(next..next + len)?;
+                    buf.get(next + len..next + len + 2)?;
+                    let text = String::from_utf8_lossy(data).into_owned();
+                    (Self::Bulk(Some(text)), next + len + 2)
+                }
+            },
+            b'*' => match usize::try_from(line.parse::<i64>().ok()?) {
+                Err(_) => (Self::Array(None), next),
+                Ok(len) => {
+                    let mut items = Vec::with_capacity(len.min(1024));
+                    let mut at = next;
+                    for _ in 0..len {
+                        let (item, used) = Self::parse(buf.get(at..)?)?;
+                        items.push(item);
+                        at += used;
+                    }
+                    (Self::Array(Some(items)), at)
+                }
+            },
+            _ => return None,
+        };
+        Some(reply)
+    }
+
+    /// The text of a status or bulk reply.
+    pub(crate) fn text(&self) -> Option<&str> {
+        match self {
+            Self::Status(s) | Self::Bulk(Some(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The items of an array reply.
+    pub(crate) fn items(&self) -> Option<&[Reply]> {
+        match self {
+            Self::Array(Some(items)) => Some(items),
+            _ => None,
+        }
+    }
+
+    /// `true` for `+OK`.
+    pub(crate) fn is_ok(&self) -> bool {
+        matches!(self, Self::Status(s) if s == "OK")
+    }
+}
+
+/// The value of `field` in an `INFO`-style text (`field:value` lines).
+pub(crate) fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .map(str::trim_end)
 }
 
 /// A free TCP port on 127.0.0.1 (bound, then released for the server to take).

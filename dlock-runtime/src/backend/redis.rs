@@ -105,6 +105,8 @@ pub(crate) struct RedisBackend {
     notifier: Option<Notifier>,
     /// A release's PUBLISH was refused once already (reported once per locker).
     publish_denied: std::sync::atomic::AtomicBool,
+    /// `DLOCK_REDIS_WAIT`: replicas that must acknowledge an acquisition; 0 = off.
+    wait_replicas: u32,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -203,7 +205,14 @@ impl RedisBackend {
             fence_prefix: format!("{key_prefix}{}", super::FENCE_PREFIX),
             fair_prefix: format!("{key_prefix}{}", super::FAIR_PREFIX),
             publish_denied: std::sync::atomic::AtomicBool::new(false),
+            wait_replicas: 0,
         }
+    }
+
+    /// Acquisitions count only once `replicas` replicas acknowledged them (`WAIT`); 0 = off.
+    pub(crate) fn wait_for_replicas(mut self, replicas: u32) -> Self {
+        self.wait_replicas = replicas;
+        self
     }
 
     /// The server refused a release notification (the user has no permission on the key's
@@ -293,6 +302,55 @@ impl RedisBackend {
             runtime: runtime.spawn(std::future::pending()),
         });
         manager
+    }
+
+    /// `DLOCK_REDIS_WAIT`: waits (within the request timeout) until `wait_replicas` replicas
+    /// acknowledged the acquisition just made on `key`'s master; otherwise undoes it by token
+    /// and fails the attempt. `WAIT` counts the writes of the connection it is sent on, so it
+    /// goes on the same multiplexed connection (for a Cluster, the one to `key`'s master).
+    async fn replicated(&self, key: &str, token: &Token, fair: bool) -> Result<(), BackendError> {
+        let timeout_ms = u64::try_from(self.request_timeout.as_millis()).unwrap_or(u64::MAX);
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(self.wait_replicas).arg(timeout_ms);
+        let acked = tokio::time::timeout(self.request_timeout * 2, async {
+            match self.connection().await? {
+                Conn::Single(mut c) => wait.query_async::<i64>(&mut c).await,
+                #[cfg(feature = "redis-cluster")]
+                Conn::Cluster(mut c) => {
+                    use redis::cluster_routing::{
+                        Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+                    };
+                    let route = Route::new(slot(key.as_bytes()), SlotAddr::Master);
+                    c.route_command(
+                        wait,
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                    )
+                    .await
+                    .and_then(|value| {
+                        redis::from_redis_value::<i64>(value).map_err(redis::RedisError::from)
+                    })
+                }
+            }
+            .map_err(|e| classify("WAIT", e))
+        })
+        .await
+        .unwrap_or_else(|_| Err(BackendError::new("Redis WAIT got no reply")));
+        match acked {
+            Ok(n) if n >= i64::from(self.wait_replicas) => Ok(()),
+            outcome => {
+                // Not known to survive a failover: undo it, then report.
+                let _ = self.release(key, token, fair).await;
+                let why = match outcome {
+                    Ok(n) => format!(
+                        "the lock was acknowledged by {n} of the {} replicas DLOCK_REDIS_WAIT asks \
+                         for within {:?}; it was undone",
+                        self.wait_replicas, self.request_timeout
+                    ),
+                    Err(e) => format!("{e}; the lock was undone"),
+                };
+                Err(BackendError::new(why))
+            }
+        }
     }
 
     /// Sentinel: after an error that may mean the master moved (a replica's `READONLY`, a
@@ -449,7 +507,12 @@ impl Backend for RedisBackend {
                     ttl: None,
                     queued: true,
                 },
-                Ok(fence) => Attempt::acquired(fence),
+                Ok(fence) => {
+                    if self.wait_replicas > 0 {
+                        self.replicated(key, token, fair.is_some()).await?;
+                    }
+                    Attempt::acquired(fence)
+                }
                 Err(_) => Attempt::Held {
                     ttl: Some(Duration::from_millis(reply.unsigned_abs() - 1)),
                     queued: fair.is_some(),

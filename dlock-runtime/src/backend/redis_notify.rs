@@ -31,6 +31,7 @@ const LINGER: Duration = Duration::from_secs(2);
 enum Op {
     Subscribe(String, oneshot::Sender<bool>),
     /// The server moved (a Sentinel failover): drop the connection and resubscribe there.
+    #[cfg_attr(not(feature = "redis-sentinel"), allow(dead_code))]
     Reconnect,
     /// The last waiter of a channel left: its linger starts.
     Idle,
