@@ -4,17 +4,19 @@
 -- Acquire replies with one integer: > 0 the lock is ours and that is its fence; < 0 someone else
 -- holds it for another (-1 - reply) ms; 0 it is free but another fair waiter is first in line.
 
--- The next fence from `counter`.
+-- The next fence from `counter`: the counter plus one, or the server clock in microseconds when
+-- that is higher (a hybrid clock). A counter that goes back -- a restart without persistence, an
+-- eviction, or a failover to a replica that missed the last writes -- so never re-issues a fence
+-- handed out before, as long as the new server's clock is not behind the old one's by more than
+-- the time since that fence was issued.
 local function fence(counter)
-  local f = redis.call('INCR', counter)
-  if f == 1 then
-    -- A counter that starts over (new server, restart without persistence, eviction) starts from
-    -- the server clock in microseconds, above anything the previous counter could have issued
-    -- unless it issued more than one fence per microsecond on average.
-    local now = redis.call('TIME')
-    f = tonumber(now[1]) * 1000000 + tonumber(now[2])
-    redis.call('SET', counter, string.format('%.0f', f))
+  local now = redis.call('TIME')
+  local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local f = (tonumber(redis.call('GET', counter)) or 0) + 1
+  if f < floor then
+    f = floor
   end
+  redis.call('SET', counter, string.format('%.0f', f))
   return f
 end
 
