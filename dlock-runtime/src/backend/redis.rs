@@ -81,6 +81,8 @@ impl Conn {
 struct Connection {
     manager: Conn,
     runtime: tokio::task::JoinHandle<()>,
+    /// Sentinel: the failover count when its master was found; 0 otherwise.
+    generation: u64,
 }
 
 impl Connection {
@@ -246,6 +248,9 @@ impl RedisBackend {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
             BackendError::new("the Redis backend runs on a tokio runtime; none is running")
         })?;
+        // Read before the master is asked for: a failover announced meanwhile makes this
+        // connection stale at once.
+        let generation = self.generation();
         let client = match &self.link {
             Link::Single(client) => client.clone(),
             #[cfg(feature = "redis-cluster")]
@@ -255,7 +260,7 @@ impl RedisBackend {
                     .set_connection_timeout(self.request_timeout);
                 let manager =
                     Conn::Cluster(client.get_pending_async_connection_with_config(config));
-                return Ok(self.store(manager, &runtime));
+                return Ok(self.store(manager, &runtime, 0));
             }
             #[cfg(feature = "redis-sentinel")]
             Link::Sentinel(master) => {
@@ -276,30 +281,44 @@ impl RedisBackend {
             .set_max_delay(Duration::from_millis(100));
         let manager = ConnectionManager::new_lazy_with_config(client, config)
             .map_err(|e| BackendError::with_source("could not set up the Redis connection", e))?;
-        Ok(self.store(Conn::Single(manager), &runtime))
+        Ok(self.store(Conn::Single(manager), &runtime, generation))
     }
 
     fn live_connection(&self) -> Option<Conn> {
+        let generation = self.generation();
         self.connection
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
-            .filter(|c| c.alive())
+            .filter(|c| c.alive() && c.generation == generation)
             .map(|c| c.manager.clone())
     }
 
-    fn store(&self, manager: Conn, runtime: &tokio::runtime::Handle) -> Conn {
+    /// Sentinel: failovers announced so far; a connection from before the last is stale.
+    fn generation(&self) -> u64 {
+        match &self.link {
+            #[cfg(feature = "redis-sentinel")]
+            Link::Sentinel(master) => master.generation(),
+            _ => 0,
+        }
+    }
+
+    fn store(&self, manager: Conn, runtime: &tokio::runtime::Handle, generation: u64) -> Conn {
         let mut slot = self
             .connection
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(current) = slot.as_ref().filter(|c| c.alive()) {
+        if let Some(current) = slot
+            .as_ref()
+            .filter(|c| c.alive() && c.generation == generation)
+        {
             // Another request made one meanwhile: share it.
             return current.manager.clone();
         }
         *slot = Some(Connection {
             manager: manager.clone(),
             runtime: runtime.spawn(std::future::pending()),
+            generation,
         });
         manager
     }

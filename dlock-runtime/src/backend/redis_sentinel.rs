@@ -1,9 +1,18 @@
 //! Sentinel: the master is whatever the sentinels name, checked with `ROLE` before it is used
 //! (redis-rs's `SentinelClient` does both), and asked for again after any error that may mean it
-//! moved: a demoted master's `READONLY`, a lost or silent connection. So a write never goes to a
-//! server that does not itself claim to be the master.
+//! moved (a demoted master's `READONLY`, a lost or silent connection) and as soon as a sentinel
+//! announces a failover (`+switch-master`): a demoted master keeps accepting writes until the
+//! sentinels reconfigure it, and loses them when it resynchronises from the new one.
 
-use std::time::Duration;
+use std::{
+    sync::{
+        Arc, Weak,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use futures_util::StreamExt as _;
 
 use redis::{
     IntoConnectionInfo as _,
@@ -18,6 +27,13 @@ const FORM: &str = "redis+sentinel://[user:password@]s1:p1,s2:p2/<master name>[/
 pub(super) struct Master {
     sentinels: tokio::sync::Mutex<SentinelClient>,
     request_timeout: Duration,
+    name: String,
+    sentinel_urls: Vec<String>,
+    /// Failovers announced since start: a connection made before the last one is stale.
+    generation: Arc<AtomicU64>,
+    /// One `+switch-master` listener per sentinel, started on first use (and again when the
+    /// runtime they ran on has gone).
+    listeners: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Master {
@@ -51,17 +67,53 @@ impl Master {
         .node_urls("");
         // An owned name: `build` takes a `String` unless redis-rs's rustls feature is on.
         let service: String = name.to_owned();
-        let client =
-            SentinelClient::build(sentinels, service, Some(node), SentinelServerType::Master)
-                .map_err(|_| bad())?;
+        let client = SentinelClient::build(
+            sentinels.clone(),
+            service,
+            Some(node),
+            SentinelServerType::Master,
+        )
+        .map_err(|_| bad())?;
         Ok(Self {
             sentinels: tokio::sync::Mutex::new(client),
             request_timeout,
+            name: name.to_owned(),
+            sentinel_urls: sentinels,
+            generation: Arc::new(AtomicU64::new(0)),
+            listeners: std::sync::Mutex::new(Vec::new()),
         })
+    }
+
+    /// How many failovers the sentinels have announced since the listeners started.
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Starts the `+switch-master` listeners unless they run.
+    fn listen(&self) {
+        let mut listeners = self
+            .listeners
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !listeners.is_empty() && listeners.iter().all(|l| !l.is_finished()) {
+            return;
+        }
+        for listener in listeners.drain(..) {
+            listener.abort();
+        }
+        for url in &self.sentinel_urls {
+            listeners.push(tokio::spawn(announcements(
+                url.clone(),
+                self.name.clone(),
+                Arc::downgrade(&self.generation),
+                self.request_timeout,
+            )));
+        }
     }
 
     /// Asks the sentinels for the master, and the master whether it is one.
     pub(super) async fn resolve(&self) -> Result<redis::Client, BackendError> {
+        self.listen();
         let mut sentinels = self.sentinels.lock().await;
         match tokio::time::timeout(self.request_timeout * 2, sentinels.async_get_client()).await {
             Ok(Ok(client)) => {
@@ -80,5 +132,56 @@ impl Master {
                 self.request_timeout * 2
             ))),
         }
+    }
+}
+
+impl Drop for Master {
+    fn drop(&mut self) {
+        for listener in self
+            .listeners
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain(..)
+        {
+            listener.abort();
+        }
+    }
+}
+
+/// Listens to one sentinel's `+switch-master` announcements of `name` and counts them in
+/// `generation`, reconnecting after a pause when the sentinel goes away, until the locker is
+/// dropped.
+async fn announcements(url: String, name: String, generation: Weak<AtomicU64>, timeout: Duration) {
+    let prefix = format!("{name} ");
+    while generation.strong_count() > 0 {
+        let subscribed = async {
+            let client = redis::Client::open(url.as_str()).ok()?;
+            let mut pubsub = tokio::time::timeout(timeout, client.get_async_pubsub())
+                .await
+                .ok()?
+                .ok()?;
+            tokio::time::timeout(timeout, pubsub.subscribe("+switch-master"))
+                .await
+                .ok()?
+                .ok()?;
+            Some(pubsub)
+        }
+        .await;
+        if let Some(mut pubsub) = subscribed {
+            let mut messages = pubsub.on_message();
+            while let Some(message) = messages.next().await {
+                let payload: String = message.get_payload().unwrap_or_default();
+                if payload.starts_with(&prefix) {
+                    let Some(generation) = generation.upgrade() else {
+                        return;
+                    };
+                    generation.fetch_add(1, Ordering::AcqRel);
+                    tracing::debug!(
+                        "a sentinel announced a failover; the master is asked for again"
+                    );
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

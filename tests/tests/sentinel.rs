@@ -1,0 +1,212 @@
+//! Redis behind Sentinel (`redis+sentinel://`), with real failovers: a master, two replicas and
+//! three `redis-sentinel` processes per test. The client follows a forced and a killed failover;
+//! with `DLOCK_REDIS_WAIT` a lock survives the loss of its master; without it, a failover that
+//! loses the lock's write lets a second holder in — the documented limitation — and the fencing
+//! token still lets the resource refuse the first holder.
+
+use std::time::{Duration, Instant};
+
+use dlock_runtime::{LockError, LockGuard, LockOptions, Locker};
+use dlock_tests::{acquire_and_release, sentinel::RedisSentinels, unique_key};
+
+fn locker(sentinels: &RedisSentinels, replicas: u32) -> Locker {
+    Locker::builder()
+        .url(sentinels.url())
+        .redis_wait(replicas)
+        .timeout(Duration::from_secs(15))
+        .expire(Duration::from_secs(30))
+        .request_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap()
+}
+
+fn exists(sentinels: &RedisSentinels, port: u16, key: &str) -> bool {
+    sentinels.command(port, &["EXISTS", key]).as_deref() == Some(":1\r\n")
+}
+
+/// Renews `guard` until the answer is not a backend error (the client is still finding the new
+/// master), for up to 15s.
+async fn extend_once_reachable(guard: &LockGuard) -> Result<(), LockError> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match guard.extend(Duration::from_secs(30)).await {
+            Err(e) if e.is_backend() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+/// Waits until the server on `port` reports itself a replica (the sentinels demoted it).
+async fn demoted(sentinels: &RedisSentinels, port: u16) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if sentinels
+            .command(port, &["ROLE"])
+            .is_some_and(|r| r.contains("slave"))
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// Once a forced failover has settled (the old master demoted to a replica), the client that
+/// was connected to the old master finds the new one: it never keeps writing to the replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_follows_a_forced_failover() {
+    let sentinels = RedisSentinels::start();
+    let old = sentinels.master_port();
+    let locker = locker(&sentinels, 0);
+    acquire_and_release(&locker, &unique_key("warm")).await;
+    sentinels.failover();
+    let new = sentinels
+        .wait_new_master(old, Duration::from_secs(20))
+        .expect("a new master");
+    assert!(demoted(&sentinels, old).await, "the old master was demoted");
+    let started = Instant::now();
+    let key = unique_key("after-failover");
+    let guard = locker
+        .acquire(&key, LockOptions::new().timeout(Duration::from_secs(10)))
+        .await
+        .expect("locks work again within 10s");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(exists(&sentinels, new, &format!("dlock:{key}")));
+    guard.release().await.unwrap();
+}
+
+/// Right after a promotion the old master still takes writes until the sentinels demote it (and
+/// loses them when it resynchronises): Sentinel's own split-brain window. With
+/// `DLOCK_REDIS_WAIT` set to every replica, an acquisition that lands there is not acknowledged
+/// (the promoted replica has left it) and is undone; the retry reaches the new master.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acknowledgement_keeps_locks_off_a_master_about_to_be_demoted() {
+    let sentinels = RedisSentinels::start();
+    let old = sentinels.master_port();
+    let locker = locker(&sentinels, 2);
+    acquire_and_release(&locker, &unique_key("warm")).await;
+    sentinels.failover();
+    let new = sentinels
+        .wait_new_master(old, Duration::from_secs(20))
+        .expect("a new master");
+    let key = unique_key("in-the-window");
+    let guard = locker
+        .acquire(&key, LockOptions::new().timeout(Duration::from_secs(15)))
+        .await
+        .expect("the acquisition reaches the new master");
+    assert!(demoted(&sentinels, old).await, "the old master was demoted");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        exists(&sentinels, new, &format!("dlock:{key}")),
+        "the lock was written where the failover lost it"
+    );
+    extend_once_reachable(&guard).await.unwrap();
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_follows_a_killed_master() {
+    let mut sentinels = RedisSentinels::start();
+    let old = sentinels.master_port();
+    let locker = locker(&sentinels, 0);
+    acquire_and_release(&locker, &unique_key("warm")).await;
+    sentinels.kill(old);
+    let new = sentinels
+        .wait_new_master(old, Duration::from_secs(20))
+        .expect("the sentinels promote a replica");
+    let started = Instant::now();
+    let key = unique_key("after-kill");
+    let guard = locker
+        .acquire(&key, LockOptions::new().timeout(Duration::from_secs(10)))
+        .await
+        .expect("locks work again within 10s of the promotion");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(exists(&sentinels, new, &format!("dlock:{key}")));
+    guard.release().await.unwrap();
+}
+
+/// `DLOCK_REDIS_WAIT=2` (both replicas): the acquisition returned only once both replicas had
+/// it, so whichever is promoted keeps the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replica_acknowledgement_a_lock_survives_the_loss_of_its_master() {
+    let mut sentinels = RedisSentinels::start();
+    let old = sentinels.master_port();
+    let holder = locker(&sentinels, 2);
+    let key = unique_key("acknowledged");
+    let guard = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    sentinels.kill(old);
+    sentinels
+        .wait_new_master(old, Duration::from_secs(20))
+        .expect("the sentinels promote a replica");
+    extend_once_reachable(&guard)
+        .await
+        .expect("the holder still holds its lock on the new master");
+    let other = locker(&sentinels, 0);
+    let refused = other
+        .acquire(&key, LockOptions::new().timeout(Duration::from_secs(2)))
+        .await
+        .unwrap_err();
+    assert!(refused.is_timeout(), "{refused:?}");
+    guard.release().await.unwrap();
+}
+
+/// Without acknowledgement: the lock is written to a master whose replicas never get it (their
+/// links are cut), the master dies, a replica is promoted without the lock and a second client
+/// takes it. That is the documented cost of asynchronous replication. The second holder's fence
+/// is still higher, so a fenced resource refuses the first holder, and the first holder learns
+/// of the loss at its next renewal and release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_acknowledgement_a_failover_can_lose_a_lock_and_fencing_still_holds() {
+    let mut sentinels = RedisSentinels::start();
+    let old = sentinels.master_port();
+    let replicas = sentinels.replica_ports();
+    let holder = locker(&sentinels, 0);
+    acquire_and_release(&holder, &unique_key("warm")).await;
+    for &replica in &replicas {
+        sentinels.server(replica).pause();
+    }
+    let cut = sentinels
+        .command(old, &["CLIENT", "KILL", "TYPE", "replica"])
+        .unwrap_or_default();
+    assert!(cut.starts_with(':'), "{cut}");
+    let key = unique_key("unreplicated");
+    let first = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    sentinels.kill(old);
+    for &replica in &replicas {
+        sentinels.server(replica).resume();
+    }
+    sentinels
+        .wait_new_master(old, Duration::from_secs(30))
+        .expect("the sentinels promote a replica");
+
+    let other = locker(&sentinels, 0);
+    let second = other
+        .acquire(&key, LockOptions::new())
+        .await
+        .expect("the promoted replica never had the lock");
+    assert!(
+        second.fencing_token() > first.fencing_token(),
+        "fence {} after {}: the failover re-issued a fence",
+        second.fencing_token(),
+        first.fencing_token()
+    );
+    // The resource keeps the highest fence it has seen and refuses lower ones.
+    let mut highest = 0;
+    let mut write = |fence: u64| {
+        let accepted = fence >= highest;
+        highest = highest.max(fence);
+        accepted
+    };
+    assert!(write(second.fencing_token()));
+    assert!(
+        !write(first.fencing_token()),
+        "the old holder's write got through"
+    );
+
+    let renewal = extend_once_reachable(&first).await.unwrap_err();
+    assert!(renewal.is_lost(), "{renewal:?}");
+    assert!(first.release().await.unwrap_err().is_lost());
+    second.release().await.unwrap();
+}
