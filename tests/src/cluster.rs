@@ -11,6 +11,9 @@ use std::{
 
 use crate::{INSTALL_REDIS, RedisServer, Reply, command_at, free_port, info_field, query};
 
+/// How to install `redis-cli` (Debian ships it with `redis-server`), printed when it is missing.
+const INSTALL_REDIS_CLI: &str = "redis-cli not found on PATH: install it with `sudo apt-get install -y redis-server` (or run .ci/run, which does)";
+
 /// How long [`RedisCluster::start`] may take before it gives up.
 const START_WITHIN: Duration = Duration::from_secs(30);
 
@@ -126,7 +129,7 @@ impl RedisCluster {
             self.nodes[0].port()
         ));
         let log = File::create(&log_path).expect("create the redis-cli log file");
-        let mut child = Command::new("redis-cli")
+        let spawned = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
             .args(self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())))
@@ -134,13 +137,17 @@ impl RedisCluster {
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone the log file"))
             .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => panic!(
-                    "redis-cli not found on PATH: install it with `sudo apt-get install -y redis-server`"
-                ),
-                _ => panic!("could not run redis-cli: {e}"),
-            });
+            .spawn();
+        let mut child = match spawned {
+            Ok(child) => child,
+            Err(e) => {
+                let _ = std::fs::remove_file(&log_path);
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    panic!("{INSTALL_REDIS_CLI}");
+                }
+                panic!("could not run redis-cli: {e}");
+            }
+        };
         let status = loop {
             if let Some(status) = child.try_wait().expect("wait for redis-cli") {
                 break Some(status);

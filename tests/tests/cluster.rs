@@ -1,0 +1,203 @@
+//! Redis Cluster (`redis+cluster://`), on a real 3-master, 3-replica cluster per test: keys on
+//! every master, a slot migrated while its locks are held and waited for, and a master killed
+//! with its replica promoted — the lock kept when its write was replicated (`DLOCK_REDIS_WAIT`),
+//! lost otherwise (documented), with fences that still refuse the old holder.
+
+use std::{
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use dlock_runtime::{LockError, LockGuard, LockOptions, Locker};
+use dlock_tests::{acquire_and_release, cluster::RedisCluster, racy_increment, unique_key};
+
+fn locker(cluster: &RedisCluster, replicas: u32) -> Locker {
+    Locker::builder()
+        .url(cluster.url())
+        .redis_wait(replicas)
+        .timeout(Duration::from_secs(20))
+        .expire(Duration::from_secs(30))
+        .request_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap()
+}
+
+/// A fresh key (without the prefix) whose lock key lives on the master `port`.
+fn key_on(cluster: &RedisCluster, port: u16, name: &str) -> String {
+    loop {
+        let key = unique_key(name);
+        if cluster.master_of_slot(cluster.slot_of(&format!("dlock:{key}"))) == port {
+            return key;
+        }
+    }
+}
+
+/// Renews `guard` until the answer is not a backend error (the client is still finding the new
+/// owner of the slot), for up to 15s.
+async fn extend_once_reachable(guard: &LockGuard) -> Result<(), LockError> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match guard.extend(Duration::from_secs(30)).await {
+            Err(e) if e.is_backend() && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_on_every_master_exclude_and_fence() {
+    let cluster = RedisCluster::start();
+    let (a, b) = (locker(&cluster, 0), locker(&cluster, 0));
+    let masters = cluster.masters();
+    assert_eq!(masters.len(), 3);
+    for master in masters {
+        let key = key_on(&cluster, master, "every-master");
+        let first = a.acquire(&key, LockOptions::new()).await.unwrap();
+        assert!(cluster.node(master).exists(&format!("dlock:{key}")));
+        assert!(
+            b.try_acquire(&key, Duration::from_secs(5))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let fence = first.fencing_token();
+        first.release().await.unwrap();
+        let second = b.acquire(&key, LockOptions::new().fair()).await.unwrap();
+        assert!(second.fencing_token() > fence);
+        second.release().await.unwrap();
+    }
+}
+
+/// The slot of a held lock moves to another master while four clients wait for it: nobody
+/// overlaps (a non-atomic counter), every waiter gets through, fences keep increasing, and the
+/// holder's release reaches the new owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migrated_while_held_and_waited_for() {
+    let cluster = RedisCluster::start();
+    let masters = cluster.masters();
+    let (source, target) = (masters[0], masters[1]);
+    let key = key_on(&cluster, source, "migrating");
+    let lock_key = format!("dlock:{key}");
+    let slot = cluster.slot_of(&lock_key);
+    let holder = locker(&cluster, 0);
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let counter = Arc::new(AtomicU64::new(0));
+    let fences = Arc::new(Mutex::new(vec![held.fencing_token()]));
+    let waiters: Vec<_> = (0..4)
+        .map(|_| {
+            let (locker, key) = (locker(&cluster, 0), key.clone());
+            let (counter, fences) = (counter.clone(), fences.clone());
+            tokio::spawn(async move {
+                for _ in 0..3 {
+                    let guard = locker.acquire(&key, LockOptions::new()).await?;
+                    fences.lock().unwrap().push(guard.fencing_token());
+                    racy_increment(&counter).await;
+                    guard.release().await?;
+                }
+                Ok::<_, LockError>(())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.begin_migration(slot, target);
+    assert!(cluster.move_keys(slot, target) >= 1, "the lock key moved");
+    // Half-migrated: the lock lives on the target, the source redirects with ASK.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.finish_migration(slot, target);
+    assert_eq!(cluster.master_of_slot(slot), target);
+    assert_eq!(
+        counter.load(Ordering::SeqCst),
+        0,
+        "a waiter got in while held"
+    );
+    held.release()
+        .await
+        .expect("the release reaches the new owner");
+    for waiter in waiters {
+        waiter.await.unwrap().expect("every waiter gets through");
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), 12, "holders overlapped");
+    let fences = fences.lock().unwrap().clone();
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences went back: {fences:?}"
+    );
+    assert!(!cluster.node(target).exists(&lock_key));
+}
+
+/// With `DLOCK_REDIS_WAIT=1` (each master has one replica) the lock is on the replica before
+/// the acquisition returns; the master is killed, the replica promoted, and the lock kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_lock_survives_the_loss_of_its_master() {
+    let mut cluster = RedisCluster::start();
+    let master = cluster.masters()[0];
+    let replica = cluster.replica_of(master);
+    let key = key_on(&cluster, master, "replicated");
+    let holder = locker(&cluster, 1);
+    let guard = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    cluster.kill(master);
+    assert!(
+        cluster.wait_until_master(replica, Duration::from_secs(15)),
+        "the replica was promoted"
+    );
+    let started = Instant::now();
+    extend_once_reachable(&guard)
+        .await
+        .expect("the holder still holds its lock on the promoted replica");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the client followed within 10s"
+    );
+    let other = locker(&cluster, 0);
+    let refused = other
+        .acquire(&key, LockOptions::new().timeout(Duration::from_secs(2)))
+        .await
+        .unwrap_err();
+    assert!(refused.is_timeout(), "{refused:?}");
+    guard.release().await.unwrap();
+    acquire_and_release(&other, &key).await;
+}
+
+/// Without acknowledgement, a lock whose write never reached the replica is gone after the
+/// failover (the documented limitation): another client takes it with a higher fence, and the
+/// first holder's renewal reports the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreplicated_lock_is_lost_in_a_failover_and_fencing_still_holds() {
+    let mut cluster = RedisCluster::start();
+    let master = cluster.masters()[0];
+    let replica = cluster.replica_of(master);
+    let key = key_on(&cluster, master, "unreplicated");
+    let holder = locker(&cluster, 0);
+    acquire_and_release(&holder, &key_on(&cluster, master, "warm")).await;
+    cluster.node(replica).pause();
+    let cut = cluster
+        .command(master, &["CLIENT", "KILL", "TYPE", "replica"])
+        .unwrap_or_default();
+    assert!(cut.starts_with(':'), "{cut}");
+    let first = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    cluster.kill(master);
+    cluster.node(replica).resume();
+    assert!(
+        cluster.wait_until_master(replica, Duration::from_secs(20)),
+        "the replica was promoted"
+    );
+    let other = locker(&cluster, 0);
+    let second = other
+        .acquire(&key, LockOptions::new())
+        .await
+        .expect("the promoted replica never had the lock");
+    assert!(
+        second.fencing_token() > first.fencing_token(),
+        "fence {} after {}: the failover re-issued a fence",
+        second.fencing_token(),
+        first.fencing_token()
+    );
+    let renewal = extend_once_reachable(&first).await.unwrap_err();
+    assert!(renewal.is_lost(), "{renewal:?}");
+    second.release().await.unwrap();
+}
