@@ -201,3 +201,85 @@ async fn an_unreplicated_lock_is_lost_in_a_failover_and_fencing_still_holds() {
     assert!(renewal.is_lost(), "{renewal:?}");
     second.release().await.unwrap();
 }
+
+/// Keys with braces of their own, in the key or in the prefix, keep every script on one slot:
+/// no CROSSSLOT, in default and fair mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_with_braces_never_cross_slots() {
+    let cluster = RedisCluster::start();
+    for bad in ["a{}b:", "app{", "}:"] {
+        let err = Locker::builder()
+            .url(cluster.url())
+            .key_prefix(bad)
+            .build()
+            .unwrap_err();
+        assert!(
+            err.is_config() && err.to_string().contains("hash tag"),
+            "{bad}: {err}"
+        );
+    }
+    for prefix in ["dlock:", "{app}:", "x{app}y:", "}{x}:"] {
+        let locker = Locker::builder()
+            .url(cluster.url())
+            .key_prefix(prefix)
+            .build()
+            .unwrap();
+        for key in ["{a}x", "{}", "x{}y", "{user1}:cart", "}{", "{{a}}"] {
+            for options in [LockOptions::new(), LockOptions::new().fair()] {
+                let guard = locker
+                    .acquire(key, options)
+                    .await
+                    .unwrap_or_else(|e| panic!("{prefix}{key}: {e:?}"));
+                guard.release().await.unwrap();
+            }
+        }
+    }
+}
+
+/// Every seed node down: a `Backend` error within the wait's bound, not a hang.
+#[tokio::test]
+async fn every_seed_node_down_is_a_backend_error_within_the_wait() {
+    let ports: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", dlock_tests::free_port()))
+        .collect();
+    let locker = Locker::builder()
+        .url(format!("redis+cluster://{}", ports.join(",")))
+        .timeout(Duration::from_secs(1))
+        .request_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let err = locker
+        .acquire(&unique_key("down"), LockOptions::new())
+        .await
+        .unwrap_err();
+    assert!(err.is_backend(), "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// A cluster URL that names a server without cluster mode: an error within the wait's bound.
+#[tokio::test]
+async fn a_server_without_cluster_mode_is_an_error_within_the_wait() {
+    let server = dlock_tests::RedisServer::start();
+    let locker = Locker::builder()
+        .url(format!("redis+cluster://127.0.0.1:{}", server.port()))
+        .timeout(Duration::from_secs(1))
+        .request_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let err = locker
+        .acquire(&unique_key("not-a-cluster"), LockOptions::new())
+        .await
+        .unwrap_err();
+    assert!(err.is_backend() || err.is_config(), "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}

@@ -210,3 +210,36 @@ async fn without_acknowledgement_a_failover_can_lose_a_lock_and_fencing_still_ho
     assert!(first.release().await.unwrap_err().is_lost());
     second.release().await.unwrap();
 }
+
+/// Every sentinel down, or sentinels that do not know the master name: a `Backend` error within
+/// the wait's bound, never a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_sentinels_and_unknown_masters_are_errors_within_the_wait() {
+    let nobody: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", dlock_tests::free_port()))
+        .collect();
+    let sentinels = RedisSentinels::start();
+    let unknown = sentinels.url().replace("/mymaster", "/no-such-master");
+    for url in [
+        format!("redis+sentinel://{}/mymaster", nobody.join(",")),
+        unknown,
+    ] {
+        let locker = Locker::builder()
+            .url(url.as_str())
+            .timeout(Duration::from_secs(1))
+            .request_timeout(Duration::from_millis(200))
+            .build()
+            .unwrap();
+        let started = Instant::now();
+        let err = locker
+            .acquire(&unique_key("nowhere"), LockOptions::new())
+            .await
+            .unwrap_err();
+        assert!(err.is_backend(), "{url}: {err:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{url}: {:?}",
+            started.elapsed()
+        );
+    }
+}

@@ -158,6 +158,16 @@ impl RedisBackend {
         request_timeout: Duration,
     ) -> Result<Self, LockError> {
         install_tls_provider(url.as_str());
+        // The first `{…}` of a key decides its slot. A prefix with braces must hold a whole
+        // non-empty tag (then every key shares it); otherwise (`a{}b:`, `app{`) the prefix would
+        // decide, or spoil, how dlock's companion keys are tagged, and scripts would cross slots.
+        if key_prefix.contains(['{', '}']) && hash_tag(key_prefix.as_bytes()).is_none() {
+            return Err(LockError::config(
+                "DLOCK_KEY_PREFIX: on a Redis Cluster a prefix with braces must hold a whole \
+                 hash tag, like `{app}:` (every key then lives in that tag's slot); `{}` or an \
+                 unclosed `{` would split a lock from its fencing counter across slots",
+            ));
+        }
         let form = "redis+cluster://[user:password@]h1:p1,h2:p2";
         let hosts = crate::url::HostList::parse("redis cluster url", url.as_str(), form)?;
         let client = redis::cluster::ClusterClient::builder(hosts.node_urls(""))
