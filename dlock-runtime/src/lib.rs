@@ -46,6 +46,7 @@
 //! | `DLOCK_MAX_KEY_LEN` | longest key accepted, prefix included (bytes) | `1024` |
 //! | `DLOCK_REQUEST_TIMEOUT` | bound on one request to the server | `500ms` |
 //! | `DLOCK_NOTIFY` | wake waiters by release notifications, `on` or `off` | `on` |
+//! | `DLOCK_REDIS_WAIT` | replicas that must acknowledge an acquisition (Redis `WAIT`); 0 is off | `0` |
 //!
 //! A bad value is a [`LockError::Config`] naming the variable, reported on first use.
 #![deny(missing_docs)]

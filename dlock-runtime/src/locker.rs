@@ -662,6 +662,7 @@ impl LockerBuilder {
                     url,
                     &self.settings.key_prefix,
                     self.settings.request_timeout,
+                    self.settings.notify,
                 )?
                 .wait_for_replicas(self.settings.redis_wait),
             ),

@@ -283,3 +283,42 @@ async fn a_server_without_cluster_mode_is_an_error_within_the_wait() {
         started.elapsed()
     );
 }
+
+/// A release wakes a waiter through the key's shard channel (`SPUBLISH`/`SSUBSCRIBE` on the
+/// node serving its slot), not by polling: with a 3s retry pause, the waiter still gets the lock
+/// well within a second of the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_a_waiter_through_a_shard_channel() {
+    let cluster = RedisCluster::start();
+    let slow_poller = || {
+        Locker::builder()
+            .url(cluster.url())
+            .retry(Duration::from_secs(3), Duration::from_secs(3))
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap()
+    };
+    let (holder, waiter) = (slow_poller(), slow_poller());
+    let key = unique_key("woken");
+    let lock_key = format!("dlock:{key}");
+    let master = cluster.master_of_slot(cluster.slot_of(&lock_key));
+    let guard = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let waiting = tokio::spawn({
+        let key = key.clone();
+        async move { waiter.acquire(&key, LockOptions::new()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let subscribers = cluster
+        .command(master, &["PUBSUB", "SHARDNUMSUB", &lock_key])
+        .unwrap_or_default();
+    assert!(subscribers.ends_with(":1\r\n"), "{subscribers:?}");
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let second = waiting.await.unwrap().unwrap();
+    assert!(
+        released.elapsed() < Duration::from_secs(1),
+        "woken {:?} after the release: it polled",
+        released.elapsed()
+    );
+    second.release().await.unwrap();
+}

@@ -150,12 +150,13 @@ impl RedisBackend {
     }
 
     /// A Cluster backend on the seed nodes of a `redis+cluster://` URL; makes no connection.
-    /// Waiters poll: release notifications are not yet carried over sharded pub/sub.
+    /// Release notifications go over shard channels (`SPUBLISH`/`SSUBSCRIBE`, Redis 7).
     #[cfg(feature = "redis-cluster")]
     pub(crate) fn cluster(
         url: &RedisUrl,
         key_prefix: &str,
         request_timeout: Duration,
+        notify: bool,
     ) -> Result<Self, LockError> {
         install_tls_provider(url.as_str());
         // The first `{…}` of a key decides its slot. A prefix with braces must hold a whole
@@ -175,9 +176,10 @@ impl RedisBackend {
             .retries(2)
             .build()
             .map_err(|_| LockError::config(format!("DLOCK_URL: expected `{form}`")))?;
+        let notifier = notify.then(|| Notifier::cluster(hosts.node_urls(""), request_timeout));
         Ok(Self::with_link(
             Link::Cluster(client),
-            None,
+            notifier,
             key_prefix,
             request_timeout,
         ))
@@ -225,6 +227,16 @@ impl RedisBackend {
     pub(crate) fn wait_for_replicas(mut self, replicas: u32) -> Self {
         self.wait_replicas = replicas;
         self
+    }
+
+    /// How release.lua announces a release: on a Cluster a shard channel (`SPUBLISH`, heard
+    /// only by the nodes of the key's slot), else a plain channel.
+    fn publish_command(&self) -> &'static str {
+        match self.link {
+            #[cfg(feature = "redis-cluster")]
+            Link::Cluster(_) => "SPUBLISH",
+            _ => "PUBLISH",
+        }
     }
 
     /// The server refused a release notification (the user has no permission on the key's
@@ -564,7 +576,7 @@ impl Backend for RedisBackend {
                     .key(companion(&self.fair_prefix, key, "queue"))
                     .key(companion(&self.fair_prefix, key, "waiters"));
             }
-            invocation.arg(token.as_str());
+            invocation.arg(token.as_str()).arg(self.publish_command());
             // release.lua: bit 0 deleted, bit 1 the notification was refused (no channel
             // permission); the release stands either way.
             let reply: i64 = self.call("release", invocation).await?;

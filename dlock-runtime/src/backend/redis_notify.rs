@@ -20,7 +20,10 @@ use std::{
 use tokio::time::Instant;
 
 use futures_util::StreamExt as _;
-use redis::aio::{PubSubSink, PubSubStream};
+use redis::{
+    RedisResult,
+    aio::{PubSubSink, PubSubStream},
+};
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::backend::{NextInLine, Watch};
@@ -51,6 +54,10 @@ struct Channel {
 struct Shared {
     /// The server to subscribe on; `None` until known (a Sentinel master not yet found).
     client: Mutex<Option<redis::Client>>,
+    /// A Cluster's seed nodes: channels are shard channels (`SSUBSCRIBE`), each on the node
+    /// that serves its slot, over one RESP3 cluster connection.
+    #[cfg(feature = "redis-cluster")]
+    cluster: Option<Vec<String>>,
     request_timeout: Duration,
     channels: Mutex<HashMap<String, Channel>>,
     /// The server's ACL refused a SUBSCRIBE: waiters poll from then on, and nobody asks again.
@@ -82,6 +89,8 @@ impl Notifier {
         Self {
             shared: Arc::new(Shared {
                 client: Mutex::new(client),
+                #[cfg(feature = "redis-cluster")]
+                cluster: None,
                 request_timeout,
                 channels: Mutex::default(),
                 denied: std::sync::atomic::AtomicBool::new(false),
@@ -109,6 +118,16 @@ impl Notifier {
             tokio::spawn(run(self.shared.clone(), receiver));
         }
         control.ops.clone()
+    }
+
+    /// Release notifications of a Redis Cluster: shard channels on the nodes of `seeds`.
+    #[cfg(feature = "redis-cluster")]
+    pub(crate) fn cluster(seeds: Vec<String>, request_timeout: Duration) -> Self {
+        let mut notifier = Self::new(None, request_timeout);
+        if let Some(shared) = Arc::get_mut(&mut notifier.shared) {
+            shared.cluster = Some(seeds);
+        }
+        notifier
     }
 
     /// Subscribes on `client` from now on (a Sentinel master found, or moved); an open
@@ -212,14 +231,105 @@ impl Drop for Registration {
     }
 }
 
-async fn connect(shared: &Shared) -> Option<(PubSubSink, PubSubStream)> {
+/// Where subscriptions are sent: a pub/sub connection, or (Cluster) a RESP3 cluster connection
+/// that routes each `SSUBSCRIBE` to the node serving the channel's slot.
+enum Sink {
+    Plain(PubSubSink),
+    #[cfg(feature = "redis-cluster")]
+    Sharded(redis::cluster_async::ClusterConnection),
+}
+
+/// Where messages arrive.
+enum Stream {
+    Plain(PubSubStream),
+    #[cfg(feature = "redis-cluster")]
+    Sharded(mpsc::UnboundedReceiver<redis::PushInfo>),
+}
+
+impl Sink {
+    async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Self::Plain(sink) => sink.subscribe(channel).await,
+            #[cfg(feature = "redis-cluster")]
+            Self::Sharded(connection) => connection.ssubscribe(channel).await,
+        }
+    }
+
+    async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Self::Plain(sink) => sink.unsubscribe(channel).await,
+            #[cfg(feature = "redis-cluster")]
+            Self::Sharded(connection) => connection.sunsubscribe(channel).await,
+        }
+    }
+}
+
+impl Stream {
+    /// The next message's channel and payload; `None` when the connection is lost.
+    async fn next(&mut self) -> Option<(String, String)> {
+        match self {
+            Self::Plain(stream) => stream.next().await.map(|message| {
+                let payload = message.get_payload::<String>().unwrap_or_default();
+                (message.get_channel_name().to_owned(), payload)
+            }),
+            #[cfg(feature = "redis-cluster")]
+            Self::Sharded(pushes) => loop {
+                let push = pushes.recv().await?;
+                match push.kind {
+                    redis::PushKind::SMessage => {
+                        let mut data = push.data.into_iter();
+                        let (Some(channel), Some(payload)) = (data.next(), data.next()) else {
+                            continue;
+                        };
+                        let channel = redis::from_redis_value::<String>(channel).ok()?;
+                        let payload =
+                            redis::from_redis_value::<String>(payload).unwrap_or_default();
+                        return Some((channel, payload));
+                    }
+                    redis::PushKind::Disconnection => return None,
+                    _ => {}
+                }
+            },
+        }
+    }
+}
+
+async fn connect(shared: &Shared) -> Option<(Sink, Stream)> {
+    #[cfg(feature = "redis-cluster")]
+    if let Some(seeds) = &shared.cluster {
+        let (pushes, received) = mpsc::unbounded_channel();
+        let connected = async {
+            let client = redis::cluster::ClusterClient::builder(seeds.clone())
+                .use_protocol(redis::ProtocolVersion::RESP3)
+                .push_sender(pushes)
+                .connection_timeout(shared.request_timeout)
+                .build()?;
+            client.get_async_connection().await
+        };
+        return match tokio::time::timeout(shared.request_timeout, connected).await {
+            Ok(Ok(connection)) => Some((Sink::Sharded(connection), Stream::Sharded(received))),
+            Ok(Err(error)) => {
+                tracing::debug!(error = %error, "release notifications unavailable; waiters poll");
+                None
+            }
+            Err(_) => {
+                tracing::debug!(
+                    "release notifications unavailable (connect timed out); waiters poll"
+                );
+                None
+            }
+        };
+    }
     let client = shared
         .client
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clone()?;
     match tokio::time::timeout(shared.request_timeout, client.get_async_pubsub()).await {
-        Ok(Ok(pubsub)) => Some(pubsub.split()),
+        Ok(Ok(pubsub)) => {
+            let (sink, stream) = pubsub.split();
+            Some((Sink::Plain(sink), Stream::Plain(stream)))
+        }
         Ok(Err(error)) => {
             tracing::debug!(error = %error, "release notifications unavailable; waiters poll");
             None
@@ -231,7 +341,7 @@ async fn connect(shared: &Shared) -> Option<(PubSubSink, PubSubStream)> {
     }
 }
 
-async fn subscribe(shared: &Shared, sink: &mut PubSubSink, key: &str) -> bool {
+async fn subscribe(shared: &Shared, sink: &mut Sink, key: &str) -> bool {
     match tokio::time::timeout(shared.request_timeout, sink.subscribe(key)).await {
         Ok(Ok(())) => true,
         Ok(Err(error)) if error.code() == Some("NOPERM") => {
@@ -286,7 +396,7 @@ fn expired(shared: &Shared, next: &mut Option<Instant>) -> Vec<String> {
 
 /// The task that owns the pub/sub connection.
 async fn run(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<Op>) {
-    let mut connection: Option<(PubSubSink, PubSubStream)> = None;
+    let mut connection: Option<(Sink, Stream)> = None;
     let mut subscribed: HashSet<String> = HashSet::new();
     let mut retry = Duration::from_millis(50);
     let mut next_sweep: Option<Instant> = None;
@@ -350,10 +460,10 @@ async fn run(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<Op>) {
         let sweep_at = next_sweep.unwrap_or_else(crate::guard::far_future);
         tokio::select! {
             message = stream.next() => match message {
-                Some(message) => {
+                Some((name, payload)) => {
                     let channels = shared.channels();
-                    if let Some(channel) = channels.get(message.get_channel_name()) {
-                        let next = message.get_payload::<String>().ok().filter(|p| !p.is_empty());
+                    if let Some(channel) = channels.get(&name) {
+                        let next = Some(payload).filter(|p| !p.is_empty());
                         *channel.next.lock().unwrap_or_else(PoisonError::into_inner) = next;
                         channel.notify.notify_waiters();
                     }

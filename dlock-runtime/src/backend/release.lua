@@ -1,6 +1,7 @@
 -- Compare-and-delete, then wake the waiters.
 -- KEYS[1] lock key; in fair mode also KEYS[2] the queue and KEYS[3] the waiter deadlines.
--- ARGV[1] token.
+-- ARGV[1] token; ARGV[2] the command that announces it: PUBLISH, or SPUBLISH on a Cluster (a shard
+-- channel, heard on the nodes of the key's slot only).
 -- Deletes the key only while it still holds this acquisition's token. Returns 1 if deleted, else 0,
 -- plus 2 when the server refused the notification (a user without permission on the channel): the
 -- notification is a courtesy to waiters, and must never turn a release that deleted into an error.
@@ -22,7 +23,7 @@ if deleted == 1 or left == 1 then
   if #KEYS == 3 then
     next = string.sub(redis.call('LINDEX', KEYS[2], 0) or '', 1, 8)
   end
-  local published = redis.pcall('PUBLISH', KEYS[1], next)
+  local published = redis.pcall(ARGV[2], KEYS[1], next)
   if type(published) == 'table' and published.err then
     return deleted + 2
   end
