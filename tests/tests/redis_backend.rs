@@ -378,3 +378,56 @@ fn a_locker_works_on_the_next_runtime_after_its_first_one_ended() {
         assert!(matches!(got, Ok(true)), "round {round}: {got:?}");
     }
 }
+
+/// `DLOCK_REDIS_WAIT` on one server: with no replica to acknowledge, every attempt is undone
+/// and the wait ends in a `Backend` error saying how many acknowledged; with a replica, the
+/// lock is granted and is on the replica when the acquisition returns.
+#[tokio::test]
+async fn replica_acknowledgement_on_a_single_server() {
+    let server = RedisServer::start();
+    let alone = Locker::builder()
+        .redis_url(server.url())
+        .redis_wait(1)
+        .timeout(Duration::from_millis(600))
+        .request_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let key = unique_key("unacknowledged");
+    let err = alone.acquire(&key, LockOptions::new()).await.unwrap_err();
+    assert!(err.is_backend(), "{err:?}");
+    assert!(
+        err.to_string().contains("acknowledged by 0 of the 1"),
+        "{err}"
+    );
+    assert!(
+        !server.exists(&format!("dlock:{key}")),
+        "an unacknowledged lock was left"
+    );
+
+    let port = server.port().to_string();
+    // A full sync would otherwise wait 5s for more replicas to join it.
+    let _ = server.command(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
+    let replica = RedisServer::start_with_args(&["--replicaof", "127.0.0.1", &port]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !replica
+        .command(&["INFO", "replication"])
+        .is_some_and(|i| i.contains("master_link_status:up"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica did not sync"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let acknowledged = Locker::builder()
+        .redis_url(server.url())
+        .redis_wait(1)
+        .build()
+        .unwrap();
+    let guard = acknowledged
+        .acquire(&key, LockOptions::new())
+        .await
+        .unwrap();
+    assert!(replica.exists(&format!("dlock:{key}")));
+    guard.release().await.unwrap();
+}
