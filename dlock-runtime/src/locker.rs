@@ -647,48 +647,13 @@ impl LockerBuilder {
             BackendKind::Memory if self.private_memory => Arc::new(MemoryBackend::default()),
             BackendKind::Memory => Arc::new(MemoryBackend::shared()),
             #[cfg(feature = "redis")]
-            BackendKind::Redis(url) => Arc::new(
-                crate::backend::redis::RedisBackend::new(
-                    url,
-                    &self.settings.key_prefix,
-                    self.settings.request_timeout,
-                    self.settings.notify,
-                )?
-                .wait_for_replicas(self.settings.redis_wait),
-            ),
-            #[cfg(feature = "redis-cluster")]
-            BackendKind::RedisCluster(url) => Arc::new(
-                crate::backend::redis::RedisBackend::cluster(
-                    url,
-                    &self.settings.key_prefix,
-                    self.settings.request_timeout,
-                    self.settings.notify,
-                )?
-                .wait_for_replicas(self.settings.redis_wait),
-            ),
-            #[cfg(feature = "redis-sentinel")]
-            BackendKind::RedisSentinel(url) => Arc::new(
-                crate::backend::redis::RedisBackend::sentinel(
-                    url,
-                    &self.settings.key_prefix,
-                    self.settings.request_timeout,
-                    self.settings.notify,
-                )?
-                .wait_for_replicas(self.settings.redis_wait),
-            ),
+            _ => Arc::new(crate::backend::redis::RedisBackend::from_settings(
+                &self.settings,
+            )?),
             #[cfg(not(feature = "redis"))]
-            BackendKind::Redis(_) => {
-                return Err(LockError::config(
-                    "DLOCK_BACKEND: `redis` needs dlock-runtime's `redis` feature",
-                ));
-            }
-            #[allow(
-                unreachable_patterns,
-                reason = "every engine compiled in is matched above"
-            )]
             _ => {
                 return Err(LockError::config(
-                    "this engine's cargo feature is not enabled in dlock-runtime",
+                    "DLOCK_BACKEND: `redis` needs dlock-runtime's `redis` feature",
                 ));
             }
         };

@@ -16,7 +16,11 @@ mod notify;
 #[cfg(feature = "redis-sentinel")]
 #[path = "redis_sentinel.rs"]
 mod sentinel;
-use crate::{LockError, config::RedisUrl, error::BackendError};
+use crate::{
+    LockError,
+    config::{BackendKind, Settings},
+    error::BackendError,
+};
 
 static ACQUIRE: OnceLock<Script> = OnceLock::new();
 static ACQUIRE_FAIR: OnceLock<Script> = OnceLock::new();
@@ -47,6 +51,10 @@ fn extend_script() -> &'static Script {
 }
 
 /// How the backend reaches Redis: one server, a Cluster, or the master the sentinels name.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one per locker, made once: boxing would only add an indirection"
+)]
 enum Link {
     Single(redis::Client),
     #[cfg(feature = "redis-cluster")]
@@ -127,42 +135,60 @@ impl std::fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    /// Parses the URL; makes no connection.
-    pub(crate) fn new(
-        url: &RedisUrl,
-        key_prefix: &str,
-        request_timeout: Duration,
-        notify: bool,
-    ) -> Result<Self, LockError> {
-        install_tls_provider(url.as_str());
-        let client = redis::Client::open(url.as_str()).map_err(|_| {
-            LockError::config(
-                "DLOCK_REDIS_URL: expected a URL like `redis://[user:password@]host:port[/db]`",
-            )
-        })?;
-        let notifier = notify.then(|| Notifier::new(Some(client.clone()), request_timeout));
-        Ok(Self::with_link(
-            Link::Single(client),
+    /// The backend of the Redis engine `settings` name (one server, a Cluster or the master of
+    /// a Sentinel deployment), configured from them; makes no connection.
+    pub(crate) fn from_settings(settings: &Settings) -> Result<Self, LockError> {
+        let timeout = settings.request_timeout;
+        let (link, notifier) = match &settings.backend {
+            BackendKind::Redis(url) => {
+                install_tls_provider(url.as_str());
+                let client = redis::Client::open(url.as_str()).map_err(|_| {
+                    LockError::config(
+                        "DLOCK_REDIS_URL: expected a URL like `redis://[user:password@]host:port[/db]`",
+                    )
+                })?;
+                let notifier = settings
+                    .notify
+                    .then(|| Notifier::new(Some(client.clone()), timeout));
+                (Link::Single(client), notifier)
+            }
+            #[cfg(feature = "redis-cluster")]
+            BackendKind::RedisCluster(url) => Self::cluster(url, settings)?,
+            #[cfg(feature = "redis-sentinel")]
+            BackendKind::RedisSentinel(url) => {
+                install_tls_provider(url.as_str());
+                let master = sentinel::Master::new(url.as_str(), timeout)?;
+                let notifier = settings.notify.then(|| Notifier::new(None, timeout));
+                (Link::Sentinel(master), notifier)
+            }
+            // URL parsing refuses the schemes of engines compiled out.
+            _ => return Err(LockError::config("not a Redis engine")),
+        };
+        Ok(Self {
+            link,
             notifier,
-            key_prefix,
-            request_timeout,
-        ))
+            connection: std::sync::Mutex::new(None),
+            request_timeout: timeout,
+            fence_prefix: format!("{}{}", settings.key_prefix, super::FENCE_PREFIX),
+            fair_prefix: format!("{}{}", settings.key_prefix, super::FAIR_PREFIX),
+            publish_denied: std::sync::atomic::AtomicBool::new(false),
+            wait_replicas: settings.redis_wait,
+        })
     }
 
-    /// A Cluster backend on the seed nodes of a `redis+cluster://` URL; makes no connection.
-    /// Release notifications go over shard channels (`SPUBLISH`/`SSUBSCRIBE`, Redis 7).
+    /// The link and notifier of a `redis+cluster://` URL's seed nodes. Release notifications go
+    /// over shard channels (`SPUBLISH`/`SSUBSCRIBE`, Redis 7).
     #[cfg(feature = "redis-cluster")]
-    pub(crate) fn cluster(
-        url: &RedisUrl,
-        key_prefix: &str,
-        request_timeout: Duration,
-        notify: bool,
-    ) -> Result<Self, LockError> {
+    fn cluster(
+        url: &crate::config::RedisUrl,
+        settings: &Settings,
+    ) -> Result<(Link, Option<Notifier>), LockError> {
         install_tls_provider(url.as_str());
         // The first `{…}` of a key decides its slot. A prefix with braces must hold a whole
         // non-empty tag (then every key shares it); otherwise (`a{}b:`, `app{`) the prefix would
         // decide, or spoil, how dlock's companion keys are tagged, and scripts would cross slots.
-        if key_prefix.contains(['{', '}']) && hash_tag(key_prefix.as_bytes()).is_none() {
+        let prefix = &settings.key_prefix;
+        if prefix.contains(['{', '}']) && hash_tag(prefix.as_bytes()).is_none() {
             return Err(LockError::config(
                 "DLOCK_KEY_PREFIX: on a Redis Cluster a prefix with braces must hold a whole \
                  hash tag, like `{app}:` (every key then lives in that tag's slot); `{}` or an \
@@ -170,63 +196,16 @@ impl RedisBackend {
             ));
         }
         let form = "redis+cluster://[user:password@]h1:p1,h2:p2";
-        let hosts = crate::url::HostList::parse("redis cluster url", url.as_str(), form)?;
+        let hosts = crate::url::HostList::parse("DLOCK_URL", url.as_str(), form)?;
         let client = redis::cluster::ClusterClient::builder(hosts.node_urls(""))
-            .connection_timeout(request_timeout)
+            .connection_timeout(settings.request_timeout)
             .retries(2)
             .build()
             .map_err(|_| LockError::config(format!("DLOCK_URL: expected `{form}`")))?;
-        let notifier = notify.then(|| Notifier::cluster(hosts.node_urls(""), request_timeout));
-        Ok(Self::with_link(
-            Link::Cluster(client),
-            notifier,
-            key_prefix,
-            request_timeout,
-        ))
-    }
-
-    /// A backend on the master that the sentinels of a `redis+sentinel://` URL name; makes no
-    /// connection.
-    #[cfg(feature = "redis-sentinel")]
-    pub(crate) fn sentinel(
-        url: &RedisUrl,
-        key_prefix: &str,
-        request_timeout: Duration,
-        notify: bool,
-    ) -> Result<Self, LockError> {
-        install_tls_provider(url.as_str());
-        let master = sentinel::Master::new(url.as_str(), request_timeout)?;
-        let notifier = notify.then(|| Notifier::new(None, request_timeout));
-        Ok(Self::with_link(
-            Link::Sentinel(master),
-            notifier,
-            key_prefix,
-            request_timeout,
-        ))
-    }
-
-    fn with_link(
-        link: Link,
-        notifier: Option<Notifier>,
-        key_prefix: &str,
-        request_timeout: Duration,
-    ) -> Self {
-        Self {
-            link,
-            notifier,
-            connection: std::sync::Mutex::new(None),
-            request_timeout,
-            fence_prefix: format!("{key_prefix}{}", super::FENCE_PREFIX),
-            fair_prefix: format!("{key_prefix}{}", super::FAIR_PREFIX),
-            publish_denied: std::sync::atomic::AtomicBool::new(false),
-            wait_replicas: 0,
-        }
-    }
-
-    /// Acquisitions count only once `replicas` replicas acknowledged them (`WAIT`); 0 = off.
-    pub(crate) fn wait_for_replicas(mut self, replicas: u32) -> Self {
-        self.wait_replicas = replicas;
-        self
+        let notifier = settings
+            .notify
+            .then(|| Notifier::cluster(hosts.node_urls(""), settings.request_timeout));
+        Ok((Link::Cluster(client), notifier))
     }
 
     /// How release.lua announces a release: on a Cluster a shard channel (`SPUBLISH`, heard
