@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use dlock_runtime::Locker;
+use dlock_runtime::{LockError, LockGuard, LockOptions, Locker};
 
 use crate::{RedisServer, cluster::RedisCluster, sentinel::RedisSentinels};
 
@@ -210,4 +210,46 @@ pub fn readme_acl_rule() -> Vec<String> {
             other => other.to_owned(),
         })
         .collect()
+}
+
+/// Renews `guard` (to 30s) until the answer is not a backend error, for up to 15s: after a
+/// failover the client is still finding the new master or slot owner for a while.
+///
+/// # Errors
+/// The first answer that is not a backend error (or the last one after 15s).
+pub async fn extend_once_reachable(guard: &LockGuard) -> Result<(), LockError> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        match guard.extend(Duration::from_secs(30)).await {
+            Err(e) if e.is_backend() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+/// Acquires through a locker on `url` that waits 1s with 200ms requests, and returns the
+/// error, checking that it came within 5s (a dead or wrong engine must never hang a caller).
+///
+/// # Panics
+/// When the acquisition succeeds, or its error comes later than that.
+pub async fn error_within_the_wait(url: &str) -> LockError {
+    let locker = Locker::builder()
+        .url(url)
+        .timeout(Duration::from_secs(1))
+        .request_timeout(Duration::from_millis(200))
+        .build()
+        .expect("a valid URL");
+    let started = tokio::time::Instant::now();
+    let err = locker
+        .acquire(&crate::unique_key("nowhere"), LockOptions::new())
+        .await
+        .expect_err("nothing to lock on");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{url}: the error took {:?}",
+        started.elapsed()
+    );
+    err
 }

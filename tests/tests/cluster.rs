@@ -11,8 +11,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dlock_runtime::{LockError, LockGuard, LockOptions, Locker};
-use dlock_tests::{acquire_and_release, cluster::RedisCluster, racy_increment, unique_key};
+use dlock_runtime::{LockError, LockOptions, Locker};
+use dlock_tests::{
+    acquire_and_release,
+    cluster::RedisCluster,
+    engines::{error_within_the_wait, extend_once_reachable},
+    racy_increment, unique_key,
+};
 
 fn locker(cluster: &RedisCluster, replicas: u32) -> Locker {
     Locker::builder()
@@ -31,20 +36,6 @@ fn key_on(cluster: &RedisCluster, port: u16, name: &str) -> String {
         let key = unique_key(name);
         if cluster.master_of_slot(cluster.slot_of(&format!("dlock:{key}"))) == port {
             return key;
-        }
-    }
-}
-
-/// Renews `guard` until the answer is not a backend error (the client is still finding the new
-/// owner of the slot), for up to 15s.
-async fn extend_once_reachable(guard: &LockGuard) -> Result<(), LockError> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        match guard.extend(Duration::from_secs(30)).await {
-            Err(e) if e.is_backend() && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            outcome => return outcome,
         }
     }
 }
@@ -236,52 +227,18 @@ async fn keys_with_braces_never_cross_slots() {
     }
 }
 
-/// Every seed node down: a `Backend` error within the wait's bound, not a hang.
+/// Every seed node down, or a cluster URL naming a server without cluster mode: an error within
+/// the wait's bound, not a hang.
 #[tokio::test]
-async fn every_seed_node_down_is_a_backend_error_within_the_wait() {
+async fn dead_seeds_and_servers_without_cluster_mode_are_errors_within_the_wait() {
     let ports: Vec<String> = (0..3)
         .map(|_| format!("127.0.0.1:{}", dlock_tests::free_port()))
         .collect();
-    let locker = Locker::builder()
-        .url(format!("redis+cluster://{}", ports.join(",")))
-        .timeout(Duration::from_secs(1))
-        .request_timeout(Duration::from_millis(200))
-        .build()
-        .unwrap();
-    let started = Instant::now();
-    let err = locker
-        .acquire(&unique_key("down"), LockOptions::new())
-        .await
-        .unwrap_err();
+    let err = error_within_the_wait(&format!("redis+cluster://{}", ports.join(","))).await;
     assert!(err.is_backend(), "{err:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
-    );
-}
-
-/// A cluster URL that names a server without cluster mode: an error within the wait's bound.
-#[tokio::test]
-async fn a_server_without_cluster_mode_is_an_error_within_the_wait() {
     let server = dlock_tests::RedisServer::start();
-    let locker = Locker::builder()
-        .url(format!("redis+cluster://127.0.0.1:{}", server.port()))
-        .timeout(Duration::from_secs(1))
-        .request_timeout(Duration::from_millis(200))
-        .build()
-        .unwrap();
-    let started = Instant::now();
-    let err = locker
-        .acquire(&unique_key("not-a-cluster"), LockOptions::new())
-        .await
-        .unwrap_err();
+    let err = error_within_the_wait(&format!("redis+cluster://127.0.0.1:{}", server.port())).await;
     assert!(err.is_backend() || err.is_config(), "{err:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
-    );
 }
 
 /// A release wakes a waiter through the key's shard channel (`SPUBLISH`/`SSUBSCRIBE` on the
