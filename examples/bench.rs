@@ -4,16 +4,27 @@
 //! cargo run --release --example bench                 # full run (under a minute)
 //! cargo run --release --example bench -- --quick      # tiny counts: a correctness smoke test
 //! cargo run --release --example bench -- --json bench.jsonl --plot w3.svg
+//! cargo run --release --example bench -- --engine redis-cluster   # on a throwaway Redis Cluster
+//! cargo run --release --example bench -- --engine redis-sentinel  # on a throwaway Sentinel setup
 //! ```
 //!
 //! Every variant runs `--rounds` times (5 by default), taking turns with the others so that a
 //! drift of the machine hits them alike; each figure is the median round. In W1 the variants
 //! take turns cycle by cycle.
 //!
-//! It uses `DLOCK_REDIS_URL` (or `REDIS_URL`) when set, or else starts its own `redis-server` on a
-//! free loopback port. Every figure is also given as a ratio to the **floor**: the same work
-//! done with raw commands by hand (`SET key token NX PX`, then an `EVALSHA` compare-and-delete),
-//! the two-round-trip limit of any Redis lock.
+//! With `--engine redis` (the default) it uses `DLOCK_REDIS_URL` (or `REDIS_URL`) when set, or
+//! else starts its own `redis-server` on a free loopback port. `--engine redis-cluster` starts a
+//! throwaway Redis Cluster (3 masters, 3 replicas), `--engine redis-sentinel` a throwaway master
+//! with 2 replicas and 3 sentinels ([`dlock_examples::throwaway`]); the lockers get the
+//! engine's URL. Every figure is also given as a ratio to the **floor**: the same work done with
+//! raw commands by hand (`SET key token NX PX`, then an `EVALSHA` compare-and-delete), the
+//! two-round-trip limit of any Redis lock; on a Cluster they go through a redis-rs cluster
+//! connection on the same keys, on Sentinel to the master.
+//!
+//! On a Cluster every key carries the hash tag `{bench}`, so the workloads run on one master
+//! like on one server, and W2 runs once more without it, its keys spread over the 3 masters.
+//! Server figures (CPU, commands) add up the masters; the server CPU column also gives each
+//! master's share.
 //!
 //! - **W1**: one client, a fresh key per cycle: cycles/s and latency p50/p99.
 //! - **W2**: 16 clients with their own connections, distinct keys: cycles/s, and the CPU time
@@ -35,7 +46,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dlock_examples::throwaway::RedisServer;
+use dlock_examples::engine::{Connection, Deployment, Engine};
 use dlock_runtime::{LockError, LockOptions, Locker, dlock};
 use redis::AsyncCommands as _;
 
@@ -84,6 +95,7 @@ struct Args {
     rounds: usize,
     json: Option<String>,
     plot: Option<String>,
+    engine: Engine,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -92,6 +104,7 @@ fn parse_args() -> Result<Args, String> {
         rounds: 5,
         json: None,
         plot: None,
+        engine: Engine::Redis,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -109,8 +122,17 @@ fn parse_args() -> Result<Args, String> {
             }
             "--json" => args.json = Some(it.next().ok_or("--json needs a file")?),
             "--plot" => args.plot = Some(it.next().ok_or("--plot needs a file")?),
+            "--engine" => {
+                args.engine = it
+                    .next()
+                    .ok_or_else(|| format!("--engine needs one of {}", Engine::NAMES))?
+                    .parse()?;
+            }
             "-h" | "--help" => {
-                println!("usage: bench [--quick] [--rounds N] [--json FILE] [--plot FILE.svg]");
+                println!(
+                    "usage: bench [--quick] [--rounds N] [--json FILE] [--plot FILE.svg] [--engine {}]",
+                    Engine::NAMES
+                );
                 std::process::exit(0);
             }
             other => return Err(format!("unknown argument `{other}` (try --help)")),
@@ -151,13 +173,16 @@ struct Row {
     other_share: Option<f64>,
     exact: Option<bool>,
     commands_per_acquire: Option<f64>,
-    /// CPU time per operation: the Redis server's (`INFO cpu`) and this program's.
+    /// CPU time per operation: the Redis server's (`INFO cpu`, the masters' added up) and this
+    /// program's.
     server_cpu: Option<Duration>,
     client_cpu: Option<Duration>,
+    /// Each master's share of `server_cpu`, when there are several.
+    server_cpu_per_master: Vec<Duration>,
 }
 
 impl Row {
-    fn json(&self, floor: f64) -> String {
+    fn json(&self, engine: Engine, floor: f64) -> String {
         let opt = |d: Option<Duration>| d.map_or("null".to_owned(), |d| format!("{:.3}", ms(d)));
         let us = |d: Option<Duration>| {
             d.map_or("null".to_owned(), |d| {
@@ -165,7 +190,7 @@ impl Row {
             })
         };
         format!(
-            "{{\"workload\":\"{}\",\"variant\":\"{}\",\"ops\":{},\"per_sec\":{:.1},\"ratio_to_floor\":{:.3},\"p50_ms\":{},\"p99_ms\":{},\"wait_max_ms\":{},\"handoff_p50_ms\":{},\"handoff_p99_ms\":{},\"other_share\":{},\"exact\":{},\"commands_per_acquire\":{},\"server_cpu_us\":{},\"client_cpu_us\":{}}}",
+            "{{\"engine\":\"{engine}\",\"workload\":\"{}\",\"variant\":\"{}\",\"ops\":{},\"per_sec\":{:.1},\"ratio_to_floor\":{:.3},\"p50_ms\":{},\"p99_ms\":{},\"wait_max_ms\":{},\"handoff_p50_ms\":{},\"handoff_p99_ms\":{},\"other_share\":{},\"exact\":{},\"commands_per_acquire\":{},\"server_cpu_us\":{},\"client_cpu_us\":{},\"server_cpu_per_master_us\":[{}]}}",
             self.workload,
             self.variant,
             self.ops,
@@ -183,6 +208,11 @@ impl Row {
                 .map_or("null".to_owned(), |c| format!("{c:.2}")),
             us(self.server_cpu),
             us(self.client_cpu),
+            self.server_cpu_per_master
+                .iter()
+                .map(|d| us(Some(*d)))
+                .collect::<Vec<_>>()
+                .join(","),
         )
     }
 }
@@ -196,19 +226,82 @@ fn token() -> String {
     })
 }
 
-async fn connection(url: &str) -> Result<redis::aio::MultiplexedConnection, Error> {
-    Ok(redis::Client::open(url)?
-        .get_multiplexed_async_connection()
-        .await?)
+/// Where the workloads run.
+struct Target {
+    engine: Engine,
+    /// What the lockers and the data connections take: the engine's URL.
+    url: String,
+    /// `redis://` URLs of the servers that take writes (one, or a Cluster's masters), asked for
+    /// `INFO` directly.
+    masters: Vec<String>,
+}
+
+/// What every key of a workload starts with, the lockers' `key_prefix` and the floor's alike.
+#[derive(Clone, Copy)]
+struct Prefix(&'static str);
+
+impl Prefix {
+    /// Keys on one server: `bench:`; on a Cluster `{bench}:`, whose hash tag puts every key in
+    /// one slot, so on one master.
+    fn one_server(target: &Target) -> Self {
+        if target.engine == Engine::RedisCluster {
+            Self("{bench}:")
+        } else {
+            Self("bench:")
+        }
+    }
+
+    /// Keys spread over a Cluster's masters by their hash.
+    const SPREAD: Self = Self("bench:");
+}
+
+/// A data connection on the engine: the floor's raw commands and the W3 body go through it.
+async fn connection(target: &Target) -> Result<Connection, Error> {
+    Ok(Connection::open(&target.url).await?)
+}
+
+/// One plain connection per master, for `INFO`.
+struct Stats(Vec<redis::aio::MultiplexedConnection>);
+
+impl Stats {
+    async fn open(target: &Target) -> Result<Self, Error> {
+        let mut connections = Vec::new();
+        for url in &target.masters {
+            connections.push(
+                redis::Client::open(url.as_str())?
+                    .get_multiplexed_async_connection()
+                    .await?,
+            );
+        }
+        Ok(Self(connections))
+    }
+
+    /// Commands the masters have executed so far.
+    async fn commands(&mut self) -> Result<u64, Error> {
+        let mut sum = 0;
+        for redis in &mut self.0 {
+            sum += commands_so_far(redis).await?;
+        }
+        Ok(sum)
+    }
+
+    /// Each master's CPU time so far.
+    async fn cpu(&mut self) -> Result<Vec<Duration>, Error> {
+        let mut cpu = Vec::with_capacity(self.0.len());
+        for redis in &mut self.0 {
+            cpu.push(server_cpu_so_far(redis).await?);
+        }
+        Ok(cpu)
+    }
 }
 
 /// The floor: SET NX PX, then EVALSHA compare-and-delete. `retry` is the pause after a refusal.
 async fn raw_cycle(
-    redis: &mut redis::aio::MultiplexedConnection,
+    redis: &mut Connection,
     release: &redis::Script,
     key: &str,
     retry: Option<Duration>,
-    body: impl AsyncFnOnce(&mut redis::aio::MultiplexedConnection) -> Result<(), Error>,
+    body: impl AsyncFnOnce(&mut Connection) -> Result<(), Error>,
 ) -> Result<(), Error> {
     let token = token();
     loop {
@@ -302,10 +395,11 @@ impl Variant {
     }
 }
 
-fn locker(url: &str, notify: bool) -> Result<Locker, LockError> {
+/// A client on the engine whose keys all start with `prefix`.
+fn locker(target: &Target, prefix: &str, notify: bool) -> Result<Locker, LockError> {
     Locker::builder()
-        .redis_url(url)
-        .key_prefix("bench:")
+        .url(target.url.as_str())
+        .key_prefix(prefix)
         .timeout(Duration::from_secs(30))
         .notify(notify)
         .build()
@@ -315,17 +409,18 @@ fn locker(url: &str, notify: bool) -> Result<Locker, LockError> {
 /// rotating order) on one task, so that a change in how the machine schedules the client, the
 /// connection tasks and the server, which moves a cycle's latency by up to 2× between runs on
 /// a 2-core VM, hits them alike. Each variant's rate is its cycles over the time spent in them.
-async fn w1(url: &str, sizes: Sizes, run: usize) -> Result<Vec<Row>, Error> {
+async fn w1(target: &Target, sizes: Sizes, run: usize) -> Result<Vec<Row>, Error> {
     let variants = [Variant::Floor, Variant::Api, Variant::Attribute];
-    let mut redis = connection(url).await?;
-    let mut stats = connection(url).await?;
+    let prefix = Prefix::one_server(target);
+    let mut redis = connection(target).await?;
+    let mut stats = Stats::open(target).await?;
     let release = redis::Script::new(RELEASE);
-    let locker = locker(url, true)?;
+    let locker = locker(target, prefix.0, true)?;
     // Warm up: connections made, scripts loaded.
     for i in 0..20 {
         for variant in variants {
             let key = format!("w1warm:{run}:{}:{i}", variant as usize);
-            one_w1(&mut redis, &release, &locker, variant, &key, i).await?;
+            one_w1(&mut redis, &release, &locker, prefix, variant, &key, i).await?;
         }
     }
     let mut latencies: Vec<Vec<Duration>> = (0..variants.len())
@@ -344,6 +439,7 @@ async fn w1(url: &str, sizes: Sizes, run: usize) -> Result<Vec<Row>, Error> {
                 &mut redis,
                 &release,
                 &locker,
+                prefix,
                 variants[v],
                 &key,
                 i + run * 1_000_000,
@@ -355,7 +451,7 @@ async fn w1(url: &str, sizes: Sizes, run: usize) -> Result<Vec<Row>, Error> {
     let mut rows = Vec::new();
     for (v, mut latencies) in latencies.into_iter().enumerate() {
         // Commands per acquisition, counted on a short run of this variant alone.
-        let before = commands_so_far(&mut stats).await?;
+        let before = stats.commands().await?;
         let counted = 50;
         for i in 0..counted {
             let key = format!("w1count:{run}:{v}:{i}");
@@ -363,13 +459,14 @@ async fn w1(url: &str, sizes: Sizes, run: usize) -> Result<Vec<Row>, Error> {
                 &mut redis,
                 &release,
                 &locker,
+                prefix,
                 variants[v],
                 &key,
                 usize::MAX / 2 - i,
             )
             .await?;
         }
-        let after = commands_so_far(&mut stats).await?;
+        let after = stats.commands().await?;
         let spent: Duration = latencies.iter().sum();
         latencies.sort();
         #[allow(clippy::cast_precision_loss)]
@@ -390,19 +487,18 @@ async fn w1(url: &str, sizes: Sizes, run: usize) -> Result<Vec<Row>, Error> {
 }
 
 async fn one_w1(
-    redis: &mut redis::aio::MultiplexedConnection,
+    redis: &mut Connection,
     release: &redis::Script,
     locker: &Locker,
+    prefix: Prefix,
     variant: Variant,
     key: &str,
     n: usize,
 ) -> Result<(), Error> {
     match variant {
         Variant::Floor => {
-            raw_cycle(redis, release, &format!("bench:{key}"), None, async |_| {
-                Ok(())
-            })
-            .await
+            let key = format!("{}{key}", prefix.0);
+            raw_cycle(redis, release, &key, None, async |_| Ok(())).await
         }
         Variant::Api => Ok(locker
             .acquire(key, LockOptions::new())
@@ -413,17 +509,24 @@ async fn one_w1(
     }
 }
 
-/// W2: many clients, each its own connection, distinct keys.
-async fn w2(url: &str, variant: Variant, sizes: Sizes, run: usize) -> Result<Row, Error> {
+/// W2: many clients, each its own connection, distinct keys starting with `prefix`.
+async fn w2(
+    target: &Target,
+    workload: &'static str,
+    prefix: Prefix,
+    variant: Variant,
+    sizes: Sizes,
+    run: usize,
+) -> Result<Row, Error> {
     let mut clients = Vec::new();
     for c in 0..sizes.w2_clients {
-        let (mut redis, locker) = (connection(url).await?, locker(url, true)?);
+        let (mut redis, locker) = (connection(target).await?, locker(target, prefix.0, true)?);
         let release = redis::Script::new(RELEASE);
-        one_w2_warm(&mut redis, &release, &locker, variant, run, c).await?;
+        one_w2_warm(&mut redis, &release, &locker, prefix, variant, run, c).await?;
         clients.push((redis, locker, release));
     }
-    let mut stats = connection(url).await?;
-    let server_before = server_cpu_so_far(&mut stats).await?;
+    let mut stats = Stats::open(target).await?;
+    let server_before = stats.cpu().await?;
     let client_before = client_cpu_so_far();
     let started = Instant::now();
     let cap = sizes.time_cap;
@@ -442,6 +545,7 @@ async fn w2(url: &str, variant: Variant, sizes: Sizes, run: usize) -> Result<Row
                         &mut redis,
                         &release,
                         &locker,
+                        prefix,
                         variant,
                         &key,
                         (run * 1000 + c) * 100_000 + i,
@@ -459,24 +563,36 @@ async fn w2(url: &str, variant: Variant, sizes: Sizes, run: usize) -> Result<Row
     }
     let elapsed = started.elapsed();
     let client = client_cpu_so_far().zip(client_before).map(|(a, b)| a - b);
-    let server = server_cpu_so_far(&mut stats).await? - server_before;
     let per_op = |d: Duration| d / u32::try_from(ops.max(1)).unwrap_or(u32::MAX);
+    let per_master: Vec<Duration> = stats
+        .cpu()
+        .await?
+        .into_iter()
+        .zip(server_before)
+        .map(|(after, before)| per_op(after.saturating_sub(before)))
+        .collect();
     #[allow(clippy::cast_precision_loss)]
     Ok(Row {
-        workload: "W2 16 clients, distinct keys",
+        workload,
         variant: variant.name(),
         ops,
         per_sec: ops as f64 / elapsed.as_secs_f64(),
-        server_cpu: Some(per_op(server)),
+        server_cpu: Some(per_master.iter().sum()),
         client_cpu: client.map(per_op),
+        server_cpu_per_master: if per_master.len() > 1 {
+            per_master
+        } else {
+            Vec::new()
+        },
         ..Row::default()
     })
 }
 
 async fn one_w2_warm(
-    redis: &mut redis::aio::MultiplexedConnection,
+    redis: &mut Connection,
     release: &redis::Script,
     locker: &Locker,
+    prefix: Prefix,
     variant: Variant,
     run: usize,
     c: usize,
@@ -486,6 +602,7 @@ async fn one_w2_warm(
             redis,
             release,
             locker,
+            prefix,
             variant,
             &format!("w2warm:{run}:{c}:{i}"),
             usize::MAX - i,
@@ -523,19 +640,20 @@ struct Section {
 
 /// W3: clients contend for one key; the body is a non-atomic increment.
 async fn w3(
-    url: &str,
+    target: &Target,
     mode: Mode,
     sizes: Sizes,
     run: usize,
 ) -> Result<(Row, Vec<Duration>), Error> {
+    let prefix = Prefix::one_server(target);
     let key = format!("w3:{run}");
-    let counter = format!("bench:w3:{run}:counter");
+    let counter = format!("{}w3:{run}:counter", prefix.0);
     let log: Arc<Mutex<Vec<Section>>> = Arc::default();
     let per_client = sizes.w3_sections / sizes.w3_clients;
     let mut clients = Vec::new();
     for _ in 0..sizes.w3_clients {
-        let redis = connection(url).await?;
-        let locker = locker(url, mode != Mode::NoNotify)?;
+        let redis = connection(target).await?;
+        let locker = locker(target, prefix.0, mode != Mode::NoNotify)?;
         // Warm: connection made, scripts loaded.
         locker
             .acquire(&format!("{key}:warm"), LockOptions::new())
@@ -544,8 +662,8 @@ async fn w3(
             .await?;
         clients.push((redis, locker));
     }
-    let mut stats = connection(url).await?;
-    let commands_before = commands_so_far(&mut stats).await?;
+    let mut stats = Stats::open(target).await?;
+    let commands_before = stats.commands().await?;
     let started = Instant::now();
     let cap = sizes.time_cap;
     let tasks: Vec<_> = clients
@@ -561,7 +679,7 @@ async fn w3(
                     }
                     let asked = Instant::now();
                     let times;
-                    let body = async |redis: &mut redis::aio::MultiplexedConnection| -> Result<Instant, Error> {
+                    let body = async |redis: &mut Connection| -> Result<Instant, Error> {
                         let acquired = Instant::now();
                         let n: Option<u64> = redis.get(&counter).await?;
                         let () = redis.set(&counter, n.unwrap_or(0) + 1).await?;
@@ -569,7 +687,7 @@ async fn w3(
                     };
                     match mode {
                         Mode::Floor => {
-                            let raw_key = format!("bench:{key}");
+                            let raw_key = format!("{}{key}", prefix.0);
                             let token = token();
                             loop {
                                 let set: Option<String> = redis::cmd("SET")
@@ -587,7 +705,11 @@ async fn w3(
                             }
                             let acquired = body(&mut redis).await?;
                             times = (acquired, Instant::now());
-                            let _: i64 = release.key(&raw_key).arg(&token).invoke_async(&mut redis).await?;
+                            let _: i64 = release
+                                .key(&raw_key)
+                                .arg(&token)
+                                .invoke_async(&mut redis)
+                                .await?;
                         }
                         Mode::Default | Mode::NoNotify | Mode::Fair => {
                             let options = if mode == Mode::Fair {
@@ -601,12 +723,14 @@ async fn w3(
                             guard.release().await?;
                         }
                     }
-                    log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(Section {
-                        client: c,
-                        asked,
-                        acquired: times.0,
-                        released: times.1,
-                    });
+                    log.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push(Section {
+                            client: c,
+                            asked,
+                            acquired: times.0,
+                            released: times.1,
+                        });
                 }
                 Ok::<(), Error>(())
             })
@@ -616,14 +740,14 @@ async fn w3(
         t.await??;
     }
     let elapsed = started.elapsed();
-    let commands = commands_so_far(&mut stats).await? - commands_before;
+    let commands = stats.commands().await? - commands_before;
     let mut sections = std::mem::take(
         &mut *log
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner),
     );
     sections.sort_by_key(|s| s.acquired);
-    let mut redis = connection(url).await?;
+    let mut redis = connection(target).await?;
     let counted: u64 = redis.get(&counter).await?;
     let mut waits: Vec<Duration> = sections.iter().map(|s| s.acquired - s.asked).collect();
     waits.sort();
@@ -668,6 +792,19 @@ fn table(rows: &[Row], floors: &[(&'static str, f64)]) -> String {
             format!("{:.1}", d.as_secs_f64() * 1e6)
         })
     };
+    // On a Cluster: the masters' sum, then each master's share.
+    let server_cpu = |r: &Row| {
+        let mut cell = us(r.server_cpu);
+        if !r.server_cpu_per_master.is_empty() {
+            let shares: Vec<String> = r
+                .server_cpu_per_master
+                .iter()
+                .map(|d| us(Some(*d)))
+                .collect();
+            let _ = write!(cell, " ({})", shares.join(" + "));
+        }
+        cell
+    };
     for r in rows {
         let floor = floors
             .iter()
@@ -695,7 +832,7 @@ fn table(rows: &[Row], floors: &[(&'static str, f64)]) -> String {
             }),
             r.commands_per_acquire
                 .map_or("–".to_owned(), |c| format!("{c:.1}")),
-            us(r.server_cpu),
+            server_cpu(r),
             us(r.client_cpu),
         );
     }
@@ -783,8 +920,11 @@ fn plot(series: &[(&'static str, Vec<Duration>)]) -> String {
     svg
 }
 
+/// The rounds of one variant: each round's row, and its W3 wait times.
+type Rounds = Vec<(Row, Vec<Duration>)>;
+
 /// The row with the median rate among the rounds of one variant; "exact" only if every round was.
-fn median(mut rounds: Vec<(Row, Vec<Duration>)>) -> (Row, Vec<Duration>) {
+fn median(mut rounds: Rounds) -> (Row, Vec<Duration>) {
     let exact = rounds.iter().all(|(r, _)| r.exact != Some(false));
     rounds.sort_by(|a, b| a.0.per_sec.total_cmp(&b.0.per_sec));
     let (mut row, waits) = rounds.swap_remove(rounds.len() / 2);
@@ -794,33 +934,52 @@ fn median(mut rounds: Vec<(Row, Vec<Duration>)>) -> (Row, Vec<Duration>) {
     (row, waits)
 }
 
-async fn bench(url: &str, args: &Args) -> Result<bool, Error> {
+async fn bench(target: &Target, args: &Args) -> Result<bool, Error> {
     let sizes = args.sizes;
     let variants = [Variant::Floor, Variant::Api, Variant::Attribute];
     let modes = [Mode::Floor, Mode::Default, Mode::Fair, Mode::NoNotify];
+    // W2 on one server (on a Cluster: one master), and on a Cluster once more over its masters.
+    let mut w2_sets = vec![("W2 16 clients, distinct keys", Prefix::one_server(target))];
+    if target.engine == Engine::RedisCluster {
+        w2_sets = vec![
+            (
+                "W2 16 clients, distinct keys, one master",
+                Prefix::one_server(target),
+            ),
+            (
+                "W2 16 clients, distinct keys over 3 masters",
+                Prefix::SPREAD,
+            ),
+        ];
+    }
     // Variants take turns, round after round, so a drift of the machine hits them alike; each
     // figure is the median round.
-    let mut w1s: Vec<Vec<(Row, Vec<Duration>)>> = vec![Vec::new(); variants.len()];
-    let mut w2s: Vec<Vec<(Row, Vec<Duration>)>> = vec![Vec::new(); variants.len()];
-    let mut w3s: Vec<Vec<(Row, Vec<Duration>)>> = vec![Vec::new(); modes.len()];
+    let mut w1s: Vec<Rounds> = vec![Vec::new(); variants.len()];
+    let mut w2s: Vec<Vec<Rounds>> = vec![vec![Vec::new(); variants.len()]; w2_sets.len()];
+    let mut w3s: Vec<Rounds> = vec![Vec::new(); modes.len()];
     for round in 0..args.rounds {
         eprint!(".");
-        for (i, row) in w1(url, sizes, round).await?.into_iter().enumerate() {
+        for (i, row) in w1(target, sizes, round).await?.into_iter().enumerate() {
             w1s[i].push((row, Vec::new()));
         }
-        for (i, variant) in variants.into_iter().enumerate() {
-            eprint!(".");
-            w2s[i].push((w2(url, variant, sizes, round * 10 + i).await?, Vec::new()));
+        for (set, &(workload, prefix)) in w2_sets.iter().enumerate() {
+            for (i, variant) in variants.into_iter().enumerate() {
+                eprint!(".");
+                let run = round * 10 + set * variants.len() + i;
+                let row = w2(target, workload, prefix, variant, sizes, run).await?;
+                w2s[set][i].push((row, Vec::new()));
+            }
         }
         for (i, mode) in modes.into_iter().enumerate() {
             eprint!(".");
-            w3s[i].push(w3(url, mode, sizes, round * 10 + i).await?);
+            w3s[i].push(w3(target, mode, sizes, round * 10 + i).await?);
         }
     }
     let mut rows = Vec::new();
     let mut floors = Vec::new();
     let mut series = Vec::new();
-    for group in [w1s, w2s, w3s] {
+    let groups = std::iter::once(w1s).chain(w2s).chain([w3s]);
+    for group in groups {
         for (i, rounds) in group.into_iter().enumerate() {
             let (row, waits) = median(rounds);
             if i == 0 {
@@ -842,7 +1001,7 @@ async fn bench(url: &str, args: &Args) -> Result<bool, Error> {
                     .iter()
                     .find(|(w, _)| *w == r.workload)
                     .map_or(1.0, |(_, f)| *f);
-                r.json(floor) + "\n"
+                r.json(target.engine, floor) + "\n"
             })
             .collect();
         std::fs::write(path, lines)?;
@@ -855,6 +1014,49 @@ async fn bench(url: &str, args: &Args) -> Result<bool, Error> {
     Ok(rows.iter().all(|r| r.exact != Some(false)))
 }
 
+/// The Redis `engine` to measure, said on stdout, and the throwaway deployment to stop at the
+/// end (none for a server from `DLOCK_REDIS_URL` or `REDIS_URL`).
+async fn target(engine: Engine) -> Result<(Target, Option<Deployment>), String> {
+    let from_env = std::env::var("DLOCK_REDIS_URL")
+        .or_else(|_| std::env::var("REDIS_URL"))
+        .ok()
+        .filter(|u| !u.is_empty());
+    if let (Engine::Redis, Some(url)) = (engine, from_env) {
+        println!(
+            "Redis: {} (from the environment)",
+            dlock_examples::redact_url(&url)
+        );
+        let target = Target {
+            engine,
+            masters: vec![url.clone()],
+            url,
+        };
+        return Ok((target, None));
+    }
+    let deployment = Deployment::start(engine).await.map_err(|e| match engine {
+        Engine::Redis => format!("needs Redis: set DLOCK_REDIS_URL, or install redis-server: {e}"),
+        _ => format!("starting a throwaway {engine}: {e}"),
+    })?;
+    let target = Target {
+        engine,
+        url: deployment.url(),
+        masters: deployment
+            .masters()
+            .into_iter()
+            .map(|port| format!("redis://127.0.0.1:{port}"))
+            .collect(),
+    };
+    match engine {
+        Engine::Redis => println!("Redis: a {}", deployment.describe()),
+        _ => println!(
+            "Redis: a {}\nengine {engine}: {}",
+            deployment.describe(),
+            target.url
+        ),
+    }
+    Ok((target, Some(deployment)))
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let args = match parse_args() {
@@ -864,36 +1066,14 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    let from_env = std::env::var("DLOCK_REDIS_URL")
-        .or_else(|_| std::env::var("REDIS_URL"))
-        .ok()
-        .filter(|u| !u.is_empty());
-    let (url, _server) = match from_env {
-        Some(url) => {
-            println!(
-                "Redis: {} (from the environment)",
-                dlock_examples::redact_url(&url)
-            );
-            (url, None)
+    let (target, _deployment) = match target(args.engine).await {
+        Ok(target) => target,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return std::process::ExitCode::FAILURE;
         }
-        None => match RedisServer::start() {
-            Ok(server) => {
-                println!(
-                    "Redis: a throwaway redis-server {} on {}",
-                    RedisServer::version().unwrap_or_default(),
-                    server.url()
-                );
-                (server.url(), Some(server))
-            }
-            Err(e) => {
-                eprintln!(
-                    "bench: needs Redis: set DLOCK_REDIS_URL, or install redis-server (apt-get install -y redis-server): {e}"
-                );
-                return std::process::ExitCode::FAILURE;
-            }
-        },
     };
-    match bench(&url, &args).await {
+    match bench(&target, &args).await {
         Ok(true) => std::process::ExitCode::SUCCESS,
         Ok(false) => {
             eprintln!("bench: a W3 counter is wrong: the lock let two clients overlap");

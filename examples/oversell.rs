@@ -8,10 +8,17 @@
 //! cargo run --example oversell                      # 4 instances, 200 buyers, 50 in stock
 //! cargo run --example oversell -- --instances 3 --buyers 60 --stock 20
 //! cargo run --example oversell -- --embedded        # force the in-process backend
+//! cargo run --example oversell -- --engine redis-cluster   # on a throwaway Redis Cluster
+//! cargo run --example oversell -- --engine redis-sentinel  # on a throwaway Sentinel deployment
 //! ```
 //!
 //! Backend, said in the output:
-//! - `DLOCK_REDIS_URL` (or `REDIS_URL`) when set: that Redis;
+//! - `--engine redis-cluster`: a throwaway Redis Cluster (3 masters, 3 replicas; needs
+//!   `redis-server` and `redis-cli`); `--engine redis-sentinel`: a throwaway master with 2
+//!   replicas and 3 sentinels (needs `redis-sentinel` too). Both on free loopback ports, stopped
+//!   at the end, on error and on Ctrl-C ([`dlock_examples::throwaway`]).
+//! - Else (`--engine redis`, the default): `DLOCK_REDIS_URL` (or `REDIS_URL`) when set: that
+//!   Redis;
 //! - else, with `redis-server` on `PATH`: a throwaway server on a free loopback port
 //!   (`--save "" --appendonly no --bind 127.0.0.1`), stopped at the end, on error and on Ctrl-C;
 //! - else (or with `--embedded`, or `DLOCK_BACKEND=memory`): the embedded backend
@@ -19,8 +26,8 @@
 //!
 //! With Redis the stock lives in Redis (plain `GET` then `SET`, not atomic on purpose) and each
 //! instance is a separate OS process — this program started again with a hidden `--worker` mode —
-//! configured from the environment with its own connections, reporting every purchase and its
-//! lock wait on stdout.
+//! configured from the environment (`DLOCK_URL`, which names any engine) with its own
+//! connections, reporting every purchase and its lock wait on stdout.
 //!
 //! Exit code 0 only when the locked run is exact (sold == stock, oversold 0, nothing failed).
 
@@ -34,7 +41,10 @@ use std::{
     time::Duration,
 };
 
-use dlock_examples::{redact_url, throwaway::RedisServer};
+use dlock_examples::{
+    engine::{Connection, Deployment, Engine},
+    redact_url,
+};
 use dlock_runtime::{LockError, Locker, dlock};
 use redis::AsyncCommands as _;
 use tokio::{
@@ -46,12 +56,16 @@ use tokio::{
 
 const USAGE: &str = "\
 usage: oversell [--instances N] [--buyers N] [--stock N] [--embedded]
+                [--engine redis|redis-cluster|redis-sentinel]
 
   --instances N   instances of the shop service (default 4)
   --buyers N      buyers, each trying to buy one item at the same moment (default 200)
   --stock N       items in stock (default 50)
   --embedded      use the embedded backend even when Redis is available
                   (also: DLOCK_BACKEND=memory)
+  --engine E      redis (default): see Backend below; redis-cluster: a throwaway Redis Cluster
+                  (3 masters, 3 replicas); redis-sentinel: a throwaway master, 2 replicas and
+                  3 sentinels
 
 Backend: DLOCK_REDIS_URL or REDIS_URL when set; else a throwaway redis-server when one is on
 PATH; else the embedded backend, instances as tasks of this process.";
@@ -90,7 +104,7 @@ async fn main() -> ExitCode {
             }
         },
         _ = tokio::signal::ctrl_c() => {
-            eprintln!("\noversell: interrupted; workers and the throwaway server stopped");
+            eprintln!("\noversell: interrupted; workers and the throwaway servers stopped");
             ExitCode::from(130)
         }
     }
@@ -109,7 +123,7 @@ struct Shop {
 
 enum Store {
     /// The stock in Redis, `GET`/`SET` on `oversell:<sku>:stock`, sales in a list.
-    Redis(redis::aio::MultiplexedConnection),
+    Redis(Connection),
     /// The stock in this process, read and written with separate loads and stores.
     Memory(Arc<MemoryStore>),
 }
@@ -176,7 +190,10 @@ impl Store {
 
     async fn remove(&self, sku: &str) -> Result<(), ShopError> {
         if let Self::Redis(redis) = self {
-            let _: u64 = redis.clone().del(&[stock_key(sku), sales_key(sku)]).await?;
+            // One key per command: on a Cluster the two may live on different masters.
+            for key in [stock_key(sku), sales_key(sku)] {
+                let _: u64 = redis.clone().del(key).await?;
+            }
         }
         Ok(())
     }
@@ -354,7 +371,7 @@ async fn run_instance(
 }
 
 /// `--worker <unlocked|locked> <sku> <instance> <instances> <buyers>`: one instance as its own
-/// process, configured from the environment (`DLOCK_REDIS_URL`) like a real service instance.
+/// process, configured from the environment (`DLOCK_URL`) like a real service instance.
 /// Prints `ready`, waits for `go` on stdin, then one line per buyer.
 async fn worker(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let [mode, sku, instance, instances, buyers] = args else {
@@ -369,12 +386,10 @@ async fn worker(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
         Mode::Unlocked
     };
     let buyers = buyers_of(instance.parse()?, instances.parse()?, buyers.parse()?);
-    let url = std::env::var("DLOCK_REDIS_URL")?;
+    let url = std::env::var("DLOCK_URL")?;
 
     let locks = Locker::from_env()?;
-    let store = redis::Client::open(url)?
-        .get_multiplexed_async_connection()
-        .await?;
+    let store = Connection::open(&url).await?;
     if mode == Mode::Locked {
         // Connect the lock client now, so the first buyer's wait does not include it.
         let warm_up = format!("oversell-warm-up:{}", std::process::id());
@@ -422,6 +437,7 @@ struct Config {
     buyers: usize,
     stock: u64,
     embedded: bool,
+    engine: Engine,
 }
 
 impl Config {
@@ -432,6 +448,7 @@ impl Config {
             buyers: 200,
             stock: 50,
             embedded: false,
+            engine: Engine::Redis,
         };
         let mut args = args.iter();
         while let Some(arg) = args.next() {
@@ -451,6 +468,7 @@ impl Config {
                 "--instances" => config.instances = number(flag, &value(flag)?)?,
                 "--buyers" => config.buyers = number(flag, &value(flag)?)?,
                 "--stock" => config.stock = number(flag, &value(flag)?)?,
+                "--engine" => config.engine = value(flag)?.parse()?,
                 _ => return Err(format!("unknown argument `{arg}`")),
             }
         }
@@ -459,6 +477,12 @@ impl Config {
         }
         if u32::try_from(config.buyers).is_err() {
             return Err("--buyers is too large".to_owned());
+        }
+        if config.embedded && config.engine != Engine::Redis {
+            return Err(format!(
+                "--embedded and --engine {} exclude each other",
+                config.engine
+            ));
         }
         Ok(Some(config))
     }
@@ -473,11 +497,12 @@ fn number<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, String> {
 /// Where the stock and the locks live.
 enum Backend {
     Redis {
+        engine: Engine,
         url: String,
         /// What to print about it.
         about: String,
-        /// The throwaway server, stopped when this is dropped.
-        _server: Option<RedisServer>,
+        /// The throwaway deployment, stopped when this is dropped.
+        _deployment: Option<Deployment>,
     },
     Embedded {
         why: &'static str,
@@ -485,7 +510,12 @@ enum Backend {
 }
 
 impl Backend {
-    fn choose(config: &Config) -> Result<Self, String> {
+    async fn choose(config: &Config) -> Result<Self, String> {
+        if config.engine != Engine::Redis {
+            // An engine asked for by name: its throwaway deployment, whatever the environment
+            // says (DLOCK_REDIS_URL names one server).
+            return Self::throwaway(config.engine).await;
+        }
         if config.embedded {
             return Ok(Self::Embedded { why: "--embedded" });
         }
@@ -500,32 +530,41 @@ impl Backend {
             {
                 let about = format!("Redis at {} (from {var})", redact_url(&url));
                 return Ok(Self::Redis {
+                    engine: Engine::Redis,
                     url,
                     about,
-                    _server: None,
+                    _deployment: None,
                 });
             }
         }
-        if !RedisServer::available() {
+        if !dlock_examples::throwaway::RedisServer::available() {
             return Ok(Self::Embedded {
                 why: "no DLOCK_REDIS_URL / REDIS_URL and no redis-server on PATH",
             });
         }
-        let server = RedisServer::start().map_err(|e| format!("starting redis-server: {e}"))?;
-        let version = RedisServer::version().map_or_else(String::new, |v| format!(" {v}"));
+        Self::throwaway(Engine::Redis).await
+    }
+
+    /// The throwaway deployment of `engine`.
+    async fn throwaway(engine: Engine) -> Result<Self, String> {
+        let deployment = Deployment::start(engine)
+            .await
+            .map_err(|e| format!("starting a throwaway {engine}: {e}"))?;
         Ok(Self::Redis {
-            url: server.url(),
+            engine,
+            url: deployment.url(),
             about: format!(
-                "throwaway redis-server{version} on 127.0.0.1:{} (no persistence; stopped at exit)",
-                server.port()
+                "{} (no persistence; stopped at exit)",
+                deployment.describe()
             ),
-            _server: Some(server),
+            _deployment: Some(deployment),
         })
     }
 
+    /// The engine's name: `redis`, `redis-cluster`, `redis-sentinel` or `embedded`.
     fn short(&self) -> &'static str {
         match self {
-            Self::Redis { .. } => "redis",
+            Self::Redis { engine, .. } => engine.name(),
             Self::Embedded { .. } => "embedded",
         }
     }
@@ -555,14 +594,19 @@ impl Report {
 }
 
 async fn demo(config: Config) -> Result<bool, String> {
-    let backend = Backend::choose(&config)?;
+    let backend = Backend::choose(&config).await?;
     println!(
         "dlock oversell demo: {} buyers, {} in stock, {} instances",
         config.buyers, config.stock, config.instances
     );
     match &backend {
-        Backend::Redis { about, .. } => {
+        Backend::Redis {
+            about, engine, url, ..
+        } => {
             println!("backend: {about}");
+            if *engine != Engine::Redis {
+                println!("         engine {engine}: DLOCK_URL={}", redact_url(url));
+            }
             println!(
                 "         stock in Redis (GET then SET); {} worker processes, each with its own connections",
                 config.instances
@@ -598,10 +642,7 @@ async fn run(config: &Config, backend: &Backend, mode: Mode) -> Result<Report, S
     let mut embedded_go = None;
     let store = match backend {
         Backend::Redis { url, .. } => {
-            let client =
-                redis::Client::open(url.as_str()).map_err(|e| format!("redis URL: {e}"))?;
-            let conn = client
-                .get_multiplexed_async_connection()
+            let conn = Connection::open(url)
                 .await
                 .map_err(|e| format!("cannot reach Redis at {}: {e}", redact_url(url)))?;
             let store = Store::Redis(conn);
@@ -739,8 +780,8 @@ async fn run(config: &Config, backend: &Backend, mode: Mode) -> Result<Report, S
     Ok(report)
 }
 
-/// Starts `oversell --worker …` with the Redis URL in its environment (not on its command line,
-/// where `ps` would show a password) and forwards its stdout lines as events.
+/// Starts `oversell --worker …` with the engine URL in its environment as `DLOCK_URL` (not on
+/// its command line, where `ps` would show a password) and forwards its stdout lines as events.
 fn spawn_worker(
     url: &str,
     mode: Mode,
@@ -757,8 +798,12 @@ fn spawn_worker(
         .arg(instance.to_string())
         .arg(config.instances.to_string())
         .arg(config.buyers.to_string())
-        .env("DLOCK_BACKEND", "redis")
-        .env("DLOCK_REDIS_URL", url)
+        // DLOCK_URL names any engine, and wins over the variables of the Redis engine; those
+        // are removed all the same, so that a value the worker would not need cannot fail it.
+        .env("DLOCK_URL", url)
+        .env_remove("DLOCK_REDIS_URL")
+        .env_remove("REDIS_URL")
+        .env_remove("DLOCK_BACKEND")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -1,5 +1,5 @@
 //! A local Redis Cluster for the `redis+cluster://` engine: six `redis-server` processes in
-//! cluster mode (3 masters, 3 replicas) on free loopback ports, with the faults its tests need
+//! cluster mode (3 masters, 3 replicas) on free loopback ports, with the faults the tests need
 //! (a master killed and its replica promoted, a slot migrated while locks live in it).
 
 use std::{
@@ -9,7 +9,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{INSTALL_REDIS, RedisServer, Reply, command_at, free_port, info_field, query};
+use super::{
+    INSTALL_REDIS, RedisServer, free_port,
+    resp::{Reply, command_at, info_field, query},
+};
 
 /// How to install `redis-cli` (Debian ships it with `redis-server`), printed when it is missing.
 const INSTALL_REDIS_CLI: &str = "redis-cli not found on PATH: install it with `sudo apt-get install -y redis-server` (or run .ci/run, which does)";
@@ -30,7 +33,8 @@ const SLOTS: u32 = 16384;
 /// port, its master's port (for a replica), whether it is flagged failing, and its slots.
 type Topology = Vec<(u16, Option<u16>, bool, Vec<(u16, u16)>)>;
 
-/// A Redis Cluster of 3 masters and 3 replicas owned by one test, stopped on drop.
+/// A Redis Cluster of 3 masters and 3 replicas owned by this program (a test, an example),
+/// stopped on drop.
 ///
 /// # Behavior
 /// - **Start**: six `redis-server --cluster-enabled yes` (no persistence, `cluster-node-timeout`
@@ -85,6 +89,12 @@ impl Node {
 }
 
 impl RedisCluster {
+    /// `true` when `redis-server` and `redis-cli` (which joins the nodes) are on `PATH`.
+    #[must_use]
+    pub fn available() -> bool {
+        super::installed("redis-server") && super::installed("redis-cli")
+    }
+
     /// Starts six nodes, makes them a cluster of 3 masters with one replica each, and waits
     /// (up to 30s in all) until it is healthy.
     ///
@@ -532,9 +542,10 @@ fn start_node() -> RedisServer {
             "--repl-diskless-sync-delay",
             "0",
         ];
-        match RedisServer::try_start_with_args(&args) {
+        match RedisServer::start_once(&args) {
             Ok(server) => return server,
-            Err(e) => last = e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{e}"),
+            Err(e) => last = e.to_string(),
         }
     }
     panic!("{last}\n({INSTALL_REDIS})");
@@ -716,6 +727,6 @@ mod tests {
         );
         let ports: Vec<u16> = cluster.nodes().iter().map(RedisServer::port).collect();
         drop(cluster);
-        assert!(ports.iter().all(|&p| !dlock_examples::throwaway::ping(p)));
+        assert!(ports.iter().all(|&p| !crate::throwaway::ping(p)));
     }
 }

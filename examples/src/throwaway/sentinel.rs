@@ -1,5 +1,5 @@
 //! A local Redis Sentinel deployment for the `redis+sentinel://` engine: one master, two
-//! replicas and three `redis-sentinel` processes on free loopback ports, with the faults its
+//! replicas and three `redis-sentinel` processes on free loopback ports, with the faults the
 //! tests need (a server killed, a failover forced).
 
 use std::{
@@ -9,7 +9,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::{RedisServer, Reply, command_at, free_port, info_field, query};
+use super::{
+    RedisServer, free_port,
+    resp::{Reply, command_at, info_field, query},
+};
 
 /// How to install `redis-sentinel`, printed when it is missing.
 pub const INSTALL_SENTINEL: &str = "redis-sentinel not found on PATH: install it with `sudo apt-get install -y redis-sentinel` (or run .ci/run, which does)";
@@ -30,7 +33,8 @@ const POLL: Duration = Duration::from_millis(50);
 /// replicas.
 const SERVER_ARGS: [&str; 2] = ["--repl-diskless-sync-delay", "0"];
 
-/// A master, two replicas and three sentinels owned by one test, stopped on drop.
+/// A master, two replicas and three sentinels owned by this program (a test, an example),
+/// stopped on drop.
 ///
 /// # Behavior
 /// - **Start**: a `redis-server` master (no persistence), two `--replicaof` it, then three
@@ -61,6 +65,12 @@ struct Sentinel {
 }
 
 impl RedisSentinels {
+    /// `true` when `redis-server` and `redis-sentinel` are on `PATH`.
+    #[must_use]
+    pub fn available() -> bool {
+        super::installed("redis-server") && super::installed("redis-sentinel")
+    }
+
     /// Starts the master, its two replicas and three sentinels, and waits (up to 30s in all)
     /// until they all know each other.
     ///
@@ -357,7 +367,7 @@ impl Sentinel {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{INSTALL_SENTINEL}"),
             Err(e) => panic!("could not start redis-sentinel: {e}"),
         };
-        let ready = dlock_examples::throwaway::wait_ready(self.port, &mut child);
+        let ready = super::wait_ready(self.port, &mut child);
         self.child = Some(child);
         ready.map_err(|e| {
             self.kill();
@@ -492,6 +502,6 @@ mod tests {
         let mut all = ports;
         all.extend(sentinels.servers().iter().map(RedisServer::port));
         drop(sentinels);
-        assert!(all.iter().all(|&p| !dlock_examples::throwaway::ping(p)));
+        assert!(all.iter().all(|&p| !crate::throwaway::ping(p)));
     }
 }

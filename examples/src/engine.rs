@@ -1,0 +1,364 @@
+//! The `--engine` of the oversell demo and the benchmark: which Redis deployment they run on
+//! ([`Engine`]), its throwaway deployment ([`Deployment`]), and a redis-rs connection for data
+//! that is not a lock (the demo's stock, the benchmark's raw commands) on any engine URL
+//! ([`Connection`]).
+
+use std::fmt;
+
+use redis::{
+    IntoConnectionInfo as _, RedisResult,
+    aio::{ConnectionLike, MultiplexedConnection},
+    cluster_async::ClusterConnection,
+};
+
+use crate::throwaway::{
+    RedisServer, cluster::RedisCluster, sentinel::INSTALL_SENTINEL, sentinel::RedisSentinels,
+};
+
+/// A Redis engine the examples can run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Engine {
+    /// One `redis-server` (`redis://`).
+    Redis,
+    /// A Redis Cluster of 3 masters and 3 replicas (`redis+cluster://`).
+    RedisCluster,
+    /// A master and 2 replicas watched by 3 sentinels (`redis+sentinel://`).
+    RedisSentinel,
+}
+
+impl Engine {
+    /// The names [`FromStr`](std::str::FromStr) takes, for a usage text.
+    pub const NAMES: &str = "redis|redis-cluster|redis-sentinel";
+
+    /// `redis`, `redis-cluster` or `redis-sentinel`: the flag's value.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Redis => "redis",
+            Self::RedisCluster => "redis-cluster",
+            Self::RedisSentinel => "redis-sentinel",
+        }
+    }
+}
+
+impl fmt::Display for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Engine {
+    type Err = String;
+
+    /// ```
+    /// use dlock_examples::engine::Engine;
+    ///
+    /// assert_eq!("redis-cluster".parse(), Ok(Engine::RedisCluster));
+    /// assert!("etcd".parse::<Engine>().unwrap_err().contains("redis-sentinel"));
+    /// ```
+    fn from_str(name: &str) -> Result<Self, String> {
+        match name {
+            "redis" => Ok(Self::Redis),
+            "redis-cluster" => Ok(Self::RedisCluster),
+            "redis-sentinel" => Ok(Self::RedisSentinel),
+            other => Err(format!(
+                "unknown engine `{other}`; expected one of {}",
+                Self::NAMES
+            )),
+        }
+    }
+}
+
+/// The throwaway deployment of an [`Engine`], stopped when dropped.
+///
+/// # Behavior
+/// - **Start**: [`start`](Self::start) starts it on a blocking thread and returns once it is
+///   healthy: a Cluster takes a few seconds (its nodes must agree), Sentinels a few more (the
+///   sentinels must find each other).
+/// - **Drop**: every process is killed and its directory removed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Deployment {
+    /// One `redis-server`.
+    Server(RedisServer),
+    /// A Redis Cluster.
+    Cluster(RedisCluster),
+    /// A master, its replicas and the sentinels.
+    Sentinels(RedisSentinels),
+}
+
+impl Deployment {
+    /// Starts the throwaway deployment of `engine` on free loopback ports.
+    ///
+    /// # Errors
+    /// When a binary it needs is not installed (saying how to install it), or it does not come
+    /// up healthy in time.
+    pub async fn start(engine: Engine) -> Result<Self, String> {
+        let missing = match engine {
+            Engine::Redis if !RedisServer::available() => Some(crate::throwaway::INSTALL_REDIS),
+            Engine::RedisCluster if !RedisCluster::available() => Some(
+                "redis-server or redis-cli not found on PATH: install them with `sudo apt-get install -y redis-server`",
+            ),
+            Engine::RedisSentinel if !RedisSentinels::available() => Some(INSTALL_SENTINEL),
+            _ => None,
+        };
+        if let Some(missing) = missing {
+            return Err(missing.to_owned());
+        }
+        // The deployments wait with blocking sleeps, and say what went wrong by panicking.
+        let started = tokio::task::spawn_blocking(move || match engine {
+            Engine::Redis => RedisServer::try_start()
+                .map(Self::Server)
+                .map_err(|e| e.to_string()),
+            Engine::RedisCluster => Ok(Self::Cluster(RedisCluster::start())),
+            Engine::RedisSentinel => Ok(Self::Sentinels(RedisSentinels::start())),
+        })
+        .await;
+        match started {
+            Ok(deployment) => deployment,
+            Err(e) => {
+                let why = e.try_into_panic().ok().and_then(|panic| {
+                    panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                });
+                Err(why.unwrap_or_else(|| "the start was cancelled".to_owned()))
+            }
+        }
+    }
+
+    /// Its engine.
+    #[must_use]
+    pub fn engine(&self) -> Engine {
+        match self {
+            Self::Server(_) => Engine::Redis,
+            Self::Cluster(_) => Engine::RedisCluster,
+            Self::Sentinels(_) => Engine::RedisSentinel,
+        }
+    }
+
+    /// The URL lockers (and [`Connection::open`]) take: `redis://127.0.0.1:p`,
+    /// `redis+cluster://127.0.0.1:p1,…` (the masters) or `redis+sentinel://127.0.0.1:s1,…/mymaster`.
+    #[must_use]
+    pub fn url(&self) -> String {
+        match self {
+            Self::Server(server) => server.url(),
+            Self::Cluster(cluster) => cluster.url(),
+            Self::Sentinels(sentinels) => sentinels.url(),
+        }
+    }
+
+    /// The ports of the servers that take writes: the server, the Cluster's masters (sorted),
+    /// or the master the sentinels name.
+    #[must_use]
+    pub fn masters(&self) -> Vec<u16> {
+        match self {
+            Self::Server(server) => vec![server.port()],
+            Self::Cluster(cluster) => cluster.masters(),
+            Self::Sentinels(sentinels) => vec![sentinels.master_port()],
+        }
+    }
+
+    /// One line on what runs, for the output:
+    /// `throwaway redis-server 7.0.15 on 127.0.0.1:40793`,
+    /// `throwaway Redis Cluster (redis-server 7.0.15): 3 masters on 127.0.0.1:p1,p2,p3, 3 replicas`.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        let version = RedisServer::version().map_or_else(String::new, |v| format!(" {v}"));
+        let ports = |ports: &[u16]| {
+            ports
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        match self {
+            Self::Server(server) => {
+                format!(
+                    "throwaway redis-server{version} on 127.0.0.1:{}",
+                    server.port()
+                )
+            }
+            Self::Cluster(cluster) => format!(
+                "throwaway Redis Cluster (redis-server{version}): 3 masters on 127.0.0.1:{}, 3 replicas",
+                ports(&cluster.masters())
+            ),
+            Self::Sentinels(sentinels) => format!(
+                "throwaway Redis Sentinel (redis-server{version}): master 127.0.0.1:{}, 2 replicas, \
+                 3 sentinels on 127.0.0.1:{}",
+                sentinels.master_port(),
+                ports(&sentinels.sentinel_ports())
+            ),
+        }
+    }
+}
+
+/// A redis-rs connection for data on any engine URL: `redis://` (one server),
+/// `redis+cluster://h1:p1,h2:p2` (each command goes to the master of its key's slot) or
+/// `redis+sentinel://s1:p1,s2:p2/<master>` (the master the sentinels name when it connects).
+/// It implements redis-rs's [`ConnectionLike`], so [`redis::AsyncCommands`], [`redis::Cmd`] and
+/// [`redis::Script`] work on it as on a [`MultiplexedConnection`].
+///
+/// # Behavior
+/// - **Credentials**: those of a multi-host URL are used for every Cluster node, and for the
+///   Sentinel master (the sentinels are asked without), as dlock's lockers do.
+/// - **Failover**: a Cluster connection follows `MOVED` and `ASK`; a Sentinel one stays on the
+///   master it found (the examples do not fail over while they run).
+/// - **Clone**: clones share the connection.
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum Connection {
+    /// One server: a `redis://` URL's, or the Sentinel master.
+    Server(MultiplexedConnection),
+    /// A Redis Cluster.
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    /// Connects to the engine `url` names.
+    ///
+    /// # Errors
+    /// When the URL is not one of the three forms, or the connection fails.
+    pub async fn open(url: &str) -> RedisResult<Self> {
+        let invalid = |why: &'static str| {
+            redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, why))
+        };
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Err(invalid("not a URL"));
+        };
+        match scheme {
+            "redis+cluster" | "rediss+cluster" => {
+                let hosts = HostList::parse(scheme, rest).ok_or_else(|| {
+                    invalid("expected redis+cluster://[user:password@]h1:p1,h2:p2")
+                })?;
+                let client = redis::cluster::ClusterClient::new(hosts.node_urls(true, ""));
+                Ok(Self::Cluster(client?.get_async_connection().await?))
+            }
+            "redis+sentinel" | "rediss+sentinel" => {
+                let form = "expected redis+sentinel://[user:password@]s1:p1,s2:p2/<master>[/db]";
+                let hosts = HostList::parse(scheme, rest).ok_or_else(|| invalid(form))?;
+                let mut path = hosts.path.split('/');
+                let name = path
+                    .next()
+                    .filter(|n| !n.is_empty())
+                    .ok_or_else(|| invalid(form))?;
+                let db = path.next().map_or_else(String::new, |db| format!("/{db}"));
+                let master = HostList {
+                    hosts: vec!["master:6379"],
+                    ..hosts.clone()
+                };
+                let master = master.node_urls(true, &db)[0]
+                    .as_str()
+                    .into_connection_info()?;
+                let mut node = redis::sentinel::SentinelNodeConnectionInfo::default()
+                    .set_redis_connection_info(master.redis_settings().clone());
+                if hosts.tls {
+                    node = node.set_tls_mode(redis::TlsMode::Secure);
+                }
+                // An owned name: `build` takes a `String` unless redis-rs's rustls feature is on.
+                let service: String = name.to_owned();
+                let mut client = redis::sentinel::SentinelClient::build(
+                    hosts.node_urls(false, ""),
+                    service,
+                    Some(node),
+                    redis::sentinel::SentinelServerType::Master,
+                )?;
+                Ok(Self::Server(client.get_async_connection().await?))
+            }
+            _ => Ok(Self::Server(
+                redis::Client::open(url)?
+                    .get_multiplexed_async_connection()
+                    .await?,
+            )),
+        }
+    }
+}
+
+impl fmt::Debug for Connection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Server(_) => "Connection::Server",
+            Self::Cluster(_) => "Connection::Cluster",
+        })
+    }
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Self::Server(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Self::Server(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Server(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The rest of a multi-host URL after `scheme://`: `[userinfo@]h1:p1,h2:p2[/path]`.
+#[derive(Clone)]
+struct HostList<'a> {
+    tls: bool,
+    userinfo: Option<&'a str>,
+    hosts: Vec<&'a str>,
+    path: &'a str,
+}
+
+impl<'a> HostList<'a> {
+    fn parse(scheme: &str, rest: &'a str) -> Option<Self> {
+        // A password may hold `/` or `@`: the hosts start after the last `@`.
+        let (userinfo, rest) = match rest.rfind('@') {
+            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+            None => (None, rest),
+        };
+        let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let hosts: Vec<&str> = hosts.split(',').collect();
+        hosts
+            .iter()
+            .all(|h| {
+                h.rsplit_once(':')
+                    .is_some_and(|(name, port)| !name.is_empty() && port.parse::<u16>().is_ok())
+            })
+            .then_some(Self {
+                tls: scheme.starts_with("rediss"),
+                userinfo,
+                hosts,
+                path,
+            })
+    }
+
+    /// `redis://[userinfo@]host:port<path>` (or `rediss://`) per host, with the credentials
+    /// when `credentials`.
+    fn node_urls(&self, credentials: bool, path: &str) -> Vec<String> {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let userinfo = match self.userinfo {
+            Some(u) if credentials => format!("{u}@"),
+            _ => String::new(),
+        };
+        self.hosts
+            .iter()
+            .map(|host| format!("{scheme}://{userinfo}{host}{path}"))
+            .collect()
+    }
+}

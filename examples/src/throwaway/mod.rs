@@ -1,0 +1,101 @@
+//! Throwaway Redis deployments on free loopback ports, stopped when dropped: one
+//! [`RedisServer`], a [`RedisCluster`](cluster::RedisCluster) of 3 masters and 3 replicas, and
+//! a master with 2 replicas watched by 3 sentinels ([`RedisSentinels`](sentinel::RedisSentinels)).
+//! No persistence, loopback only. The examples (`oversell`, `bench`) run on them, and the test
+//! harness (`dlock-tests`, which re-exports them) starts its servers with them, with the faults
+//! its tests need (kill, restart on the same port, SIGSTOP/SIGCONT, a failover, a slot
+//! migrated).
+//!
+//! A missing binary is reported with the command that installs it ([`INSTALL_REDIS`]).
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{TcpListener, TcpStream},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+pub mod cluster;
+mod resp;
+pub mod sentinel;
+mod server;
+
+pub use server::RedisServer;
+
+/// How to install `redis-server`, said when it is missing.
+pub const INSTALL_REDIS: &str = "redis-server not found on PATH: install it with `sudo apt-get install -y redis-server` (or run .ci/run, which does)";
+
+/// Waits (up to 10s) until the server on `port`, started as `child`, answers `PING`.
+///
+/// # Errors
+/// When the server exits first (the port may be taken) or does not answer in time.
+pub fn wait_ready(port: u16, child: &mut Child) -> std::io::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if ping(port) {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(std::io::Error::other(format!(
+                "redis-server exited at start ({status}); port {port} may be taken"
+            )));
+        }
+        if Instant::now() > deadline {
+            return Err(std::io::Error::other(
+                "redis-server did not answer PING within 10s",
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// `true` when a server on 127.0.0.1:`port` answers `PING` now (within a second).
+#[must_use]
+pub fn ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut reply = [0u8; 7];
+    stream.write_all(b"PING\r\n").is_ok()
+        && stream.read_exact(&mut reply).is_ok()
+        && &reply == b"+PONG\r\n"
+}
+
+/// The command line of a throwaway server: `port` on 127.0.0.1 only, no persistence (no RDB
+/// snapshots, no AOF), working directory `dir`, warnings only on stderr, stdin and stdout closed.
+#[must_use]
+pub fn command(port: u16, dir: &std::path::Path) -> Command {
+    let mut command = Command::new("redis-server");
+    command
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+        .args(["--protected-mode", "no", "--loglevel", "warning", "--dir"])
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    command
+}
+
+/// A free TCP port on 127.0.0.1 (bound, then released for the server to take).
+///
+/// # Panics
+/// When no loopback port can be bound.
+#[must_use]
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind a free loopback port")
+}
+
+/// `true` when `program --version` runs and succeeds: the binary is installed.
+fn installed(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
