@@ -231,7 +231,8 @@ impl RedisBackend {
             tracing::warn!(
                 channel = %key,
                 "the Redis user may not PUBLISH release notifications (ACL channel permission \
-                 `&<prefix>*` missing): waiters of other lockers poll instead of being woken"
+                 `&<prefix>*` missing; or a Cluster before Redis 7, which has no SPUBLISH): \
+                 waiters of other lockers poll instead of being woken"
             );
         } else {
             tracing::debug!(channel = %key, "release notification refused by the server's ACL");
