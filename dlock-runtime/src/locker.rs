@@ -63,6 +63,78 @@ pub struct Locker {
 struct Inner {
     settings: Settings,
     backend: Arc<dyn Backend>,
+    lines: Lines,
+}
+
+/// The in-process lines of waiters, one per contended key: the waiters of a key on one locker
+/// queue here first come, first served, and only the first of them asks the engine, so a
+/// release wakes one waiter per process instead of every one of them.
+#[derive(Default)]
+struct Lines(std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>);
+
+impl Lines {
+    /// Whether `key` has waiters in this process already (then it is hot: a new waiter goes
+    /// behind them without asking the engine first).
+    fn busy(&self, key: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains_key(key)
+    }
+
+    /// Waits (until `deadline`) to be first in `key`'s line; `None` when the deadline came first.
+    /// Dropping the future, or the turn, gives the place up at once. The turn says whether it
+    /// had to wait for it.
+    async fn turn<'a>(&'a self, key: &str, deadline: Instant) -> Option<Turn<'a>> {
+        let line = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(key.to_owned())
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(1)))
+            .clone();
+        let mut turn = Turn {
+            lines: self,
+            key: key.to_owned(),
+            line,
+            permit: None,
+            waited: false,
+        };
+        if let Ok(permit) = turn.line.clone().try_acquire_owned() {
+            turn.permit = Some(permit);
+            return Some(turn);
+        }
+        let permit = tokio::time::timeout_at(deadline, turn.line.clone().acquire_owned()).await;
+        turn.permit = Some(permit.ok()?.ok()?);
+        turn.waited = true;
+        Some(turn)
+    }
+}
+
+/// Being first in a key's line; the next waiter's turn comes when it is dropped. The last one to
+/// leave removes the line.
+struct Turn<'a> {
+    lines: &'a Lines,
+    key: String,
+    line: Arc<tokio::sync::Semaphore>,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Others were ahead: the lock may have changed hands meanwhile.
+    waited: bool,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        let mut lines = self
+            .lines
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Only the map and this turn hold the line: nobody else waits in it.
+        if Arc::strong_count(&self.line) == 2 {
+            lines.remove(&self.key);
+        }
+    }
 }
 
 impl fmt::Debug for Locker {
@@ -107,7 +179,11 @@ impl Locker {
 
     fn with_backend(settings: Settings, backend: Arc<dyn Backend>) -> Self {
         Self {
-            inner: Arc::new(Inner { settings, backend }),
+            inner: Arc::new(Inner {
+                settings,
+                backend,
+                lines: Lines::default(),
+            }),
         }
     }
 
@@ -304,6 +380,18 @@ impl Locker {
             None
         };
         let mut watch_asked = !settings.notify || watch.is_some();
+        // The in-process line (see `Lines`): a fair waiter joins it before its first attempt, so
+        // that it never holds the engine's queue while it waits here, and so does any waiter of
+        // a key that has waiters here already; otherwise a waiter joins after its first refusal,
+        // so an uncontended acquisition pays one map lookup for it.
+        let lines = &self.inner.lines;
+        let mut turn = None;
+        if !timeout.is_zero() && (fair || lines.busy(key)) {
+            match lines.turn(key, deadline).await {
+                Some(first) => turn = Some(first),
+                None => return Err(orphan.timed_out(started)),
+            }
+        }
         let mut attempts: u32 = 0;
         let mut last_error = None;
         loop {
@@ -338,6 +426,25 @@ impl Locker {
                     // a place in line is given up with the wait.
                     orphan.armed = was_armed || queued;
                     last_error = None;
+                    if turn.is_none() && !timeout.is_zero() {
+                        // Wait behind this process's other waiters of the key, then try at
+                        // once: the lock may have changed hands meanwhile.
+                        match lines.turn(key, deadline).await {
+                            Some(first) if first.waited => {
+                                turn = Some(first);
+                                // The waiters ahead subscribed already: arm from that (no I/O)
+                                // and skip the subscription's covering attempt.
+                                if !watch_asked {
+                                    watch = self.backend().watching(key, token);
+                                    watch_asked = watch.is_some();
+                                }
+                                continue;
+                            }
+                            // First in line at once: this refusal stands; wait as usual.
+                            Some(first) => turn = Some(first),
+                            None => break,
+                        }
+                    }
                     if !watch_asked && Instant::now() < deadline {
                         // Subscribe on the first refusal, then try again at once: the release
                         // may have come before the subscription did.
@@ -447,6 +554,17 @@ impl OrphanCleanup<'_> {
                 self.token.clone(),
                 self.fair,
             );
+        }
+    }
+
+    /// The timeout of a wait that never got its turn in the in-process line: no request was
+    /// sent, nothing is left to clean.
+    fn timed_out(self, started: Instant) -> LockError {
+        let (key, _) = self.disarm();
+        tracing::info!(waited = ?started.elapsed(), "lock wait timed out in the in-process line");
+        LockError::Timeout {
+            key,
+            waited: started.elapsed(),
         }
     }
 
