@@ -33,7 +33,7 @@ pub const ENGINES: &[&str] = &[
 /// Expands to one module per engine of [`ENGINES`], each with one `#[tokio::test]` per case;
 /// a case is an `async fn(Engine)` in the calling file.
 ///
-/// ```ignore
+/// ```text
 /// dlock_tests::engine_suite!(acquire_then_release, busy_lock_is_not_granted);
 /// ```
 #[macro_export]
