@@ -253,3 +253,20 @@ pub async fn error_within_the_wait(url: &str) -> LockError {
     );
     err
 }
+
+/// A client for the failover tests on `url`: waits 20s (a failover takes seconds), 30s lease,
+/// 300ms requests, and `DLOCK_REDIS_WAIT=replicas`.
+///
+/// # Panics
+/// When the URL is invalid.
+#[must_use]
+pub fn failover_locker(url: &str, replicas: u32) -> Locker {
+    Locker::builder()
+        .url(url)
+        .redis_wait(replicas)
+        .timeout(Duration::from_secs(20))
+        .expire(Duration::from_secs(30))
+        .request_timeout(Duration::from_millis(300))
+        .build()
+        .expect("a valid URL")
+}

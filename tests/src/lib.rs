@@ -53,3 +53,35 @@ pub async fn racy_increment(counter: &AtomicU64) {
     tokio::time::sleep(Duration::from_millis(10)).await;
     counter.store(seen + 1, Ordering::SeqCst);
 }
+
+/// A `tracing` writer that keeps what is written, for tests that read the events dlock emitted.
+#[derive(Clone, Debug, Default)]
+pub struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Captured {
+    /// Everything written so far.
+    ///
+    /// # Panics
+    /// When a writer panicked while holding the buffer.
+    #[must_use]
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("not poisoned")).into_owned()
+    }
+}
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("not poisoned").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Self;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}

@@ -2,14 +2,10 @@
 //! key type or credential) fails at once with a `Backend` error saying what is missing; a user
 //! without channel permissions still releases, with one warning, and its waiters poll.
 
-use std::{
-    io::Write,
-    sync::{Arc, Mutex},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockError, LockOptions, Locker};
-use dlock_tests::{RedisServer, engines::readme_acl_rule, unique_key};
+use dlock_tests::{Captured, RedisServer, engines::readme_acl_rule, unique_key};
 
 /// Creates `dlock-app` with the README's rule, minus the words `without`, and returns a locker
 /// logged in as it that would wait 10s.
@@ -134,26 +130,6 @@ async fn refused_credentials_fail_at_once() {
     assert!(!format!("{err:?}").contains("wrong-pw"), "{err:?}");
 }
 
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Self;
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
-
 /// Without channel permissions: releases succeed (the key is gone), the refused PUBLISH and
 /// SUBSCRIBE are each reported once as a `warn` naming the channel permission, and a waiter
 /// still gets the lock by polling.
@@ -203,7 +179,7 @@ fn a_user_without_channels_releases_warns_once_and_polls() {
             .expect("the waiter polled its way in");
         second.release().await.unwrap();
     });
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let log = captured.text();
     // Once per locker: the holder released five times, the waiter once.
     assert_eq!(
         log.matches("may not PUBLISH").count(),

@@ -15,19 +15,12 @@ use dlock_runtime::{LockError, LockOptions, Locker};
 use dlock_tests::{
     acquire_and_release,
     cluster::RedisCluster,
-    engines::{error_within_the_wait, extend_once_reachable},
+    engines::{error_within_the_wait, extend_once_reachable, failover_locker},
     racy_increment, unique_key,
 };
 
 fn locker(cluster: &RedisCluster, replicas: u32) -> Locker {
-    Locker::builder()
-        .url(cluster.url())
-        .redis_wait(replicas)
-        .timeout(Duration::from_secs(20))
-        .expire(Duration::from_secs(30))
-        .request_timeout(Duration::from_millis(300))
-        .build()
-        .unwrap()
+    failover_locker(&cluster.url(), replicas)
 }
 
 /// A fresh key (without the prefix) whose lock key lives on the master `port`.

@@ -9,20 +9,13 @@ use std::time::{Duration, Instant};
 use dlock_runtime::{LockOptions, Locker};
 use dlock_tests::{
     acquire_and_release,
-    engines::{error_within_the_wait, extend_once_reachable},
+    engines::{error_within_the_wait, extend_once_reachable, failover_locker},
     sentinel::RedisSentinels,
     unique_key,
 };
 
 fn locker(sentinels: &RedisSentinels, replicas: u32) -> Locker {
-    Locker::builder()
-        .url(sentinels.url())
-        .redis_wait(replicas)
-        .timeout(Duration::from_secs(15))
-        .expire(Duration::from_secs(30))
-        .request_timeout(Duration::from_millis(300))
-        .build()
-        .unwrap()
+    failover_locker(&sentinels.url(), replicas)
 }
 
 fn exists(sentinels: &RedisSentinels, port: u16, key: &str) -> bool {

@@ -1,35 +1,11 @@
 //! The events dlock emits, captured from a real subscriber: each one named in the docs is there,
 //! at its level, and no token or password appears in any of them.
 
-use std::{
-    io::Write,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::time::Duration;
 
 use dlock_runtime::{LockOptions, Locker};
-use dlock_tests::{RedisServer, unique_key};
+use dlock_tests::{Captured, RedisServer, unique_key};
 use redis::Commands as _;
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Self;
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
-}
 
 #[test]
 fn events_are_emitted_without_secrets() {
@@ -91,7 +67,7 @@ fn events_are_emitted_without_secrets() {
             );
         });
     });
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let log = captured.text();
     for (level, message) in [
         ("DEBUG", "lock acquired"),
         ("INFO", "lock wait timed out"),
