@@ -270,3 +270,33 @@ pub fn failover_locker(url: &str, replicas: u32) -> Locker {
         .build()
         .expect("a valid URL")
 }
+
+/// After a failover that lost `first`'s lock: `other` takes the key, its fence is higher, and a
+/// resource keeping the highest fence it has seen refuses `first`'s write after the new holder's.
+///
+/// # Panics
+/// When the key cannot be taken, or the fences do not fence.
+pub async fn taken_over_and_fenced(other: &Locker, key: &str, first: &LockGuard) -> LockGuard {
+    let second = other
+        .acquire(key, LockOptions::new())
+        .await
+        .expect("the promoted replica never had the lock");
+    assert!(
+        second.fencing_token() > first.fencing_token(),
+        "fence {} after {}: the failover re-issued a fence",
+        second.fencing_token(),
+        first.fencing_token()
+    );
+    let mut highest = 0;
+    let mut write = |fence: u64| {
+        let accepted = fence >= highest;
+        highest = highest.max(fence);
+        accepted
+    };
+    assert!(write(second.fencing_token()));
+    assert!(
+        !write(first.fencing_token()),
+        "the old holder's write got through"
+    );
+    second
+}

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use dlock_runtime::{LockOptions, Locker};
 use dlock_tests::{
     acquire_and_release,
-    engines::{error_within_the_wait, extend_once_reachable, failover_locker},
+    engines::{
+        error_within_the_wait, extend_once_reachable, failover_locker, taken_over_and_fenced,
+    },
     sentinel::RedisSentinels,
     unique_key,
 };
@@ -166,28 +168,7 @@ async fn without_acknowledgement_a_failover_can_lose_a_lock_and_fencing_still_ho
         .expect("the sentinels promote a replica");
 
     let other = locker(&sentinels, 0);
-    let second = other
-        .acquire(&key, LockOptions::new())
-        .await
-        .expect("the promoted replica never had the lock");
-    assert!(
-        second.fencing_token() > first.fencing_token(),
-        "fence {} after {}: the failover re-issued a fence",
-        second.fencing_token(),
-        first.fencing_token()
-    );
-    // The resource keeps the highest fence it has seen and refuses lower ones.
-    let mut highest = 0;
-    let mut write = |fence: u64| {
-        let accepted = fence >= highest;
-        highest = highest.max(fence);
-        accepted
-    };
-    assert!(write(second.fencing_token()));
-    assert!(
-        !write(first.fencing_token()),
-        "the old holder's write got through"
-    );
+    let second = taken_over_and_fenced(&other, &key, &first).await;
 
     let renewal = extend_once_reachable(&first).await.unwrap_err();
     assert!(renewal.is_lost(), "{renewal:?}");

@@ -376,16 +376,19 @@ impl RedisBackend {
 
     /// Sentinel: after an error that may mean the master moved (a replica's `READONLY`, a
     /// connection lost or silent), the next request asks the sentinels again.
+    #[cfg(feature = "redis-sentinel")]
     fn forget_connection_after(&self, error: &BackendError) {
-        #[cfg(feature = "redis-sentinel")]
         if matches!(self.link, Link::Sentinel(_)) && !error.is_refused() {
             *self
                 .connection
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         }
-        let _ = error;
     }
+
+    /// Without Sentinel a connection follows its server by itself.
+    #[cfg(not(feature = "redis-sentinel"))]
+    fn forget_connection_after(&self, _error: &BackendError) {}
 
     /// Runs one script call, bounded by the request timeout even while the connection is being
     /// re-established.

@@ -84,17 +84,34 @@ struct Control {
 }
 
 impl Notifier {
+    /// Notifications on `client` (one server, or `None` until a Sentinel master is found).
     pub(crate) fn new(client: Option<redis::Client>, request_timeout: Duration) -> Self {
+        Self::with_shared(Shared {
+            client: Mutex::new(client),
+            #[cfg(feature = "redis-cluster")]
+            cluster: None,
+            request_timeout,
+            channels: Mutex::default(),
+            denied: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// Release notifications of a Redis Cluster: shard channels on the nodes of `seeds`.
+    #[cfg(feature = "redis-cluster")]
+    pub(crate) fn cluster(seeds: Vec<String>, request_timeout: Duration) -> Self {
+        Self::with_shared(Shared {
+            client: Mutex::new(None),
+            cluster: Some(seeds),
+            request_timeout,
+            channels: Mutex::default(),
+            denied: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    fn with_shared(shared: Shared) -> Self {
         let (ops, receiver) = mpsc::unbounded_channel();
         Self {
-            shared: Arc::new(Shared {
-                client: Mutex::new(client),
-                #[cfg(feature = "redis-cluster")]
-                cluster: None,
-                request_timeout,
-                channels: Mutex::default(),
-                denied: std::sync::atomic::AtomicBool::new(false),
-            }),
+            shared: Arc::new(shared),
             control: Mutex::new(Control {
                 ops,
                 pending: Some(receiver),
@@ -118,16 +135,6 @@ impl Notifier {
             tokio::spawn(run(self.shared.clone(), receiver));
         }
         control.ops.clone()
-    }
-
-    /// Release notifications of a Redis Cluster: shard channels on the nodes of `seeds`.
-    #[cfg(feature = "redis-cluster")]
-    pub(crate) fn cluster(seeds: Vec<String>, request_timeout: Duration) -> Self {
-        let mut notifier = Self::new(None, request_timeout);
-        if let Some(shared) = Arc::get_mut(&mut notifier.shared) {
-            shared.cluster = Some(seeds);
-        }
-        notifier
     }
 
     /// Subscribes on `client` from now on (a Sentinel master found, or moved); an open
