@@ -341,7 +341,11 @@ impl Locker {
                 ),
             ));
         }
-        Ok(format!("{}{key}", settings.key_prefix))
+        let full = format!("{}{key}", settings.key_prefix);
+        if let Some(reason) = self.backend().key_error(&full) {
+            return Err(LockError::invalid_key(key, reason));
+        }
+        Ok(full)
     }
 
     async fn wait_for(
@@ -676,7 +680,9 @@ impl LockerBuilder {
     /// The engine and its address, chosen by the URL's scheme (as `DLOCK_URL`):
     /// `redis://[user[:password]@]host[:port][/db]`, `rediss://…` (feature `tls`),
     /// `redis+cluster://[user:password@]h1:p1,h2:p2` (feature `redis-cluster`),
-    /// `redis+sentinel://[user:password@]s1:p1,s2:p2/<master>` (feature `redis-sentinel`), or
+    /// `redis+sentinel://[user:password@]s1:p1,s2:p2/<master>` (feature `redis-sentinel`),
+    /// `postgres://[user[:password]@]host[:port]/dbname` or `postgresql://…` (feature
+    /// `postgres`), or
     /// `memory://` (the process's shared embedded table). Checked by [`build`](Self::build).
     /// Default: `redis://127.0.0.1:6379`.
     pub fn url(mut self, url: impl Into<String>) -> Self {
@@ -764,6 +770,10 @@ impl LockerBuilder {
         let backend: Arc<dyn Backend> = match &self.settings.backend {
             BackendKind::Memory if self.private_memory => Arc::new(MemoryBackend::default()),
             BackendKind::Memory => Arc::new(MemoryBackend::shared()),
+            #[cfg(feature = "postgres")]
+            BackendKind::Postgres(_) => Arc::new(
+                crate::backend::postgres::PostgresBackend::from_settings(&self.settings)?,
+            ),
             #[cfg(feature = "redis")]
             _ => Arc::new(crate::backend::redis::RedisBackend::from_settings(
                 &self.settings,

@@ -2,11 +2,14 @@
 //! picks the engine, and multi-host forms list their hosts with commas the way libpq and MongoDB
 //! URLs do. Parsing only: no I/O, and no password in any error.
 
-use crate::{LockError, config::BackendKind, config::RedisUrl};
+use crate::{
+    LockError,
+    config::{BackendKind, PostgresUrl, RedisUrl},
+};
 
 /// What the recognised schemes are, for error messages.
 const EXPECTED: &str = "a URL like `redis://host:port`, `redis+cluster://h1:p1,h2:p2`, \
-    `redis+sentinel://s1:p1,s2:p2/<master>` or `memory://`";
+    `redis+sentinel://s1:p1,s2:p2/<master>`, `postgres://user@host/db` or `memory://`";
 
 /// Reads an engine URL. `var` names where it came from (`DLOCK_URL`, …) for the error.
 pub(crate) fn parse(var: &str, url: &str) -> Result<BackendKind, LockError> {
@@ -46,7 +49,12 @@ pub(crate) fn parse(var: &str, url: &str) -> Result<BackendKind, LockError> {
         "redis+redlock" | "rediss+redlock" => Err(not_yet(var, scheme, "redlock")),
         "etcd" | "etcds" => Err(not_yet(var, scheme, "etcd")),
         "zk" => Err(not_yet(var, scheme, "zookeeper")),
-        "postgres" | "postgresql" => Err(not_yet(var, scheme, "postgres")),
+        "postgres" | "postgresql" => {
+            needs(var, scheme, "postgres", cfg!(feature = "postgres"))?;
+            #[cfg(feature = "postgres")]
+            crate::backend::postgres::check_url(var, url)?;
+            Ok(BackendKind::Postgres(PostgresUrl::trusted(url)))
+        }
         _ => Err(LockError::config(format!(
             "{var}: unknown scheme `{scheme}://`; expected {EXPECTED}"
         ))),
@@ -202,8 +210,6 @@ mod tests {
             ("etcd://a:2379", "`etcd`"),
             ("etcds://a:2379", "`etcd`"),
             ("zk://a:2181/app", "`zookeeper`"),
-            ("postgres://u:pw@db/app", "`postgres`"),
-            ("postgresql://u:pw@db/app", "`postgres`"),
         ] {
             let err = parse("DLOCK_URL", url).unwrap_err().to_string();
             assert!(
@@ -211,6 +217,20 @@ mod tests {
                 "{url}: {err}"
             );
             assert!(!err.contains("pw"), "{err}");
+        }
+    }
+
+    #[test]
+    fn postgres_urls_need_their_feature() {
+        for url in ["postgres://u:pw@db/app", "postgresql://u:pw@db:5433/app"] {
+            let parsed = parse("DLOCK_URL", url);
+            if cfg!(feature = "postgres") {
+                assert!(matches!(parsed, Ok(BackendKind::Postgres(_))), "{url}");
+            } else {
+                let err = parsed.unwrap_err().to_string();
+                assert!(err.contains("`postgres` feature"), "{url}: {err}");
+                assert!(!err.contains("pw"), "{err}");
+            }
         }
     }
 
