@@ -9,7 +9,7 @@ use std::{
 
 use dlock_runtime::{LockError, LockGuard, LockOptions, Locker};
 
-use crate::{RedisServer, cluster::RedisCluster, sentinel::RedisSentinels};
+use crate::{PostgresServer, RedisServer, cluster::RedisCluster, sentinel::RedisSentinels};
 
 /// The names of the engines the shared suite runs on; [`engine_suite!`](crate::engine_suite)
 /// makes one test module of each.
@@ -20,6 +20,8 @@ use crate::{RedisServer, cluster::RedisCluster, sentinel::RedisSentinels};
 ///   succeed, and waiters poll.
 /// - `redis_cluster`: a 3-master, 3-replica Redis Cluster (one per test binary, shared).
 /// - `redis_sentinel`: a master, 2 replicas and 3 sentinels (one per test binary, shared).
+/// - `postgres`: a throwaway PostgreSQL cluster (one per test binary, shared; `initdb` takes a
+///   second or two).
 /// - `memory`: the embedded backend.
 pub const ENGINES: &[&str] = &[
     "redis",
@@ -27,6 +29,7 @@ pub const ENGINES: &[&str] = &[
     "redis_acl_no_channels",
     "redis_cluster",
     "redis_sentinel",
+    "postgres",
     "memory",
 ];
 
@@ -40,7 +43,7 @@ pub const ENGINES: &[&str] = &[
 macro_rules! engine_suite {
     ($($case:ident),* $(,)?) => {
         $crate::engine_suite!(
-            @engines [redis, redis_acl, redis_acl_no_channels, redis_cluster, redis_sentinel, memory]
+            @engines [redis, redis_acl, redis_acl_no_channels, redis_cluster, redis_sentinel, postgres, memory]
             [$($case),*]
         );
     };
@@ -142,6 +145,15 @@ impl Engine {
                 let url = sentinels.url();
                 Self::Shared {
                     deployment: sentinels,
+                    url,
+                }
+            }
+            "postgres" => {
+                static POSTGRES: Mutex<Weak<PostgresServer>> = Mutex::new(Weak::new());
+                let server = shared(&POSTGRES, PostgresServer::start);
+                let url = server.url();
+                Self::Shared {
+                    deployment: server,
                     url,
                 }
             }

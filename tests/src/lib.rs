@@ -17,6 +17,7 @@ use dlock_runtime::Locker;
 
 pub mod engines;
 pub use dlock_examples::throwaway::{INSTALL_REDIS, RedisServer, cluster, free_port, sentinel};
+pub use dlock_examples::throwaway::postgres::{self, PostgresServer};
 pub use engines::Engine;
 
 /// Takes `key` with default options and releases it at once, panicking on any error: a warm-up
