@@ -15,11 +15,7 @@ use std::{
 };
 
 use tokio::sync::Notify;
-use tokio_postgres::{
-    AsyncMessage, Client, NoTls, Statement,
-    config::SslMode,
-    error::SqlState,
-};
+use tokio_postgres::{AsyncMessage, Client, NoTls, Statement, config::SslMode, error::SqlState};
 
 use super::{Attempt, Backend, BoxFuture, FairOrder, NextInLine, Request, Token, Watch};
 use crate::{
@@ -117,7 +113,9 @@ fn parse(var: &str, url: &str) -> Result<tokio_postgres::Config, LockError> {
             _ if why.contains("password") => String::new(),
             _ => format!(" ({why})"),
         };
-        LockError::config(format!("{var}: not a PostgreSQL URL{why}; expected `{form}`"))
+        LockError::config(format!(
+            "{var}: not a PostgreSQL URL{why}; expected `{form}`"
+        ))
     })
 }
 
@@ -250,12 +248,18 @@ impl PostgresBackend {
             statements,
             driver,
         });
-        *self.connection.lock().unwrap_or_else(PoisonError::into_inner) = Some(connection.clone());
+        *self
+            .connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(connection.clone());
         Ok(connection)
     }
 
     fn forget(&self, connection: &Arc<Connection>) {
-        let mut slot = self.connection.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut slot = self
+            .connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, connection)) {
             *slot = None;
         }
@@ -384,9 +388,9 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
         .simple_query(&probe)
         .await
         .map_err(|e| classify("setup", e))?;
-    let exists = messages.iter().any(|m| {
-        matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("t"))
-    });
+    let exists = messages.iter().any(
+        |m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("t")),
+    );
     if !exists {
         // One implicit transaction: the advisory lock makes concurrent creators take turns.
         let create = format!("SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {SCHEMA}");
@@ -404,7 +408,9 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
             }
             return Err(classify("schema creation", e));
         }
-        tracing::info!("created the PostgreSQL lock table `dlock_locks` and sequence `dlock_fence`");
+        tracing::info!(
+            "created the PostgreSQL lock table `dlock_locks` and sequence `dlock_fence`"
+        );
     }
     let (acquire, release, extend) = tokio::join!(
         client.prepare(ACQUIRE),
@@ -466,7 +472,10 @@ impl Backend for PostgresBackend {
                 Reply::Acquire {
                     fence: Some(fence), ..
                 } => Ok(Attempt::acquired(u64::try_from(fence).unwrap_or(0))),
-                Reply::Acquire { fence: None, ttl_ms } => Ok(Attempt::Held {
+                Reply::Acquire {
+                    fence: None,
+                    ttl_ms,
+                } => Ok(Attempt::Held {
                     ttl: ttl_ms
                         .and_then(|ms| u64::try_from(ms).ok())
                         .map(Duration::from_millis),
@@ -486,7 +495,9 @@ impl Backend for PostgresBackend {
         Box::pin(async move {
             match self.call(Op::Release(key, token)).await? {
                 Reply::Done(live) => Ok(live),
-                Reply::Acquire { .. } => Err(BackendError::new("PostgreSQL release: unexpected reply")),
+                Reply::Acquire { .. } => {
+                    Err(BackendError::new("PostgreSQL release: unexpected reply"))
+                }
             }
         })
     }
@@ -500,7 +511,9 @@ impl Backend for PostgresBackend {
         Box::pin(async move {
             match self.call(Op::Extend(key, token, lease_ms(lease))).await? {
                 Reply::Done(extended) => Ok(extended),
-                Reply::Acquire { .. } => Err(BackendError::new("PostgreSQL extend: unexpected reply")),
+                Reply::Acquire { .. } => {
+                    Err(BackendError::new("PostgreSQL extend: unexpected reply"))
+                }
             }
         })
     }
@@ -648,7 +661,12 @@ impl Notifier {
 
 impl Drop for Notifier {
     fn drop(&mut self) {
-        if let Some(task) = self.task.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        if let Some(task) = self
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
             task.abort();
         }
     }

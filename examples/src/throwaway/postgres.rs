@@ -225,7 +225,12 @@ impl PostgresServer {
             .arg(format!("unix_socket_directories={}", self.dir.display()))
             .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
             .args(["-c", "full_page_writes=off", "-c", "max_connections=300"])
-            .args(["-c", "log_min_messages=warning", "-c", "logging_collector=off"]);
+            .args([
+                "-c",
+                "log_min_messages=warning",
+                "-c",
+                "logging_collector=off",
+            ]);
         for setting in &self.settings {
             command.arg("-c").arg(setting);
         }
@@ -397,7 +402,10 @@ impl PostgresServer {
     fn cluster_pids(&self, pid: u32) -> Vec<u32> {
         let mut pids = vec![pid];
         for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok())
+            let Some(child) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
             else {
                 continue;
             };
@@ -447,8 +455,7 @@ fn postgres_user() -> Option<(u32, u32)> {
     let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
     passwd.lines().find_map(|line| {
         let fields: Vec<&str> = line.split(':').collect();
-        (fields.first() == Some(&"postgres")).then(|| {
-            Some((fields.get(2)?.parse().ok()?, fields.get(3)?.parse().ok()?))
-        })?
+        (fields.first() == Some(&"postgres"))
+            .then(|| Some((fields.get(2)?.parse().ok()?, fields.get(3)?.parse().ok()?)))?
     })
 }
