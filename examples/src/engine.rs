@@ -1,4 +1,4 @@
-//! The `--engine` of the oversell demo and the benchmark: which Redis deployment they run on
+//! The `--engine` of the oversell demo and the benchmark: which deployment (Redis, or PostgreSQL) they run on
 //! ([`Engine`]), its throwaway deployment ([`Deployment`]), and a redis-rs connection for data
 //! that is not a lock (the demo's stock, the benchmark's raw commands) on any engine URL
 //! ([`Connection`]).
@@ -12,7 +12,11 @@ use redis::{
 };
 
 use crate::throwaway::{
-    RedisServer, cluster::RedisCluster, sentinel::INSTALL_SENTINEL, sentinel::RedisSentinels,
+    RedisServer,
+    cluster::RedisCluster,
+    postgres::{INSTALL_POSTGRES, PostgresServer},
+    sentinel::INSTALL_SENTINEL,
+    sentinel::RedisSentinels,
 };
 
 /// A Redis engine the examples can run on.
@@ -25,19 +29,22 @@ pub enum Engine {
     RedisCluster,
     /// A master and 2 replicas watched by 3 sentinels (`redis+sentinel://`).
     RedisSentinel,
+    /// A PostgreSQL cluster (`postgres://`): the lock table in its database.
+    Postgres,
 }
 
 impl Engine {
     /// The names [`FromStr`](std::str::FromStr) takes, for a usage text.
-    pub const NAMES: &str = "redis|redis-cluster|redis-sentinel";
+    pub const NAMES: &str = "redis|redis-cluster|redis-sentinel|postgres";
 
-    /// `redis`, `redis-cluster` or `redis-sentinel`: the flag's value.
+    /// `redis`, `redis-cluster`, `redis-sentinel` or `postgres`: the flag's value.
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
             Self::Redis => "redis",
             Self::RedisCluster => "redis-cluster",
             Self::RedisSentinel => "redis-sentinel",
+            Self::Postgres => "postgres",
         }
     }
 }
@@ -62,6 +69,7 @@ impl std::str::FromStr for Engine {
             "redis" => Ok(Self::Redis),
             "redis-cluster" => Ok(Self::RedisCluster),
             "redis-sentinel" => Ok(Self::RedisSentinel),
+            "postgres" => Ok(Self::Postgres),
             other => Err(format!(
                 "unknown engine `{other}`; expected one of {}",
                 Self::NAMES
@@ -86,6 +94,8 @@ pub enum Deployment {
     Cluster(RedisCluster),
     /// A master, its replicas and the sentinels.
     Sentinels(RedisSentinels),
+    /// A PostgreSQL cluster.
+    Postgres(PostgresServer),
 }
 
 impl Deployment {
@@ -101,6 +111,7 @@ impl Deployment {
                 "redis-server or redis-cli not found on PATH: install them with `sudo apt-get install -y redis-server`",
             ),
             Engine::RedisSentinel if !RedisSentinels::available() => Some(INSTALL_SENTINEL),
+            Engine::Postgres if !PostgresServer::available() => Some(INSTALL_POSTGRES),
             _ => None,
         };
         if let Some(missing) = missing {
@@ -113,6 +124,9 @@ impl Deployment {
                 .map_err(|e| e.to_string()),
             Engine::RedisCluster => Ok(Self::Cluster(RedisCluster::start())),
             Engine::RedisSentinel => Ok(Self::Sentinels(RedisSentinels::start())),
+            Engine::Postgres => PostgresServer::try_start()
+                .map(Self::Postgres)
+                .map_err(|e| e.to_string()),
         })
         .await;
         match started {
@@ -136,37 +150,46 @@ impl Deployment {
             Self::Server(_) => Engine::Redis,
             Self::Cluster(_) => Engine::RedisCluster,
             Self::Sentinels(_) => Engine::RedisSentinel,
+            Self::Postgres(_) => Engine::Postgres,
         }
     }
 
     /// The URL lockers (and [`Connection::open`]) take: `redis://127.0.0.1:p`,
-    /// `redis+cluster://127.0.0.1:p1,…` (the masters) or `redis+sentinel://127.0.0.1:s1,…/mymaster`.
+    /// `redis+cluster://127.0.0.1:p1,…` (the masters), `redis+sentinel://127.0.0.1:s1,…/mymaster`
+    /// or `postgres://dlock@127.0.0.1:p/postgres`.
     #[must_use]
     pub fn url(&self) -> String {
         match self {
             Self::Server(server) => server.url(),
             Self::Cluster(cluster) => cluster.url(),
             Self::Sentinels(sentinels) => sentinels.url(),
+            Self::Postgres(server) => server.url(),
         }
     }
 
     /// The ports of the servers that take writes: the server, the Cluster's masters (sorted),
-    /// or the master the sentinels name.
+    /// the master the sentinels name, or the PostgreSQL server.
     #[must_use]
     pub fn masters(&self) -> Vec<u16> {
         match self {
             Self::Server(server) => vec![server.port()],
             Self::Cluster(cluster) => cluster.masters(),
             Self::Sentinels(sentinels) => vec![sentinels.master_port()],
+            Self::Postgres(server) => vec![server.port()],
         }
     }
 
     /// One line on what runs, for the output:
     /// `throwaway redis-server 7.0.15 on 127.0.0.1:40793`,
-    /// `throwaway Redis Cluster (redis-server 7.0.15): 3 masters on 127.0.0.1:p1,p2,p3, 3 replicas`.
+    /// `throwaway Redis Cluster (redis-server 7.0.15): 3 masters on 127.0.0.1:p1,p2,p3, 3 replicas`,
+    /// `throwaway PostgreSQL 15.14 on 127.0.0.1:40795 (…)`.
     #[must_use]
     pub fn describe(&self) -> String {
-        let version = RedisServer::version().map_or_else(String::new, |v| format!(" {v}"));
+        let version = match self {
+            Self::Postgres(_) => PostgresServer::version(),
+            _ => RedisServer::version(),
+        }
+        .map_or_else(String::new, |v| format!(" {v}"));
         let ports = |ports: &[u16]| {
             ports
                 .iter()
@@ -184,6 +207,11 @@ impl Deployment {
             Self::Cluster(cluster) => format!(
                 "throwaway Redis Cluster (redis-server{version}): 3 masters on 127.0.0.1:{}, 3 replicas",
                 ports(&cluster.masters())
+            ),
+            Self::Postgres(server) => format!(
+                "throwaway PostgreSQL{version} on 127.0.0.1:{} (initdb in a temporary directory, \
+                 fsync off)",
+                server.port()
             ),
             Self::Sentinels(sentinels) => format!(
                 "throwaway Redis Sentinel (redis-server{version}): master 127.0.0.1:{}, 2 replicas, \
