@@ -225,7 +225,10 @@ impl Store {
             Self::Redis(redis) => redis.clone().llen(sales_key(sku)).await?,
             Self::Postgres(db) => {
                 let n: i64 = db
-                    .query_one("SELECT count(*) FROM oversell_sales WHERE sku = $1", &[&sku])
+                    .query_one(
+                        "SELECT count(*) FROM oversell_sales WHERE sku = $1",
+                        &[&sku],
+                    )
                     .await?
                     .get(0);
                 u64::try_from(n).unwrap_or(0)

@@ -398,6 +398,15 @@ impl PostgresServer {
         signal("-CONT", &self.cluster_pids(pid));
     }
 
+    /// The process ids of the running server: the postmaster and its children (backends and
+    /// auxiliary processes), for measuring its CPU time. Empty when it is stopped.
+    #[must_use]
+    pub fn pids(&self) -> Vec<u32> {
+        self.child
+            .as_ref()
+            .map_or_else(Vec::new, |c| self.cluster_pids(c.id()))
+    }
+
     /// The postmaster `pid` and its children (the backends and auxiliary processes).
     fn cluster_pids(&self, pid: u32) -> Vec<u32> {
         let mut pids = vec![pid];
