@@ -634,7 +634,14 @@ impl Backend {
         Ok(Self::Redis {
             engine,
             url: deployment.url(),
-            about: format!("{} (stopped at exit)", deployment.describe()),
+            about: match engine {
+                // A throwaway cluster: its directory goes with it.
+                Engine::Postgres => format!("{} (removed at exit)", deployment.describe()),
+                _ => format!(
+                    "{} (no persistence; stopped at exit)",
+                    deployment.describe()
+                ),
+            },
             _deployment: Some(deployment),
         })
     }

@@ -18,6 +18,10 @@ use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, Client, NoTls, Statement, config::SslMode, error::SqlState};
 
 use super::{Attempt, Backend, BoxFuture, FairOrder, NextInLine, Request, Token, Watch};
+
+#[cfg(feature = "tls")]
+#[path = "postgres_tls.rs"]
+mod tls;
 use crate::{
     LockError,
     config::{BackendKind, Settings},
@@ -88,10 +92,10 @@ pub(crate) fn check_url(var: &str, url: &str) -> Result<(), LockError> {
              (a Unix socket: `postgres://user@%2Fvar%2Frun%2Fpostgresql/dbname` or `?host=/dir`)"
         )));
     }
-    if config.get_ssl_mode() == SslMode::Require {
+    if config.get_ssl_mode() == SslMode::Require && !cfg!(feature = "tls") {
         return Err(LockError::config(format!(
-            "{var}: `sslmode=require` asks for TLS, which dlock's PostgreSQL engine does not \
-             support yet; use `sslmode=disable` or `prefer` (plain connections) or a TLS proxy"
+            "{var}: `sslmode=require` (TLS) needs dlock-runtime's `tls` feature; enable it, or use \
+             `sslmode=disable` or `prefer` (plain connections)"
         )));
     }
     Ok(())
@@ -232,9 +236,7 @@ impl PostgresBackend {
         if let Some(connection) = self.live_connection() {
             return Ok(connection);
         }
-        let (client, driver) = connect(&self.config, None)
-            .await
-            .map_err(|e| classify("connection", e))?;
+        let (client, driver) = connect(&self.config, None).await?;
         let statements = setup(&client, self.request_timeout).await;
         let statements = match statements {
             Ok(statements) => statements,
@@ -335,13 +337,23 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
     }
 }
 
-/// A new connection whose messages other than replies go to `on_notification` (dropped when
-/// `None`), driven by a task on the current runtime.
+/// A new connection whose notifications go to `on_notification` (dropped when `None`), driven
+/// by a task on the current runtime. TLS (verified) with `sslmode=require`, which needs the
+/// `tls` feature; plain otherwise (`prefer` does not try TLS).
 async fn connect(
     config: &tokio_postgres::Config,
     on_notification: Option<Arc<dyn Fn(&str) + Send + Sync>>,
-) -> Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error> {
-    let (client, connection) = config.connect(NoTls).await?;
+) -> Result<(Client, tokio::task::JoinHandle<()>), BackendError> {
+    let failed = |e| classify("connection", e);
+    #[cfg(feature = "tls")]
+    if config.get_ssl_mode() == SslMode::Require {
+        let (client, connection) = config
+            .connect(tls::MakeRustls::new()?)
+            .await
+            .map_err(failed)?;
+        return Ok((client, tokio::spawn(drive(connection, on_notification))));
+    }
+    let (client, connection) = config.connect(NoTls).await.map_err(failed)?;
     Ok((client, tokio::spawn(drive(connection, on_notification))))
 }
 
@@ -641,10 +653,17 @@ impl Notifier {
         *task = Some(tokio::spawn(listen(self.shared.clone())));
     }
 
-    /// A wake-up for `key` when `LISTEN` is in place now; no I/O.
+    /// A wake-up for `key` when `LISTEN` is in place now; no I/O, and nothing started (an
+    /// uncontended locker never opens the listening connection).
     fn watching(&self, key: &str) -> Option<Watch> {
-        self.ensure_running();
-        (*self.shared.listening.borrow()).then(|| self.shared.register(key))
+        let running = self
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|t| !t.is_finished());
+        // A task gone with its runtime may have left `listening` set.
+        (running && *self.shared.listening.borrow()).then(|| self.shared.register(key))
     }
 
     /// A wake-up for `key`, once `LISTEN` is in place (waiting at most the request timeout for
@@ -687,8 +706,11 @@ async fn listen(shared: Arc<Shared>) {
         };
         let connected = tokio::time::timeout(shared.request_timeout * 2, async {
             let (client, driver) = connect(&shared.config, Some(on_notification)).await?;
-            client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
-            Ok::<_, tokio_postgres::Error>((client, driver))
+            if let Err(e) = client.batch_execute(&format!("LISTEN {CHANNEL}")).await {
+                driver.abort();
+                return Err(classify("LISTEN", e));
+            }
+            Ok((client, driver))
         })
         .await;
         match connected {
@@ -740,8 +762,15 @@ mod tests {
         ] {
             check_url("X", url).unwrap_or_else(|e| panic!("{url}: {e}"));
         }
+        let require = check_url("DLOCK_URL", "postgres://u:s3cret@db/app?sslmode=require");
+        if cfg!(feature = "tls") {
+            require.unwrap();
+        } else {
+            let text = require.unwrap_err().to_string();
+            assert!(text.contains("`tls` feature") && !text.contains("s3cret"), "{text}");
+        }
         for url in [
-            "postgres://u:s3cret@db/app?sslmode=require",
+            "postgres://u:s3cret@db/app?sslmode=verify-full",
             "postgres://u:s3cret@db/app?bogus=1",
             "postgres://u:s3cret@db:notaport/app",
             "postgres://u:s3cret@/app",

@@ -116,6 +116,28 @@ impl PostgresServer {
     /// # Errors
     /// As [`try_start`](Self::try_start).
     pub fn try_start_with(settings: &[&str]) -> std::io::Result<Self> {
+        Self::try_start_inner(settings, false)
+    }
+
+    /// Like [`start`](Self::start), with TLS on (`ssl=on`): its certificate, for `localhost`
+    /// and `127.0.0.1`, is signed by a fresh CA ([`ca_file`](Self::ca_file)), made with the
+    /// `openssl` command; connections are logged, so the log tells which used TLS.
+    ///
+    /// # Panics
+    /// When `openssl` or PostgreSQL is missing or fails.
+    #[must_use]
+    pub fn start_tls() -> Self {
+        Self::try_start_inner(&[], true).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The CA certificate (PEM file) that signed the certificate of a server started with
+    /// [`start_tls`](Self::start_tls).
+    #[must_use]
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+
+    fn try_start_inner(settings: &[&str], tls: bool) -> std::io::Result<Self> {
         let bin = Self::bindir()
             .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, INSTALL_POSTGRES))?;
         let run_as = if is_root() {
@@ -138,12 +160,33 @@ impl PostgresServer {
         if let Some((uid, gid)) = run_as {
             std::os::unix::fs::chown(&dir, Some(uid), Some(gid))?;
         }
+        let mut settings: Vec<String> = settings.iter().map(|&s| s.to_owned()).collect();
+        if tls {
+            super::server::make_certificates(&dir);
+            for file in ["server.crt", "server.key", "ca.crt"] {
+                let path = dir.join(file);
+                if let Some((uid, gid)) = run_as {
+                    std::os::unix::fs::chown(&path, Some(uid), Some(gid))?;
+                }
+                // The server refuses a key file others may read.
+                std::fs::set_permissions(
+                    &path,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o600),
+                )?;
+            }
+            settings.extend([
+                "ssl=on".to_owned(),
+                format!("ssl_cert_file={}", dir.join("server.crt").display()),
+                format!("ssl_key_file={}", dir.join("server.key").display()),
+                "log_connections=on".to_owned(),
+            ]);
+        }
         let mut server = Self {
             port,
             dir,
             bin,
             run_as,
-            settings: settings.iter().map(|&s| s.to_owned()).collect(),
+            settings,
             child: None,
         };
         server.initdb()?;
@@ -274,6 +317,12 @@ impl PostgresServer {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Everything the server logged.
+    #[must_use]
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.log()).unwrap_or_default()
     }
 
     /// The last lines the server logged.
