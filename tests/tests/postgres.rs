@@ -568,3 +568,58 @@ async fn a_frozen_holder_is_fenced_off() {
     );
     second.release().await.unwrap();
 }
+
+/// A release notifies (`pg_notify('dlock_release', key)`) only when an acquisition was refused
+/// during the hold: an uncontended release sends nothing, a contended one names its key.
+#[tokio::test]
+async fn a_release_notifies_only_when_someone_waited() {
+    let server = pg::shared_server();
+    let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (listener, mut connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message
+                && n.channel() == "dlock_release"
+            {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    listener
+        .batch_execute("LISTEN dlock_release")
+        .await
+        .unwrap();
+    let (a, b) = (locker(&server.url()), locker(&server.url()));
+    let quiet = unique_key("quiet");
+    a.acquire(&quiet, LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let contended = unique_key("contended");
+    let guard = a.acquire(&contended, LockOptions::new()).await.unwrap();
+    assert!(
+        b.try_acquire(&contended, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    guard.release().await.unwrap();
+    // Notifications arrive in commit order: the quiet release came first and sent nothing.
+    // (Other tests on this server may notify meanwhile: only our two keys count.)
+    let ours = [format!("dlock:{quiet}"), format!("dlock:{contended}")];
+    let payload = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let payload = heard.recv().await.expect("the listener is up");
+            if ours.contains(&payload) {
+                return payload;
+            }
+        }
+    })
+    .await
+    .expect("the contended release notified");
+    assert_eq!(payload, ours[1]);
+}

@@ -43,7 +43,10 @@ fn locks_over_verified_tls_with_a_trusted_ca() {
         .lines()
         .filter(|l| l.contains("connection authorized") && l.contains("application_name=dlock_tls"))
         .collect();
-    assert!(!ours.is_empty(), "no connection of the locker was logged:\n{log}");
+    assert!(
+        !ours.is_empty(),
+        "no connection of the locker was logged:\n{log}"
+    );
     assert!(
         ours.iter().all(|l| l.contains("SSL enabled")),
         "a connection went without TLS:\n{}",

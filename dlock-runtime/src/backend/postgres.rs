@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS dlock_locks (
     key        text        PRIMARY KEY,
     token      text        NOT NULL,
     fence      bigint      NOT NULL,
-    expires_at timestamptz NOT NULL
+    expires_at timestamptz NOT NULL,
+    contended  boolean     NOT NULL DEFAULT false
 );";
 
 /// The channel every release is announced on; the payload is the lock key (never a token), or
@@ -50,28 +51,38 @@ const SCHEMA_LOCK: i64 = 0x646c_6f63_6b00;
 
 /// Insert the row, or take over one whose lease ran out by the server's clock (or that this token
 /// holds already: a retry after a lost reply gets a new fence); the next fence in the same
-/// statement. When the key is held: no fence, and the holder's remaining lease in ms.
+/// statement. When the key is held: no fence, the holder's remaining lease in ms, and the row
+/// is marked `contended` (written once per hold, by the first refused attempt), so that its
+/// release announces itself: a release nobody waits for sends no notification (`NOTIFY` takes a
+/// lock that serialises the commits of every notifying transaction).
 const ACQUIRE: &str = "\
 WITH taken AS (
-    INSERT INTO dlock_locks AS l (key, token, fence, expires_at)
-    VALUES ($1, $2, nextval('dlock_fence'), clock_timestamp() + $3::bigint * interval '1 millisecond')
+    INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended)
+    VALUES ($1, $2, nextval('dlock_fence'),
+            clock_timestamp() + $3::bigint * interval '1 millisecond', false)
     ON CONFLICT (key) DO UPDATE
-        SET token = EXCLUDED.token, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at
+        SET token = EXCLUDED.token, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at,
+            contended = l.contended AND l.token = EXCLUDED.token
         WHERE l.expires_at <= clock_timestamp() OR l.token = EXCLUDED.token
     RETURNING fence
+), marked AS (
+    UPDATE dlock_locks SET contended = true
+     WHERE key = $1 AND NOT contended AND NOT EXISTS (SELECT 1 FROM taken)
 )
 SELECT (SELECT fence FROM taken),
        (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
           FROM dlock_locks WHERE key = $1)";
 
 /// Delete the row if this token holds it (a lapsed row of ours is cleaned up too, but reported
-/// as not held), and announce the release.
+/// as not held), and announce the release when someone was refused the key meanwhile.
 const RELEASE: &str = "\
 WITH gone AS (
     DELETE FROM dlock_locks WHERE key = $1 AND token = $2
-    RETURNING expires_at > clock_timestamp() AS live
+    RETURNING expires_at > clock_timestamp() AS live, contended
 )
-SELECT live, pg_notify('dlock_release', CASE WHEN octet_length($1::text) < 7900 THEN $1::text ELSE '' END)
+SELECT live,
+       CASE WHEN contended THEN pg_notify('dlock_release',
+           CASE WHEN octet_length($1::text) < 7900 THEN $1::text ELSE '' END) END
   FROM gone";
 
 /// Reset the lease only while this token holds it and it has not run out.
@@ -767,7 +778,10 @@ mod tests {
             require.unwrap();
         } else {
             let text = require.unwrap_err().to_string();
-            assert!(text.contains("`tls` feature") && !text.contains("s3cret"), "{text}");
+            assert!(
+                text.contains("`tls` feature") && !text.contains("s3cret"),
+                "{text}"
+            );
         }
         for url in [
             "postgres://u:s3cret@db/app?sslmode=verify-full",
