@@ -69,9 +69,12 @@ WITH taken AS (
     UPDATE dlock_locks SET contended = true
      WHERE key = $1 AND NOT contended AND NOT EXISTS (SELECT 1 FROM taken)
 )
-SELECT (SELECT fence FROM taken),
-       (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
-          FROM dlock_locks WHERE key = $1)";
+SELECT t.fence,
+       CASE WHEN t.fence IS NULL THEN
+           (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
+              FROM dlock_locks WHERE key = $1)
+       END
+  FROM (SELECT (SELECT fence FROM taken) AS fence) t";
 
 /// Delete the row if this token holds it (a lapsed row of ours is cleaned up too, but reported
 /// as not held), and announce the release when someone was refused the key meanwhile.
