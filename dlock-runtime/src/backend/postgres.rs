@@ -216,6 +216,13 @@ impl PostgresBackend {
         };
         let mut config = parse("DLOCK_URL", url.as_str())?;
         config.connect_timeout(settings.request_timeout);
+        if config.get_tcp_user_timeout().is_none() {
+            // A request left unacknowledged this long (a dead peer, a cut network) closes the
+            // connection, so the next request makes a new one instead of waiting on TCP's
+            // retransmissions for minutes. A frozen server still acknowledges: its requests
+            // time out one by one and are answered once it runs again.
+            config.tcp_user_timeout((settings.request_timeout * 4).max(Duration::from_secs(5)));
+        }
         if config.get_application_name().is_none() {
             config.application_name("dlock");
         }
