@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 use crate::PostgresServer;
 
 /// The tables `dlock-pg-worker` writes: a counter per key, the history of its values with the
-/// fence of the holder that wrote each, and a fenced resource.
+/// fence of the holder that wrote each, and a fenced resource. [`shared_server`] creates them.
 pub const TABLES: &str = "\
 CREATE TABLE IF NOT EXISTS dlock_test_counter (key text PRIMARY KEY, n bigint NOT NULL);
 CREATE TABLE IF NOT EXISTS dlock_test_history (key text, n bigint, fence bigint);
@@ -21,7 +21,7 @@ ON CONFLICT (key) DO UPDATE SET fence = EXCLUDED.fence, value = EXCLUDED.value
     WHERE r.fence <= EXCLUDED.fence";
 
 /// The cluster the tests of this binary share (started by the first, stopped after the last
-/// that runs at the same time). Tests that stop, freeze or restart a server start their own.
+/// that runs at the same time), with the workers' tables ([`TABLES`], [`ORDER_TABLE`]). Tests that stop, freeze or restart a server start their own.
 #[must_use]
 pub fn shared_server() -> Arc<PostgresServer> {
     static SERVER: Mutex<Weak<PostgresServer>> = Mutex::new(Weak::new());
@@ -32,6 +32,10 @@ pub fn shared_server() -> Arc<PostgresServer> {
         return server;
     }
     let server = Arc::new(PostgresServer::start());
+    // Once, here: concurrent `CREATE TABLE IF NOT EXISTS` can fail on the catalog.
+    server
+        .sql(&format!("{TABLES}\n{ORDER_TABLE};"))
+        .expect("create the workers' tables");
     *current = Arc::downgrade(&server);
     server
 }
@@ -63,3 +67,8 @@ pub async fn client(url: &str) -> tokio_postgres::Client {
     tokio::spawn(connection);
     client
 }
+
+/// The order in which `dlock-pg-worker … fair-waiter` processes got the lock; [`shared_server`]
+/// creates it.
+pub const ORDER_TABLE: &str =
+    "CREATE TABLE IF NOT EXISTS dlock_test_order (seq bigserial, key text, name text)";

@@ -1,6 +1,6 @@
 //! The PostgreSQL engine beyond the shared semantic suite: hostile keys, the schema (created on
-//! first use, or by the README's DDL for a user without DDL rights), a Unix socket, four
-//! processes on a non-atomic counter, and faults: a server restart while held, connections
+//! first use, or by the README's DDL for a user without DDL rights), a Unix socket, fair mode's
+//! line, four processes on a non-atomic counter, and faults: a server restart while held, connections
 //! terminated mid-hold, a frozen server, a frozen holder. Tests that freeze or restart a server
 //! start their own; the others share one cluster per binary, each in its own keys or database.
 
@@ -13,7 +13,7 @@ use std::{
 use dlock_runtime::{LockOptions, Locker};
 use dlock_tests::{
     PostgresServer,
-    pg::{self, FENCED_WRITE, TABLES},
+    pg::{self, FENCED_WRITE},
     unique_key,
 };
 use tokio::time::Instant;
@@ -140,16 +140,154 @@ async fn a_nul_byte_is_an_invalid_key() {
     assert!(err.is_invalid_key(), "{err:?}");
 }
 
-/// Fair mode needs a line of waiters the engine does not keep: a configuration error, at once.
+fn fair_waiter(server: &PostgresServer, key: &str, name: &str) -> std::process::Child {
+    fair_waiter_with(server, key, name, "on")
+}
+
+/// A `fair-waiter` process with `DLOCK_NOTIFY` set to `notify`.
+fn fair_waiter_with(
+    server: &PostgresServer,
+    key: &str,
+    name: &str,
+    notify: &str,
+) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_dlock-pg-worker"))
+        .args([&server.url(), key, name, "fair-waiter"])
+        .env("DLOCK_NOTIFY", notify)
+        .spawn()
+        .unwrap()
+}
+
+/// The live places in `key`'s line.
+async fn line_len(db: &tokio_postgres::Client, key: &str) -> i64 {
+    db.query_one(
+        "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND gone_at > clock_timestamp()",
+        &[&format!("dlock:{key}")],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+async fn wait_for_line(db: &tokio_postgres::Client, key: &str, len: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while line_len(db, key).await != len {
+        assert!(Instant::now() < deadline, "the line never reached {len}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn served(db: &tokio_postgres::Client, key: &str) -> Vec<String> {
+    db.query(
+        "SELECT name FROM dlock_test_order WHERE key = $1 ORDER BY seq",
+        &[&key],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// Five processes queue one after another behind a holder; they get the lock in that order,
+/// and the line is empty afterwards. Releases name the next in line.
 #[tokio::test]
-async fn fair_mode_is_a_config_error() {
+async fn fair_mode_serves_processes_in_arrival_order() {
+    served_in_arrival_order("on").await;
+}
+
+/// The same without notifications: every waiter polls every 10–50ms, so only the line decides.
+#[tokio::test]
+async fn fair_mode_serves_polling_processes_in_arrival_order() {
+    served_in_arrival_order("off").await;
+}
+
+async fn served_in_arrival_order(notify: &str) {
     let server = pg::shared_server();
-    let err = locker(&server.url())
-        .acquire(&unique_key("fair"), LockOptions::new().fair())
+    let db = pg::client(&server.url()).await;
+    let key = unique_key("fair");
+    let held = locker(&server.url())
+        .acquire(&key, LockOptions::new().fair())
         .await
-        .unwrap_err();
-    assert!(err.is_config(), "{err:?}");
-    assert!(err.to_string().contains("PostgreSQL"), "{err}");
+        .unwrap();
+    let mut children = Vec::new();
+    for (i, name) in ["a", "b", "c", "d", "e"].iter().enumerate() {
+        children.push(fair_waiter_with(&server, &key, name, notify));
+        wait_for_line(&db, &key, i64::try_from(i).unwrap() + 1).await;
+    }
+    held.release().await.unwrap();
+    for mut child in children {
+        assert!(child.wait().unwrap().success());
+    }
+    assert_eq!(served(&db, &key).await, ["a", "b", "c", "d", "e"]);
+    let left: i64 = db
+        .query_one(
+            "SELECT count(*) FROM dlock_waiters WHERE key = $1",
+            &[&format!("dlock:{key}")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "the line outlived its waiters");
+}
+
+/// A waiter that times out, one that is cancelled and one whose process is killed do not block
+/// the waiter behind them.
+#[tokio::test]
+async fn fair_waiters_that_leave_do_not_block_the_line() {
+    let server = pg::shared_server();
+    let db = pg::client(&server.url()).await;
+    let key = unique_key("fair-leave");
+    let held = locker(&server.url())
+        .acquire(&key, LockOptions::new().fair())
+        .await
+        .unwrap();
+    let impatient = {
+        let (locker, key) = (locker(&server.url()), key.clone());
+        tokio::spawn(async move {
+            let options = LockOptions::new()
+                .fair()
+                .timeout(Duration::from_millis(400));
+            locker.acquire(&key, options).await
+        })
+    };
+    wait_for_line(&db, &key, 1).await;
+    let cancelled = {
+        let (locker, key) = (locker(&server.url()), key.clone());
+        tokio::spawn(async move {
+            let options = LockOptions::new().fair().timeout(Duration::from_secs(30));
+            locker.acquire(&key, options).await
+        })
+    };
+    wait_for_line(&db, &key, 2).await;
+    let mut killed = fair_waiter(&server, &key, "killed");
+    wait_for_line(&db, &key, 3).await;
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    let mut patient = fair_waiter(&server, &key, "patient");
+    wait_for_line(&db, &key, 4).await;
+
+    assert!(impatient.await.unwrap().unwrap_err().is_timeout());
+    cancelled.abort();
+    let _ = cancelled.await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while line_len(&db, &key).await > 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled and timed-out waiters kept their places"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held.release().await.unwrap();
+    let started = Instant::now();
+    assert!(patient.wait().unwrap().success());
+    // The killed waiter's place lapses after its liveness (well under this bound).
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "the line was blocked for {:?}",
+        started.elapsed()
+    );
+    assert_eq!(served(&db, &key).await, ["patient"]);
 }
 
 /// A fresh database: the first acquisition creates the table and the sequence, and a second
@@ -291,7 +429,6 @@ async fn four_processes_never_lose_an_update() {
     const ITERATIONS: i64 = 40;
     let server = pg::shared_server();
     let db = pg::client(&server.url()).await;
-    db.batch_execute(TABLES).await.unwrap();
     let key = unique_key("counter");
     let children: Vec<_> = (0..PROCESSES)
         .map(|_| {
@@ -485,7 +622,6 @@ async fn a_frozen_server_gives_backend_within_the_wait() {
 async fn a_frozen_holder_is_fenced_off() {
     let server = pg::shared_server();
     let db = pg::client(&server.url()).await;
-    db.batch_execute(TABLES).await.unwrap();
     let key = unique_key("paused");
     let mut child = Command::new(env!("CARGO_BIN_EXE_dlock-pg-worker"))
         .args([&server.url(), &key, "1", "pause-holder"])
@@ -566,8 +702,9 @@ async fn a_frozen_holder_is_fenced_off() {
     second.release().await.unwrap();
 }
 
-/// A release notifies (`pg_notify('dlock_release', key)`) only when an acquisition was refused
-/// during the hold: an uncontended release sends nothing, a contended one names its key.
+/// A release notifies (`pg_notify('dlock_release', '--------' || key)`) only when an acquisition
+/// was refused during the hold: an uncontended release sends nothing, a contended one names its
+/// key.
 #[tokio::test]
 async fn a_release_notifies_only_when_someone_waited() {
     let server = pg::shared_server();
@@ -607,7 +744,11 @@ async fn a_release_notifies_only_when_someone_waited() {
     guard.release().await.unwrap();
     // Notifications arrive in commit order: the quiet release came first and sent nothing.
     // (Other tests on this server may notify meanwhile: only our two keys count.)
-    let ours = [format!("dlock:{quiet}"), format!("dlock:{contended}")];
+    // The payload: who is next in fair mode's line (`--------`: no one), then the key.
+    let ours = [
+        format!("--------dlock:{quiet}"),
+        format!("--------dlock:{contended}"),
+    ];
     let payload = tokio::time::timeout(Duration::from_secs(5), async {
         loop {
             let payload = heard.recv().await.expect("the listener is up");

@@ -1,6 +1,7 @@
 //! The PostgreSQL backend: one row per held lock in the table `dlock_locks`, a lease by the
 //! server's clock (`expires_at`, compared with `clock_timestamp()`), fences from the sequence
-//! `dlock_fence`, and release wake-ups by `LISTEN`/`NOTIFY`.
+//! `dlock_fence`, release wake-ups by `LISTEN`/`NOTIFY`, and fair mode's line of waiters in the
+//! table `dlock_waiters`.
 //!
 //! Every request is one statement in its own (implicit) transaction: nothing holds a row lock
 //! across an await, so no statement ever waits on a holder, only (for microseconds) on another
@@ -17,7 +18,7 @@ use std::{
 use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, Client, NoTls, Statement, config::SslMode, error::SqlState};
 
-use super::{Attempt, Backend, BoxFuture, FairOrder, NextInLine, Request, Token, Watch};
+use super::{Attempt, Backend, BoxFuture, NextInLine, Request, Token, Watch};
 
 #[cfg(feature = "tls")]
 #[path = "postgres_tls.rs"]
@@ -38,6 +39,13 @@ CREATE TABLE IF NOT EXISTS dlock_locks (
     fence      bigint      NOT NULL,
     expires_at timestamptz NOT NULL,
     contended  boolean     NOT NULL DEFAULT false
+);
+CREATE TABLE IF NOT EXISTS dlock_waiters (
+    key        text        NOT NULL,
+    token      text        NOT NULL,
+    place      bigint      NOT NULL,
+    gone_at    timestamptz NOT NULL,
+    PRIMARY KEY (key, token)
 );";
 
 /// The channel every release is announced on; the payload is the lock key (never a token), or
@@ -77,16 +85,88 @@ SELECT t.fence,
   FROM (SELECT (SELECT fence FROM taken) AS fence) t";
 
 /// Delete the row if this token holds it (a lapsed row of ours is cleaned up too, but reported
-/// as not held), and announce the release when someone was refused the key meanwhile.
+/// as not held), and announce the release when someone was refused the key meanwhile. The
+/// payload is [`NO_ONE`] (the release names no waiter) and the key.
 const RELEASE: &str = "\
 WITH gone AS (
     DELETE FROM dlock_locks WHERE key = $1 AND token = $2
     RETURNING expires_at > clock_timestamp() AS live, contended
 )
 SELECT live,
-       CASE WHEN contended THEN pg_notify('dlock_release',
+       CASE WHEN contended THEN pg_notify('dlock_release', '--------' ||
            CASE WHEN octet_length($1::text) < 7900 THEN $1::text ELSE '' END) END
   FROM gone";
+
+/// What the first 8 characters of a payload are when a release names no fair waiter; otherwise
+/// they are the first 8 hex digits of the token first in line (never a whole token).
+const NO_ONE: &str = "--------";
+
+/// Fair mode (`$4`: how long a waiter keeps its place without trying again, in ms). Take the
+/// lock only when no live waiter is ahead of this token (or when it holds it already); then
+/// leave the line, dropping lapsed places too. Otherwise take or keep a place in line
+/// (`dlock_waiters`, ordered by `place`, a number from the fence sequence) and mark the lock
+/// contended, as [`ACQUIRE`] does.
+const ACQUIRE_FAIR: &str = "\
+WITH mine AS (
+    SELECT place FROM dlock_waiters WHERE key = $1 AND token = $2
+), ahead AS (
+    SELECT EXISTS (
+        SELECT 1 FROM dlock_waiters
+         WHERE key = $1 AND token <> $2 AND gone_at > clock_timestamp()
+           AND place < coalesce((SELECT place FROM mine), 9223372036854775807)
+    ) AND NOT EXISTS (
+        SELECT 1 FROM dlock_locks WHERE key = $1 AND token = $2
+    ) AS yes
+), taken AS (
+    INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended)
+    SELECT $1, $2, nextval('dlock_fence'),
+           clock_timestamp() + $3::bigint * interval '1 millisecond', false
+     WHERE NOT (SELECT yes FROM ahead)
+    ON CONFLICT (key) DO UPDATE
+        SET token = EXCLUDED.token, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at,
+            contended = l.contended AND l.token = EXCLUDED.token
+        WHERE l.expires_at <= clock_timestamp() OR l.token = EXCLUDED.token
+    RETURNING fence
+), left_line AS (
+    DELETE FROM dlock_waiters
+     WHERE key = $1 AND (token = $2 OR gone_at <= clock_timestamp())
+       AND EXISTS (SELECT 1 FROM taken)
+), joined AS (
+    INSERT INTO dlock_waiters AS w (key, token, place, gone_at)
+    SELECT $1, $2, nextval('dlock_fence'),
+           clock_timestamp() + $4::bigint * interval '1 millisecond'
+     WHERE NOT EXISTS (SELECT 1 FROM taken)
+    ON CONFLICT (key, token) DO UPDATE SET gone_at = EXCLUDED.gone_at
+), marked AS (
+    UPDATE dlock_locks SET contended = true
+     WHERE key = $1 AND NOT contended AND NOT EXISTS (SELECT 1 FROM taken)
+)
+SELECT t.fence,
+       CASE WHEN t.fence IS NULL THEN
+           (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
+              FROM dlock_locks WHERE key = $1)
+       END
+  FROM (SELECT (SELECT fence FROM taken) AS fence) t";
+
+/// Fair mode's release: give up the lock and this token's place in line, and announce it,
+/// naming the waiter now first in line, when someone waited.
+const RELEASE_FAIR: &str = "\
+WITH gone AS (
+    DELETE FROM dlock_locks WHERE key = $1 AND token = $2
+    RETURNING expires_at > clock_timestamp() AS live, contended
+), left_line AS (
+    DELETE FROM dlock_waiters WHERE key = $1 AND token = $2 RETURNING place
+), next AS (
+    SELECT left(token, 8) AS token FROM dlock_waiters
+     WHERE key = $1 AND token <> $2 AND gone_at > clock_timestamp()
+     ORDER BY place LIMIT 1
+)
+SELECT (SELECT live FROM gone),
+       CASE WHEN coalesce((SELECT contended FROM gone), false)
+                 OR EXISTS (SELECT 1 FROM left_line) THEN
+           pg_notify('dlock_release', coalesce((SELECT token FROM next), '--------') ||
+               CASE WHEN octet_length($1::text) < 7900 THEN $1::text ELSE '' END)
+       END";
 
 /// Reset the lease only while this token holds it and it has not run out.
 const EXTEND: &str = "\
@@ -140,7 +220,9 @@ fn parse(var: &str, url: &str) -> Result<tokio_postgres::Config, LockError> {
 /// The prepared statements of one connection.
 struct Statements {
     acquire: Statement,
+    acquire_fair: Statement,
     release: Statement,
+    release_fair: Statement,
     extend: Statement,
 }
 
@@ -193,8 +275,10 @@ enum Reply {
 
 #[derive(Clone, Copy)]
 enum Op<'a> {
-    Acquire(&'a str, &'a Token, i64),
-    Release(&'a str, &'a Token),
+    /// Key, token, lease in ms, and in fair mode how long a place in line lives, in ms.
+    Acquire(&'a str, &'a Token, i64, Option<i64>),
+    /// Key, token, fair.
+    Release(&'a str, &'a Token, bool),
     Extend(&'a str, &'a Token, i64),
 }
 
@@ -330,7 +414,7 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
     let client = &connection.client;
     let statements = &connection.statements;
     match op {
-        Op::Acquire(key, token, lease_ms) => {
+        Op::Acquire(key, token, lease_ms, None) => {
             let row = client
                 .query_one(&statements.acquire, &[&key, &token.as_str(), &lease_ms])
                 .await?;
@@ -339,9 +423,26 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                 ttl_ms: row.try_get(1)?,
             })
         }
-        Op::Release(key, token) => {
+        Op::Acquire(key, token, lease_ms, Some(live_ms)) => {
             let row = client
-                .query_opt(&statements.release, &[&key, &token.as_str()])
+                .query_one(
+                    &statements.acquire_fair,
+                    &[&key, &token.as_str(), &lease_ms, &live_ms],
+                )
+                .await?;
+            Ok(Reply::Acquire {
+                fence: row.try_get(0)?,
+                ttl_ms: row.try_get(1)?,
+            })
+        }
+        Op::Release(key, token, fair) => {
+            let statement = if fair {
+                &statements.release_fair
+            } else {
+                &statements.release
+            };
+            let row = client
+                .query_opt(statement, &[&key, &token.as_str()])
                 .await?;
             let live = match row {
                 Some(row) => row.try_get::<_, Option<bool>>(0)?.unwrap_or(false),
@@ -418,7 +519,8 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
         .max(1);
     let probe = format!(
         "SET statement_timeout = {statement_ms}; \
-         SELECT to_regclass('dlock_locks') IS NOT NULL AND to_regclass('dlock_fence') IS NOT NULL"
+         SELECT to_regclass('dlock_locks') IS NOT NULL AND to_regclass('dlock_fence') IS NOT NULL \
+         AND to_regclass('dlock_waiters') IS NOT NULL"
     );
     let messages = client
         .simple_query(&probe)
@@ -434,10 +536,10 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
             let denied = e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE);
             if denied {
                 return Err(BackendError::with_source(
-                    "PostgreSQL refused: the table `dlock_locks` (or the sequence `dlock_fence`) \
-                     does not exist and this user may not create it; run the DDL in dlock's \
-                     README as an owner, and grant this user SELECT, INSERT, UPDATE, DELETE on \
-                     dlock_locks and USAGE on dlock_fence",
+                    "PostgreSQL refused: the table `dlock_locks` (or `dlock_waiters`, or the \
+                     sequence `dlock_fence`) does not exist and this user may not create it; run \
+                     the DDL in dlock's README as an owner, and grant this user SELECT, INSERT, \
+                     UPDATE, DELETE on dlock_locks and dlock_waiters and USAGE on dlock_fence",
                     e,
                 )
                 .refused());
@@ -448,18 +550,23 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
             "created the PostgreSQL lock table `dlock_locks` and sequence `dlock_fence`"
         );
     }
-    let (acquire, release, extend) = tokio::join!(
+    let (acquire, acquire_fair, release, release_fair, extend) = tokio::join!(
         client.prepare(ACQUIRE),
+        client.prepare(ACQUIRE_FAIR),
         client.prepare(RELEASE),
+        client.prepare(RELEASE_FAIR),
         client.prepare(EXTEND)
     );
-    let prepared = (|| Ok::<_, tokio_postgres::Error>((acquire?, release?, extend?)))();
-    let (acquire, release, extend) = prepared.map_err(|e| classify("prepare", e))?;
-    Ok(Statements {
-        acquire,
-        release,
-        extend,
-    })
+    let prepared = (|| {
+        Ok::<_, tokio_postgres::Error>(Statements {
+            acquire: acquire?,
+            acquire_fair: acquire_fair?,
+            release: release?,
+            release_fair: release_fair?,
+            extend: extend?,
+        })
+    })();
+    prepared.map_err(|e| classify("prepare", e))
 }
 
 /// A driver error as a [`BackendError`], marked refused when asking again cannot cure it: a
@@ -467,8 +574,9 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
 fn classify(what: &str, error: tokio_postgres::Error) -> BackendError {
     let why = match error.code() {
         Some(c) if *c == SqlState::INSUFFICIENT_PRIVILEGE => Some(
-            "the PostgreSQL user lacks a privilege on `dlock_locks` or `dlock_fence` (grant \
-             SELECT, INSERT, UPDATE, DELETE on the table and USAGE on the sequence)",
+            "the PostgreSQL user lacks a privilege on `dlock_locks`, `dlock_waiters` or \
+             `dlock_fence` (grant SELECT, INSERT, UPDATE, DELETE on the tables and USAGE on the \
+             sequence)",
         ),
         Some(c)
             if *c == SqlState::INVALID_PASSWORD
@@ -503,7 +611,8 @@ fn lease_ms(lease: Duration) -> i64 {
 impl Backend for PostgresBackend {
     fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Attempt, BackendError>> {
         Box::pin(async move {
-            let op = Op::Acquire(request.key, request.token, lease_ms(request.lease));
+            let live = request.fair.map(lease_ms);
+            let op = Op::Acquire(request.key, request.token, lease_ms(request.lease), live);
             match self.call(op).await? {
                 Reply::Acquire {
                     fence: Some(fence), ..
@@ -515,7 +624,7 @@ impl Backend for PostgresBackend {
                     ttl: ttl_ms
                         .and_then(|ms| u64::try_from(ms).ok())
                         .map(Duration::from_millis),
-                    queued: false,
+                    queued: live.is_some(),
                 }),
                 Reply::Done(_) => Err(BackendError::new("PostgreSQL acquire: unexpected reply")),
             }
@@ -526,10 +635,10 @@ impl Backend for PostgresBackend {
         &'a self,
         key: &'a str,
         token: &'a Token,
-        _fair: bool,
+        fair: bool,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            match self.call(Op::Release(key, token)).await? {
+            match self.call(Op::Release(key, token, fair)).await? {
                 Reply::Done(live) => Ok(live),
                 Reply::Acquire { .. } => {
                     Err(BackendError::new("PostgreSQL release: unexpected reply"))
@@ -567,14 +676,6 @@ impl Backend for PostgresBackend {
         })
     }
 
-    fn fair_order(&self) -> FairOrder {
-        FairOrder::Unsupported(
-            "the PostgreSQL engine keeps no line of waiters: after a release they race for the \
-             row, so it cannot promise first come, first served (use Redis, etcd or ZooKeeper \
-             for fair locks)",
-        )
-    }
-
     fn key_error(&self, key: &str) -> Option<String> {
         if key.contains('\0') {
             return Some("a PostgreSQL `text` value cannot hold a NUL byte".to_owned());
@@ -607,8 +708,9 @@ struct Notifier {
 struct Shared {
     config: tokio_postgres::Config,
     request_timeout: Duration,
-    /// Wake-ups per key, alive while a waiter holds the `Arc`.
-    watchers: Mutex<HashMap<String, Weak<Notify>>>,
+    /// Wake-ups per key, alive while a waiter holds the `Arc`, and the fair waiter the last
+    /// release named.
+    watchers: Mutex<HashMap<String, (Weak<Notify>, NextInLine)>>,
     /// `true` while `LISTEN` is confirmed on a live connection.
     listening: tokio::sync::watch::Sender<bool>,
 }
@@ -618,40 +720,53 @@ struct Shared {
 const HEARTBEAT: Duration = Duration::from_secs(3);
 
 impl Shared {
-    fn watchers(&self) -> std::sync::MutexGuard<'_, HashMap<String, Weak<Notify>>> {
+    fn watchers(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Weak<Notify>, NextInLine)>> {
         self.watchers.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn wake(&self, key: &str) {
+    /// A release's payload: who is next in line ([`NO_ONE`], or 8 hex digits of a token) and
+    /// the key (empty: every key). Anything else on the channel wakes that key's waiters.
+    fn wake(&self, payload: &str) {
+        let (next, key) = match payload.get(..NO_ONE.len()) {
+            Some(NO_ONE) => (None, &payload[NO_ONE.len()..]),
+            Some(next) if next.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                (Some(next), &payload[NO_ONE.len()..])
+            }
+            _ => (None, payload),
+        };
         let watchers = self.watchers();
-        if key.is_empty() {
-            for notify in watchers.values().filter_map(Weak::upgrade) {
+        let wake = |(notify, named): &(Weak<Notify>, NextInLine)| {
+            if let Some(notify) = notify.upgrade() {
+                *named.lock().unwrap_or_else(PoisonError::into_inner) = next.map(str::to_owned);
                 notify.notify_waiters();
             }
-        } else if let Some(notify) = watchers.get(key).and_then(Weak::upgrade) {
-            notify.notify_waiters();
+        };
+        if key.is_empty() {
+            watchers.values().for_each(wake);
+        } else if let Some(entry) = watchers.get(key) {
+            wake(entry);
         }
     }
 
     fn anyone_waits(&self) -> bool {
-        self.watchers().values().any(|w| w.strong_count() > 0)
+        self.watchers().values().any(|(w, _)| w.strong_count() > 0)
     }
 
     fn register(&self, key: &str) -> Watch {
         let mut watchers = self.watchers();
         if watchers.len() >= 1024 && watchers.len().is_power_of_two() {
-            watchers.retain(|_, w| w.strong_count() > 0);
+            watchers.retain(|_, (w, _)| w.strong_count() > 0);
         }
-        let notify = match watchers.get(key).and_then(Weak::upgrade) {
-            Some(notify) => notify,
-            None => {
-                let notify = Arc::new(Notify::new());
-                watchers.insert(key.to_owned(), Arc::downgrade(&notify));
-                notify
-            }
-        };
-        // Releases name no one: every waiter of the key looks.
-        Watch::new(notify, NextInLine::default(), ())
+        let live = watchers
+            .get(key)
+            .and_then(|(notify, next)| Some((notify.upgrade()?, next.clone())));
+        let (notify, next) = live.unwrap_or_else(|| {
+            let notify = Arc::new(Notify::new());
+            let next = NextInLine::default();
+            watchers.insert(key.to_owned(), (Arc::downgrade(&notify), next.clone()));
+            (notify, next)
+        });
+        Watch::new(notify, next, ())
     }
 }
 

@@ -5,6 +5,10 @@
 //! (non-atomic: loses updates unless the lock excludes the other processes), and records the new
 //! value with the holder's fence in `dlock_test_history` (the tables of `dlock_tests::pg::TABLES`).
 //!
+//! `dlock-pg-worker <url> <key> <name> fair-waiter`: waits for the lock in fair mode, then
+//! records its name in `dlock_test_order` (`dlock_tests::pg::ORDER_TABLE`), holds 20ms and
+//! releases.
+//!
 //! `dlock-pg-worker <url> <key> 1 pause-holder`: the paused-holder test's child. It takes the
 //! lock with a 1s lease, prints `acquired <fence>`, waits for a line on stdin (the test freezes
 //! it meanwhile), then tries a fenced write to `dlock_test_resource` and a release, and prints
@@ -12,7 +16,7 @@
 
 use std::time::Duration;
 
-use dlock_runtime::{LockOptions, Locker};
+use dlock_runtime::{LockOptions, Locker, LockerBuilder};
 
 use dlock_tests::pg::FENCED_WRITE;
 
@@ -29,10 +33,13 @@ async fn main() {
 async fn run() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().collect();
     let [_, url, key, iterations, mode] = args.as_slice() else {
-        eprintln!("usage: dlock-pg-worker <url> <key> <iterations> <count|pause-holder>");
+        eprintln!(
+            "usage: dlock-pg-worker <url> <key> <iterations|name> <count|pause-holder|fair-waiter>"
+        );
         std::process::exit(2);
     };
-    let locker = Locker::builder().url(url.as_str()).build()?;
+    // The environment's settings (`DLOCK_NOTIFY`, …) with this URL.
+    let locker = LockerBuilder::from_env()?.url(url.as_str()).build()?;
     let (db, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
     tokio::spawn(connection);
     match mode.as_str() {
@@ -63,6 +70,23 @@ async fn run() -> Result<(), Error> {
             Ok(())
         }
         "pause-holder" => pause_holder(&locker, key, &db).await,
+        "fair-waiter" => {
+            // `iterations` is this waiter's name here.
+            let guard = locker
+                .acquire(
+                    key,
+                    LockOptions::new().fair().timeout(Duration::from_secs(30)),
+                )
+                .await?;
+            db.execute(
+                "INSERT INTO dlock_test_order (key, name) VALUES ($1, $2)",
+                &[key, iterations],
+            )
+            .await?;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            guard.release().await?;
+            Ok(())
+        }
         other => Err(format!("unknown mode `{other}`").into()),
     }
 }
