@@ -103,7 +103,8 @@ const NO_ONE: &str = "--------";
 
 /// Fair mode (`$4`: how long a waiter keeps its place without trying again, in ms). Take the
 /// lock only when no live waiter is ahead of this token (or when it holds it already); then
-/// leave the line, dropping lapsed places too. Otherwise take or keep a place in line
+/// leave the line, dropping lapsed places too, and mark the lock contended when others are in
+/// line (its release, fair or not, must wake the next). Otherwise take or keep a place in line
 /// (`dlock_waiters`, ordered by `place`, a number from the fence sequence) and mark the lock
 /// contended, as [`ACQUIRE`] does.
 const ACQUIRE_FAIR: &str = "\
@@ -120,11 +121,13 @@ WITH mine AS (
 ), taken AS (
     INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended)
     SELECT $1, $2, nextval('dlock_fence'),
-           clock_timestamp() + $3::bigint * interval '1 millisecond', false
+           clock_timestamp() + $3::bigint * interval '1 millisecond',
+           EXISTS (SELECT 1 FROM dlock_waiters
+                    WHERE key = $1 AND token <> $2 AND gone_at > clock_timestamp())
      WHERE NOT (SELECT yes FROM ahead)
     ON CONFLICT (key) DO UPDATE
         SET token = EXCLUDED.token, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at,
-            contended = l.contended AND l.token = EXCLUDED.token
+            contended = EXCLUDED.contended OR (l.contended AND l.token = EXCLUDED.token)
         WHERE l.expires_at <= clock_timestamp() OR l.token = EXCLUDED.token
     RETURNING fence
 ), left_line AS (
@@ -163,7 +166,7 @@ WITH gone AS (
 )
 SELECT (SELECT live FROM gone),
        CASE WHEN coalesce((SELECT contended FROM gone), false)
-                 OR EXISTS (SELECT 1 FROM left_line) THEN
+                 OR EXISTS (SELECT 1 FROM left_line) OR EXISTS (SELECT 1 FROM next) THEN
            pg_notify('dlock_release', coalesce((SELECT token FROM next), '--------') ||
                CASE WHEN octet_length($1::text) < 7900 THEN $1::text ELSE '' END)
        END";
