@@ -70,7 +70,7 @@ impl fmt::Debug for LossSignal {
     reason = "`Native` is for etcd and ZooKeeper, `Unsupported` for RedLock"
 )]
 pub(crate) enum FairOrder {
-    /// A queue the engine keeps when a [`Request`] asks for it (Redis, memory).
+    /// A queue of places the engine keeps when a [`Request`] asks for one (Redis, memory).
     Queue,
     /// Every waiter holds a place in line by construction (etcd revisions, ZooKeeper
     /// sequence numbers): `fair` changes nothing.
@@ -85,9 +85,26 @@ pub(crate) struct Request<'a> {
     pub(crate) key: &'a str,
     pub(crate) token: &'a Token,
     pub(crate) lease: Duration,
-    /// Fair mode: join the key's queue and take the lock only at its head. A waiter that does not
-    /// try again within this long is dropped from the queue.
-    pub(crate) fair: Option<Duration>,
+    /// A place in the key's queue, on an engine that keeps one ([`FairOrder::Queue`]): the
+    /// attempt joins the queue (or refreshes its place) when it does not get the lock.
+    pub(crate) queue: Option<Queued<'a>>,
+}
+
+/// How an attempt waits in the engine's queue ([`FairOrder::Queue`]). Releases name the place
+/// first in line, so only the waiters of that place wake.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Queued<'a> {
+    /// Who holds the place: the in-process line of the waiter's locker, which keeps one place
+    /// for the waiters of the key in that process, in turn.
+    pub(crate) place: &'a Token,
+    /// A place not refreshed by an attempt within this long counts as gone.
+    pub(crate) liveness: Duration,
+    /// On success, keep the place (moved to the back of the queue): more waiters of this
+    /// process wait behind this one.
+    pub(crate) keep: bool,
+    /// Take the lock only when the place is first in the queue (fair mode). Otherwise take it
+    /// whenever it is free: the queue then only says whom a release wakes.
+    pub(crate) strict: bool,
 }
 
 /// One lock service. Every engine (Redis, Cluster, Sentinel, the embedded table, and those to

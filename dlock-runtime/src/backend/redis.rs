@@ -35,11 +35,11 @@ fn acquire_script() -> &'static Script {
         ))
     })
 }
-fn acquire_fair_script() -> &'static Script {
+fn acquire_queued_script() -> &'static Script {
     ACQUIRE_FAIR.get_or_init(|| {
         Script::new(concat!(
             include_str!("lock.lua"),
-            include_str!("acquire_fair.lua")
+            include_str!("acquire_queued.lua")
         ))
     })
 }
@@ -329,7 +329,7 @@ impl RedisBackend {
     /// acknowledged the acquisition just made on `key`'s master; otherwise undoes it by token
     /// and fails the attempt. `WAIT` counts the writes of the connection it is sent on, so it
     /// goes on the same multiplexed connection (for a Cluster, the one to `key`'s master).
-    async fn replicated(&self, key: &str, token: &Token, fair: bool) -> Result<(), BackendError> {
+    async fn replicated(&self, key: &str, token: &Token) -> Result<(), BackendError> {
         let timeout_ms = u64::try_from(self.request_timeout.as_millis()).unwrap_or(u64::MAX);
         let mut wait = redis::cmd("WAIT");
         wait.arg(self.wait_replicas).arg(timeout_ms);
@@ -360,7 +360,7 @@ impl RedisBackend {
             Ok(n) if n >= i64::from(self.wait_replicas) => Ok(()),
             outcome => {
                 // Not known to survive a failover: undo it, then report.
-                let _ = self.release(key, token, fair).await;
+                let _ = self.release(key, token, false).await;
                 let why = match outcome {
                     Ok(n) => format!(
                         "the lock was acknowledged by {n} of the {} replicas DLOCK_REDIS_WAIT asks \
@@ -504,14 +504,14 @@ impl Backend for RedisBackend {
                 key,
                 token,
                 lease,
-                fair,
+                queue,
             } = request;
-            let mut invocation = match fair {
+            let mut invocation = match queue {
                 None => acquire_script().prepare_invoke(),
-                Some(_) => acquire_fair_script().prepare_invoke(),
+                Some(_) => acquire_queued_script().prepare_invoke(),
             };
             invocation.key(key);
-            if fair.is_some() {
+            if queue.is_some() {
                 invocation
                     .key(companion(&self.fair_prefix, key, "queue"))
                     .key(companion(&self.fair_prefix, key, "waiters"));
@@ -520,8 +520,12 @@ impl Backend for RedisBackend {
                 .key(self.fence_key(key))
                 .arg(token.as_str())
                 .arg(lease_millis(lease));
-            if let Some(live) = fair {
-                invocation.arg(lease_millis(live));
+            if let Some(queued) = queue {
+                invocation
+                    .arg(lease_millis(queued.liveness))
+                    .arg(queued.place.as_str())
+                    .arg(if queued.keep { "1" } else { "0" })
+                    .arg(if queued.strict { "1" } else { "0" });
             }
             // lock.lua: > 0 ours, with that fence; < 0 held for another (-1 - reply) ms;
             // 0 free, but another fair waiter is first in line.
@@ -533,13 +537,13 @@ impl Backend for RedisBackend {
                 },
                 Ok(fence) => {
                     if self.wait_replicas > 0 {
-                        self.replicated(key, token, fair.is_some()).await?;
+                        self.replicated(key, token).await?;
                     }
                     Attempt::acquired(fence)
                 }
                 Err(_) => Attempt::Held {
                     ttl: Some(Duration::from_millis(reply.unsigned_abs() - 1)),
-                    queued: fair.is_some(),
+                    queued: queue.is_some(),
                 },
             })
         })
@@ -549,16 +553,16 @@ impl Backend for RedisBackend {
         &'a self,
         key: &'a str,
         token: &'a Token,
-        fair: bool,
+        _fair: bool,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
+            // With the queue, whatever the mode of this hold: a waiting place may be `token`'s
+            // (it leaves), and the wake-up names the place now first in line.
             let mut invocation = release_script().prepare_invoke();
-            invocation.key(key);
-            if fair {
-                invocation
-                    .key(companion(&self.fair_prefix, key, "queue"))
-                    .key(companion(&self.fair_prefix, key, "waiters"));
-            }
+            invocation
+                .key(key)
+                .key(companion(&self.fair_prefix, key, "queue"))
+                .key(companion(&self.fair_prefix, key, "waiters"));
             invocation.arg(token.as_str()).arg(self.publish_command());
             // release.lua: bit 0 deleted, bit 1 the notification was refused (no channel
             // permission); the release stands either way.
