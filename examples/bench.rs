@@ -108,7 +108,9 @@ struct Args {
 
 impl Args {
     fn runs(&self, workload: &str) -> bool {
-        self.only.as_ref().is_none_or(|only| only.iter().any(|w| w == workload))
+        self.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|w| w == workload))
     }
 }
 
@@ -138,8 +140,13 @@ fn parse_args() -> Result<Args, String> {
             "--only" => {
                 let list = it.next().ok_or("--only needs workloads, like w1,w4")?;
                 let only: Vec<String> = list.split(',').map(str::to_lowercase).collect();
-                if let Some(bad) = only.iter().find(|w| !["w1", "w2", "w3", "w4"].contains(&w.as_str())) {
-                    return Err(format!("--only: unknown workload `{bad}`; expected w1, w2, w3 or w4"));
+                if let Some(bad) = only
+                    .iter()
+                    .find(|w| !["w1", "w2", "w3", "w4"].contains(&w.as_str()))
+                {
+                    return Err(format!(
+                        "--only: unknown workload `{bad}`; expected w1, w2, w3 or w4"
+                    ));
                 }
                 args.only = Some(only);
             }
@@ -875,7 +882,10 @@ async fn w4_child(child: W4Child) -> Result<(), Error> {
         .build()?;
     let mut redis = Connection::open(&child.url).await?;
     locker
-        .acquire(&format!("{}:warm:{}", child.key, std::process::id()), LockOptions::new())
+        .acquire(
+            &format!("{}:warm:{}", child.key, std::process::id()),
+            LockOptions::new(),
+        )
         .await?
         .release()
         .await?;
@@ -883,11 +893,16 @@ async fn w4_child(child: W4Child) -> Result<(), Error> {
     println!("ready");
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line)?;
-    let options = if child.fair { LockOptions::new().fair() } else { LockOptions::new() };
+    let options = if child.fair {
+        LockOptions::new().fair()
+    } else {
+        LockOptions::new()
+    };
     let tasks: Vec<_> = (0..child.waiters)
         .map(|_| {
             let (locker, mut redis, options) = (locker.clone(), redis.clone(), options.clone());
-            let (key, counter, sections) = (child.key.clone(), child.counter.clone(), child.sections);
+            let (key, counter, sections) =
+                (child.key.clone(), child.counter.clone(), child.sections);
             tokio::spawn(async move {
                 let mut log = Vec::with_capacity(sections);
                 for _ in 0..sections {
@@ -920,8 +935,17 @@ async fn w4_child(child: W4Child) -> Result<(), Error> {
 /// than those scripts run inside.
 async fn requests_so_far(stats: &mut Stats) -> Result<u64, Error> {
     const REQUESTS: &[&str] = &[
-        "evalsha", "evalsha_ro", "eval", "eval_ro", "script", "subscribe", "unsubscribe",
-        "ssubscribe", "sunsubscribe", "psubscribe", "punsubscribe",
+        "evalsha",
+        "evalsha_ro",
+        "eval",
+        "eval_ro",
+        "script",
+        "subscribe",
+        "unsubscribe",
+        "ssubscribe",
+        "sunsubscribe",
+        "psubscribe",
+        "punsubscribe",
     ];
     let mut sum = 0;
     for redis in &mut stats.0 {
@@ -936,7 +960,12 @@ async fn requests_so_far(stats: &mut Stats) -> Result<u64, Error> {
                 if !REQUESTS.contains(&name) {
                     return None;
                 }
-                rest.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok()
+                rest.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
             })
             .sum::<u64>();
     }
@@ -1021,7 +1050,10 @@ async fn w4(
     let counted: u64 = redis.get(&counter).await?;
     sections_log.sort_by_key(|(_, s)| s[1]);
     let us = Duration::from_micros;
-    let mut waits: Vec<Duration> = sections_log.iter().map(|(_, s)| us(s[1].saturating_sub(s[0]))).collect();
+    let mut waits: Vec<Duration> = sections_log
+        .iter()
+        .map(|(_, s)| us(s[1].saturating_sub(s[0])))
+        .collect();
     waits.sort();
     let mut handoffs = Vec::new();
     let mut to_other = 0usize;
@@ -1033,7 +1065,10 @@ async fn w4(
     }
     handoffs.sort();
     let n = sections_log.len();
-    let span = match (sections_log.iter().map(|(_, s)| s[0]).min(), sections_log.iter().map(|(_, s)| s[2]).max()) {
+    let span = match (
+        sections_log.iter().map(|(_, s)| s[0]).min(),
+        sections_log.iter().map(|(_, s)| s[2]).max(),
+    ) {
         (Some(first), Some(last)) => us(last.saturating_sub(first)),
         _ => Duration::ZERO,
     };
@@ -1047,7 +1082,11 @@ async fn w4(
     #[allow(clippy::cast_precision_loss)]
     Ok(Row {
         workload,
-        variant: if fair { Mode::Fair.name() } else { Mode::Default.name() },
+        variant: if fair {
+            Mode::Fair.name()
+        } else {
+            Mode::Default.name()
+        },
         ops: n,
         per_sec: n as f64 / span.as_secs_f64().max(1e-9),
         p50: Some(percentile(&waits, 0.5)),
@@ -1303,7 +1342,10 @@ async fn bench(target: &Target, args: &Args) -> Result<bool, Error> {
     }
     // W4 has no floor of its own: its × column is against W3's floor (one process per client,
     // retrying SET NX every 1ms), to compare the hot key with W3's contention.
-    let w3_floor = floors.iter().find(|(w, _)| w.starts_with("W3")).map(|(_, f)| *f);
+    let w3_floor = floors
+        .iter()
+        .find(|(w, _)| w.starts_with("W3"))
+        .map(|(_, f)| *f);
     for rounds in w4s {
         if rounds.is_empty() {
             continue;

@@ -55,7 +55,12 @@ use crate::{
 ///   permission the server's ACL denies, a lock key holding another type) fails at once.
 /// - **Notifications**: a waiter refused once subscribes to the key's release channel (one
 ///   pub/sub connection per locker; a channel stays subscribed 2s after its last waiter) and is
-///   woken by releases; the pause is the fallback. Woken waiters race, unless `fair`.
+///   woken by releases; the pause is the fallback.
+/// - **Hot keys**: waiters of one key on one locker queue in-process (first come, first served)
+///   and only the first asks the engine. On Redis and the embedded engine that first waiter holds
+///   the process's place in the key's queue, kept for the waiters behind it: a release names the
+///   place first in line, so it wakes one waiter of one process. In the default mode a free lock
+///   still goes to whoever asks first; `fair` takes it only at the head of the queue.
 /// - **Re-entry**: inside a `#[dlock]` body or [`LockGuard::scope`], acquiring a key that scope
 ///   holds through this locker (or a clone) returns at once; nowhere else.
 #[derive(Clone)]
@@ -185,9 +190,7 @@ impl Turn<'_> {
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
         if self.permit.take().is_some() {
-            self.line
-                .handed_on
-                .store(self.acquired, Ordering::Release);
+            self.line.handed_on.store(self.acquired, Ordering::Release);
             self.line.turns.add_permits(1);
         }
         let last = {
@@ -635,7 +638,10 @@ impl Locker {
                     };
                     // A release names the place first in line: the others keep waiting instead
                     // of all asking at once.
-                    while woken && let Some(me) = me && !watch.may_be_for(me) {
+                    while woken
+                        && let Some(me) = me
+                        && !watch.may_be_for(me)
+                    {
                         let mut again = std::pin::pin!(notify.notified());
                         again.as_mut().enable();
                         if watch.may_be_for(me) {

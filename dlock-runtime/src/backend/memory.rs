@@ -137,7 +137,9 @@ impl Backend for MemoryBackend {
                 None => None,
             };
             let head_is_other = match queue {
-                Some(q) if q.strict => table.queue_head(key, now).is_some_and(|head| head != q.place),
+                Some(q) if q.strict => table
+                    .queue_head(key, now)
+                    .is_some_and(|head| head != q.place),
                 _ => false,
             };
             if held_ttl.is_some() || head_is_other {

@@ -111,12 +111,15 @@ pub(crate) struct Queued<'a> {
 /// come) is one implementation; the waiting loop, the lease clock, renewal and the guard are
 /// the locker's and the same for all.
 ///
-/// - `acquire`: take the key for `token` if it is free (and, in fair mode or on an engine with a
-///   line, `token` is first) or already ours; otherwise say so, with the holder's remaining
-///   lease when known, and whether the engine keeps a place in line for `token`. A key left
+/// - `acquire`: take the key for `token` if it is free (and, for a strict [`Queued`] request or
+///   on an engine with a line, its place is first) or already ours; otherwise say so, with the
+///   holder's remaining lease when known, and whether the engine keeps a place in line (the
+///   request's [`Queued::place`], or `token`'s own on an engine with a line). A key left
 ///   without expiry is given one (the TTL recheck) where the engine can have such keys.
 /// - `release`: give up `token`'s hold or place in line (deleting nothing of anyone else's;
-///   `false` when it held nothing) and wake the key's waiters. `fair`: it may be in a queue.
+///   `false` when it held nothing) and wake the key's waiters: on an engine with a queue, by
+///   naming the place now first in it. `token` may also be a [`Queued::place`] leaving the
+///   queue. `fair`: the hold was taken in fair mode.
 /// - `extend`: reset the lease only while `token` holds the key; never re-creates it.
 /// - `watch`: a wake-up for when `token` may have become first (any release of the key, or the
 ///   deletion of `token`'s predecessor on an engine with a line), shared by this client's
