@@ -376,22 +376,39 @@ impl RedLockBackend {
     /// that every release is heard: a release that counts deleted the key, and published, on a
     /// majority, and any `N - majority + 1` masters include one of them. With fewer, `None`:
     /// waiters poll.
+    ///
+    /// A release is announced by each master it ran on, moments apart: waiters are woken once
+    /// per release, when as many masters as surely announce it (of those watched, all but the
+    /// `N - majority` that may have missed it) have: by then a majority has let the key go, so
+    /// the woken attempt is not refused by masters the release has yet to reach.
     fn combine(&self, watches: Vec<Watch>) -> Option<Watch> {
-        if watches.len() < self.nodes.len() - self.quorum + 1 {
+        let minority = self.nodes.len() - self.quorum;
+        if watches.len() <= minority {
             return None;
         }
+        let needed = watches.len() - minority;
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         let combined = Arc::new(Notify::new());
         let sources: Vec<Arc<Notify>> = watches.iter().map(Watch::notify).collect();
         let forward = combined.clone();
         let task = runtime.spawn(async move {
+            let mut heard = vec![false; sources.len()];
             loop {
                 // Futures made before a `notify_waiters` are woken by it even if not yet polled:
-                // only a release in the instant between two turns of this loop can be missed, and
-                // the same release is published by the other masters of its majority.
-                let next = sources.iter().map(|n| Box::pin(n.notified()));
-                futures_util::future::select_all(next).await;
-                forward.notify_waiters();
+                // only an announcement in the instant between two turns of this loop can be
+                // missed, and the other masters of its majority announce the same release.
+                let (listening, next): (Vec<usize>, Vec<_>) = sources
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| !heard[*i])
+                    .map(|(i, n)| (i, Box::pin(n.notified())))
+                    .unzip();
+                let (_, which, _) = futures_util::future::select_all(next).await;
+                heard[listening[which]] = true;
+                if heard.iter().filter(|h| **h).count() >= needed {
+                    heard.fill(false);
+                    forward.notify_waiters();
+                }
             }
         });
         Some(Watch::new(
