@@ -6,6 +6,7 @@
 //! cargo run --release --example bench -- --json bench.jsonl --plot w3.svg
 //! cargo run --release --example bench -- --engine redis-cluster   # on a throwaway Redis Cluster
 //! cargo run --release --example bench -- --engine redis-sentinel  # on a throwaway Sentinel setup
+//! cargo run --release --example bench -- --engine redlock  # RedLock on 5 throwaway masters
 //! ```
 //!
 //! Every variant runs `--rounds` times (5 by default), taking turns with the others so that a
@@ -15,11 +16,14 @@
 //! With `--engine redis` (the default) it uses `DLOCK_REDIS_URL` (or `REDIS_URL`) when set, or
 //! else starts its own `redis-server` on a free loopback port. `--engine redis-cluster` starts a
 //! throwaway Redis Cluster (3 masters, 3 replicas), `--engine redis-sentinel` a throwaway master
-//! with 2 replicas and 3 sentinels ([`dlock_examples::throwaway`]); the lockers get the
+//! with 2 replicas and 3 sentinels, `--engine redlock` 5 independent masters
+//! ([`dlock_examples::throwaway`]); the lockers get the
 //! engine's URL. Every figure is also given as a ratio to the **floor**: the same work done with
 //! raw commands by hand (`SET key token NX PX`, then an `EVALSHA` compare-and-delete), the
 //! two-round-trip limit of any Redis lock; on a Cluster they go through a redis-rs cluster
-//! connection on the same keys, on Sentinel to the master.
+//! connection on the same keys, on Sentinel to the master, on RedLock to the first master (so
+//! RedLock's ratios are to the raw lock on one server). RedLock has no fair mode: its W3 runs
+//! without it.
 //!
 //! On a Cluster every key carries the hash tag `{bench}`, so the workloads run on one master
 //! like on one server, and W2 runs once more without it, its keys spread over the 3 masters.
@@ -1270,7 +1274,11 @@ fn median(mut rounds: Rounds) -> (Row, Vec<Duration>) {
 async fn bench(target: &Target, args: &Args) -> Result<bool, Error> {
     let sizes = args.sizes;
     let variants = [Variant::Floor, Variant::Api, Variant::Attribute];
-    let modes = [Mode::Floor, Mode::Default, Mode::Fair, Mode::NoNotify];
+    // RedLock has no fair mode (a `Config` error): its W3 runs without it.
+    let modes: Vec<Mode> = [Mode::Floor, Mode::Default, Mode::Fair, Mode::NoNotify]
+        .into_iter()
+        .filter(|&m| !(m == Mode::Fair && target.engine == Engine::RedLock))
+        .collect();
     // W2 on one server (on a Cluster: one master), and on a Cluster once more over its masters.
     let mut w2_sets = vec![("W2 16 clients, distinct keys", Prefix::one_server(target))];
     if target.engine == Engine::RedisCluster {
@@ -1294,6 +1302,7 @@ async fn bench(target: &Target, args: &Args) -> Result<bool, Error> {
         .w4_waiters
         .iter()
         .flat_map(|&w| [(w, false), (w, true)])
+        .filter(|&(_, fair)| !fair || modes.contains(&Mode::Fair))
         .collect();
     let mut w4s: Vec<Rounds> = vec![Vec::new(); w4_runs.len()];
     for round in 0..args.rounds {
@@ -1311,7 +1320,7 @@ async fn bench(target: &Target, args: &Args) -> Result<bool, Error> {
                 w2s[set][i].push((row, Vec::new()));
             }
         }
-        for (i, mode) in modes.into_iter().enumerate().filter(|_| args.runs("w3")) {
+        for (i, &mode) in modes.iter().enumerate().filter(|_| args.runs("w3")) {
             eprint!(".");
             w3s[i].push(w3(target, mode, sizes, round * 10 + i).await?);
         }

@@ -821,8 +821,10 @@ impl LockerBuilder {
     /// The engine and its address, chosen by the URL's scheme (as `DLOCK_URL`):
     /// `redis://[user[:password]@]host[:port][/db]`, `rediss://…` (feature `tls`),
     /// `redis+cluster://[user:password@]h1:p1,h2:p2` (feature `redis-cluster`),
-    /// `redis+sentinel://[user:password@]s1:p1,s2:p2/<master>` (feature `redis-sentinel`), or
-    /// `memory://` (the process's shared embedded table). Checked by [`build`](Self::build).
+    /// `redis+sentinel://[user:password@]s1:p1,s2:p2/<master>` (feature `redis-sentinel`),
+    /// `redis+redlock://[user:password@]h1:p1,h2:p2,h3:p3` (`rediss+redlock`; feature `redlock`:
+    /// an odd number of at least 3 independent masters, and a request timeout at most a fifth
+    /// of the lease), or `memory://` (the process's shared embedded table). Checked by [`build`](Self::build).
     /// Default: `redis://127.0.0.1:6379`.
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.url = Some(url.into());
@@ -909,6 +911,10 @@ impl LockerBuilder {
         let backend: Arc<dyn Backend> = match &self.settings.backend {
             BackendKind::Memory if self.private_memory => Arc::new(MemoryBackend::default()),
             BackendKind::Memory => Arc::new(MemoryBackend::shared()),
+            #[cfg(feature = "redlock")]
+            BackendKind::RedLock(_) => Arc::new(
+                crate::backend::redlock::RedLockBackend::from_settings(&self.settings)?,
+            ),
             #[cfg(feature = "redis")]
             _ => Arc::new(crate::backend::redis::RedisBackend::from_settings(
                 &self.settings,

@@ -21,7 +21,7 @@ pub mod throwaway;
 
 /// A Redis URL fit for printing: any `user:password@` part is replaced by `***@`
 /// ([`dlock_runtime::RedisUrl`]'s `Display`, and the same for the multi-host
-/// `redis+cluster://` and `redis+sentinel://` forms); a URL that is not a Redis URL is not shown
+/// `redis+cluster://`, `redis+sentinel://` and `redis+redlock://` forms); a URL that is not a Redis URL is not shown
 /// at all.
 ///
 /// ```
@@ -38,7 +38,14 @@ pub mod throwaway;
 /// ```
 #[must_use]
 pub fn redact_url(url: &str) -> String {
-    let multi_host = ["redis+cluster://", "redis+sentinel://"]
+    let multi_host = [
+        "redis+cluster://",
+        "redis+sentinel://",
+        "redis+redlock://",
+        "rediss+cluster://",
+        "rediss+sentinel://",
+        "rediss+redlock://",
+    ]
         .iter()
         .find_map(|scheme| Some((*scheme, url.strip_prefix(scheme)?)));
     match multi_host {

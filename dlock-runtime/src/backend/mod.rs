@@ -10,6 +10,8 @@ use crate::error::BackendError;
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+#[cfg(feature = "redlock")]
+pub(crate) mod redlock;
 
 /// What follows the key prefix in the names of the fencing counters; lock keys may not start so.
 pub(crate) const FENCE_PREFIX: &str = "__fence:";

@@ -26,6 +26,8 @@ static ACQUIRE: OnceLock<Script> = OnceLock::new();
 static ACQUIRE_FAIR: OnceLock<Script> = OnceLock::new();
 static RELEASE: OnceLock<Script> = OnceLock::new();
 static EXTEND: OnceLock<Script> = OnceLock::new();
+#[cfg(feature = "redlock")]
+static RAISE: OnceLock<Script> = OnceLock::new();
 
 fn acquire_script() -> &'static Script {
     ACQUIRE.get_or_init(|| {
@@ -48,6 +50,10 @@ fn release_script() -> &'static Script {
 }
 fn extend_script() -> &'static Script {
     EXTEND.get_or_init(|| Script::new(include_str!("extend.lua")))
+}
+#[cfg(feature = "redlock")]
+fn raise_script() -> &'static Script {
+    RAISE.get_or_init(|| Script::new(include_str!("raise.lua")))
 }
 
 /// How the backend reaches Redis: one server, a Cluster, or the master the sentinels name.
@@ -417,6 +423,16 @@ impl RedisBackend {
             self.forget_connection_after(error);
         }
         result
+    }
+
+    /// RedLock's second round on this node: raises `key`'s fencing counter to `fence` (never
+    /// lowers it), so every later fence of this node is higher.
+    #[cfg(feature = "redlock")]
+    pub(crate) async fn raise_fence(&self, key: &str, fence: u64) -> Result<(), BackendError> {
+        let mut invocation = raise_script().prepare_invoke();
+        invocation.key(self.fence_key(key)).arg(fence);
+        let _: i64 = self.call("fence raise", invocation).await?;
+        Ok(())
     }
 
     /// The fencing counter in the same cluster slot as `key`: one counter per slot, so storage

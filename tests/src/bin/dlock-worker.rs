@@ -3,6 +3,9 @@
 //!
 //! `dlock-worker <redis-url> <key> <iterations> <api|attr>`
 //!
+//! The counter and lists live on `<redis-url>`, or on `DLOCK_WORKER_DATA_URL` when the lock's
+//! URL is no single server's (`redis+redlock://…`).
+//!
 //! `dlock-worker <redis-url> <key> <name> fair-waiter`: waits for the lock in fair mode, then
 //! appends its name to the list `<key>:order`, holds 20ms and releases.
 //!
@@ -84,7 +87,9 @@ async fn run() -> Result<(), WorkerError> {
         std::process::exit(2);
     };
     let locker = Locker::builder().redis_url(url.as_str()).build()?;
-    let mut redis = redis::Client::open(url.as_str())?
+    // A lock URL that is no single server's (RedLock's masters) keeps the counter elsewhere.
+    let data_url = std::env::var("DLOCK_WORKER_DATA_URL").unwrap_or_else(|_| url.clone());
+    let mut redis = redis::Client::open(data_url.as_str())?
         .get_multiplexed_async_connection()
         .await?;
     if mode == "fair-waiter" {
