@@ -7,6 +7,7 @@
 //! cargo run --release --example bench -- --engine redis-cluster   # on a throwaway Redis Cluster
 //! cargo run --release --example bench -- --engine redis-sentinel  # on a throwaway Sentinel setup
 //! cargo run --release --example bench -- --engine redlock  # RedLock on 5 throwaway masters
+//! cargo run --release --example bench -- --engine postgres        # on a throwaway PostgreSQL
 //! ```
 //!
 //! Every variant runs `--rounds` times (5 by default), taking turns with the others so that a
@@ -42,6 +43,10 @@
 //! - Commands Redis executed per acquisition (`INFO commandstats` deltas; commands run inside a
 //!   script count too).
 //!
+//! With `--engine postgres` the workloads run on a throwaway PostgreSQL cluster against the floor
+//! of `pg_try_advisory_lock`/`pg_advisory_unlock` on one connection per client, with statements
+//! per acquisition from `pg_stat_statements` (see `bench_postgres.rs`).
+//!
 //! All loops are bounded by count and by time. The exit code is non-zero when a counter is wrong.
 
 use std::{
@@ -59,6 +64,10 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0";
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// `--engine postgres`: the same workloads against PostgreSQL's advisory locks.
+#[path = "bench_postgres.rs"]
+mod postgres;
 
 #[derive(Clone, Copy)]
 struct Sizes {
@@ -1456,6 +1465,19 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    if args.engine == Engine::Postgres {
+        return match postgres::bench(&args).await {
+            Ok(true) => std::process::ExitCode::SUCCESS,
+            Ok(false) => {
+                eprintln!("bench: a W3 counter is wrong: the lock let two clients overlap");
+                std::process::ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("bench: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let (target, _deployment) = match target(args.engine).await {
         Ok(target) => target,
         Err(e) => {

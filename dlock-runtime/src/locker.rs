@@ -424,7 +424,11 @@ impl Locker {
                 ),
             ));
         }
-        Ok(format!("{}{key}", settings.key_prefix))
+        let full = format!("{}{key}", settings.key_prefix);
+        if let Some(reason) = self.backend().key_error(&full) {
+            return Err(LockError::invalid_key(key, reason));
+        }
+        Ok(full)
     }
 
     async fn wait_for(
@@ -824,7 +828,9 @@ impl LockerBuilder {
     /// `redis+sentinel://[user:password@]s1:p1,s2:p2/<master>` (feature `redis-sentinel`),
     /// `redis+redlock://[user:password@]h1:p1,h2:p2,h3:p3` (`rediss+redlock`; feature `redlock`:
     /// an odd number of at least 3 independent masters, and a request timeout at most a fifth
-    /// of the lease), or `memory://` (the process's shared embedded table). Checked by [`build`](Self::build).
+    /// of the lease), `postgres://[user[:password]@]host[:port]/dbname` or `postgresql://…`
+    /// (feature `postgres`), or
+    /// `memory://` (the process's shared embedded table). Checked by [`build`](Self::build).
     /// Default: `redis://127.0.0.1:6379`.
     pub fn url(mut self, url: impl Into<String>) -> Self {
         self.url = Some(url.into());
@@ -914,6 +920,10 @@ impl LockerBuilder {
             #[cfg(feature = "redlock")]
             BackendKind::RedLock(_) => Arc::new(
                 crate::backend::redlock::RedLockBackend::from_settings(&self.settings)?,
+            ),
+            #[cfg(feature = "postgres")]
+            BackendKind::Postgres(_) => Arc::new(
+                crate::backend::postgres::PostgresBackend::from_settings(&self.settings)?,
             ),
             #[cfg(feature = "redis")]
             _ => Arc::new(crate::backend::redis::RedisBackend::from_settings(

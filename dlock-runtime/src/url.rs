@@ -2,11 +2,15 @@
 //! picks the engine, and multi-host forms list their hosts with commas the way libpq and MongoDB
 //! URLs do. Parsing only: no I/O, and no password in any error.
 
-use crate::{LockError, config::BackendKind, config::RedisUrl};
+use crate::{
+    LockError,
+    config::{BackendKind, PostgresUrl, RedisUrl},
+};
 
 /// What the recognised schemes are, for error messages.
 const EXPECTED: &str = "a URL like `redis://host:port`, `redis+cluster://h1:p1,h2:p2`, \
-    `redis+sentinel://s1:p1,s2:p2/<master>`, `redis+redlock://h1:p1,h2:p2,h3:p3` or `memory://`";
+    `redis+sentinel://s1:p1,s2:p2/<master>`, `redis+redlock://h1:p1,h2:p2,h3:p3`, \
+    `postgres://user@host/db` or `memory://`";
 
 /// Reads an engine URL. `var` names where it came from (`DLOCK_URL`, …) for the error.
 pub(crate) fn parse(var: &str, url: &str) -> Result<BackendKind, LockError> {
@@ -52,7 +56,12 @@ pub(crate) fn parse(var: &str, url: &str) -> Result<BackendKind, LockError> {
         }
         "etcd" | "etcds" => Err(not_yet(var, scheme, "etcd")),
         "zk" => Err(not_yet(var, scheme, "zookeeper")),
-        "postgres" | "postgresql" => Err(not_yet(var, scheme, "postgres")),
+        "postgres" | "postgresql" => {
+            needs(var, scheme, "postgres", cfg!(feature = "postgres"))?;
+            #[cfg(feature = "postgres")]
+            crate::backend::postgres::check_url(var, url)?;
+            Ok(BackendKind::Postgres(PostgresUrl::trusted(url)))
+        }
         _ => Err(LockError::config(format!(
             "{var}: unknown scheme `{scheme}://`; expected {EXPECTED}"
         ))),
@@ -241,14 +250,17 @@ mod tests {
         if cfg!(feature = "redlock") {
             assert!(matches!(redlock, Ok(BackendKind::RedLock(_))));
         } else {
-            assert!(redlock.unwrap_err().to_string().contains("`redlock` feature"));
+            assert!(
+                redlock
+                    .unwrap_err()
+                    .to_string()
+                    .contains("`redlock` feature")
+            );
         }
         for (url, feature) in [
             ("etcd://a:2379", "`etcd`"),
             ("etcds://a:2379", "`etcd`"),
             ("zk://a:2181/app", "`zookeeper`"),
-            ("postgres://u:pw@db/app", "`postgres`"),
-            ("postgresql://u:pw@db/app", "`postgres`"),
         ] {
             let err = parse("DLOCK_URL", url).unwrap_err().to_string();
             assert!(
@@ -256,6 +268,20 @@ mod tests {
                 "{url}: {err}"
             );
             assert!(!err.contains("pw"), "{err}");
+        }
+    }
+
+    #[test]
+    fn postgres_urls_need_their_feature() {
+        for url in ["postgres://u:pw@db/app", "postgresql://u:pw@db:5433/app"] {
+            let parsed = parse("DLOCK_URL", url);
+            if cfg!(feature = "postgres") {
+                assert!(matches!(parsed, Ok(BackendKind::Postgres(_))), "{url}");
+            } else {
+                let err = parsed.unwrap_err().to_string();
+                assert!(err.contains("`postgres` feature"), "{url}: {err}");
+                assert!(!err.contains("pw"), "{err}");
+            }
         }
     }
 
@@ -293,7 +319,10 @@ mod tests {
             ("redis+redlock://u:s3cret@a:1", "at least 3"),
             ("redis+redlock://u:s3cret@a:1,b:2", "at least 3"),
             ("redis+redlock://u:s3cret@a:1,b:2,c:3,d:4", "odd number"),
-            ("redis+redlock://u:s3cret@a:1,b:2,c:3,d:4,e:5,f:6", "odd number"),
+            (
+                "redis+redlock://u:s3cret@a:1,b:2,c:3,d:4,e:5,f:6",
+                "odd number",
+            ),
             ("redis+redlock://u:s3cret@a:1,b:2,a:1", "twice"),
             ("redis+redlock://u:s3cret@a:1,b:2,", "needs a port"),
             ("redis+redlock://u:s3cret@a:1,b:2,:3", "host name is empty"),
@@ -302,14 +331,20 @@ mod tests {
             let err = parse("DLOCK_URL", url).unwrap_err();
             assert!(err.is_config(), "{url}: {err:?}");
             let text = err.to_string();
-            assert!(text.contains(why) && text.contains("DLOCK_URL"), "{url}: {text}");
+            assert!(
+                text.contains(why) && text.contains("DLOCK_URL"),
+                "{url}: {text}"
+            );
             assert!(!text.contains("s3cret"), "{url}: {text}");
         }
         for url in [
             "redis+redlock://a:1,b:2,c:3",
             "redis+redlock://u:pw@a:1,b:2,c:3,d:4,e:5",
         ] {
-            assert!(matches!(parse("X", url), Ok(BackendKind::RedLock(_))), "{url}");
+            assert!(
+                matches!(parse("X", url), Ok(BackendKind::RedLock(_))),
+                "{url}"
+            );
         }
         let tls = parse("X", "rediss+redlock://a:1,b:2,c:3");
         assert_eq!(tls.is_ok(), cfg!(feature = "tls"), "{tls:?}");

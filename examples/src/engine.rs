@@ -1,4 +1,4 @@
-//! The `--engine` of the oversell demo and the benchmark: which Redis deployment they run on
+//! The `--engine` of the oversell demo and the benchmark: which deployment (Redis, or PostgreSQL) they run on
 //! ([`Engine`]), its throwaway deployment ([`Deployment`]), and a redis-rs connection for data
 //! that is not a lock (the demo's stock, the benchmark's raw commands) on any engine URL
 //! ([`Connection`]).
@@ -12,7 +12,11 @@ use redis::{
 };
 
 use crate::throwaway::{
-    RedisServer, cluster::RedisCluster, redlock::RedLockServers, sentinel::INSTALL_SENTINEL,
+    RedisServer,
+    cluster::RedisCluster,
+    postgres::{INSTALL_POSTGRES, PostgresServer},
+    redlock::RedLockServers,
+    sentinel::INSTALL_SENTINEL,
     sentinel::RedisSentinels,
 };
 
@@ -28,13 +32,15 @@ pub enum Engine {
     RedisSentinel,
     /// RedLock over 5 independent masters (`redis+redlock://`).
     RedLock,
+    /// A PostgreSQL cluster (`postgres://`): the lock table in its database.
+    Postgres,
 }
 
 impl Engine {
     /// The names [`FromStr`](std::str::FromStr) takes, for a usage text.
-    pub const NAMES: &str = "redis|redis-cluster|redis-sentinel|redlock";
+    pub const NAMES: &str = "redis|redis-cluster|redis-sentinel|redlock|postgres";
 
-    /// `redis`, `redis-cluster`, `redis-sentinel` or `redlock`: the flag's value.
+    /// `redis`, `redis-cluster`, `redis-sentinel`, `redlock` or `postgres`: the flag's value.
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
@@ -42,6 +48,7 @@ impl Engine {
             Self::RedisCluster => "redis-cluster",
             Self::RedisSentinel => "redis-sentinel",
             Self::RedLock => "redlock",
+            Self::Postgres => "postgres",
         }
     }
 }
@@ -67,6 +74,7 @@ impl std::str::FromStr for Engine {
             "redis-cluster" => Ok(Self::RedisCluster),
             "redis-sentinel" => Ok(Self::RedisSentinel),
             "redlock" => Ok(Self::RedLock),
+            "postgres" => Ok(Self::Postgres),
             other => Err(format!(
                 "unknown engine `{other}`; expected one of {}",
                 Self::NAMES
@@ -93,6 +101,8 @@ pub enum Deployment {
     Sentinels(RedisSentinels),
     /// RedLock's independent masters.
     RedLock(RedLockServers),
+    /// A PostgreSQL cluster.
+    Postgres(PostgresServer),
 }
 
 impl Deployment {
@@ -110,6 +120,7 @@ impl Deployment {
                 "redis-server or redis-cli not found on PATH: install them with `sudo apt-get install -y redis-server`",
             ),
             Engine::RedisSentinel if !RedisSentinels::available() => Some(INSTALL_SENTINEL),
+            Engine::Postgres if !PostgresServer::available() => Some(INSTALL_POSTGRES),
             _ => None,
         };
         if let Some(missing) = missing {
@@ -124,6 +135,9 @@ impl Deployment {
             Engine::RedisSentinel => Ok(Self::Sentinels(RedisSentinels::start())),
             Engine::RedLock => RedLockServers::try_start_n(5)
                 .map(Self::RedLock)
+                .map_err(|e| e.to_string()),
+            Engine::Postgres => PostgresServer::try_start()
+                .map(Self::Postgres)
                 .map_err(|e| e.to_string()),
         })
         .await;
@@ -149,12 +163,13 @@ impl Deployment {
             Self::Cluster(_) => Engine::RedisCluster,
             Self::Sentinels(_) => Engine::RedisSentinel,
             Self::RedLock(_) => Engine::RedLock,
+            Self::Postgres(_) => Engine::Postgres,
         }
     }
 
     /// The URL lockers (and [`Connection::open`]) take: `redis://127.0.0.1:p`,
     /// `redis+cluster://127.0.0.1:p1,…` (the masters), `redis+sentinel://127.0.0.1:s1,…/mymaster`
-    /// or `redis+redlock://127.0.0.1:p1,…` (the 5 masters).
+    /// `redis+redlock://127.0.0.1:p1,…` (the 5 masters) or `postgres://dlock@127.0.0.1:p/postgres`.
     #[must_use]
     pub fn url(&self) -> String {
         match self {
@@ -162,11 +177,12 @@ impl Deployment {
             Self::Cluster(cluster) => cluster.url(),
             Self::Sentinels(sentinels) => sentinels.url(),
             Self::RedLock(masters) => masters.url(),
+            Self::Postgres(server) => server.url(),
         }
     }
 
     /// The ports of the servers that take writes: the server, the Cluster's masters (sorted),
-    /// the master the sentinels name, or RedLock's masters.
+    /// the master the sentinels name, RedLock's masters, or the PostgreSQL server.
     #[must_use]
     pub fn masters(&self) -> Vec<u16> {
         match self {
@@ -174,15 +190,21 @@ impl Deployment {
             Self::Cluster(cluster) => cluster.masters(),
             Self::Sentinels(sentinels) => vec![sentinels.master_port()],
             Self::RedLock(masters) => masters.ports(),
+            Self::Postgres(server) => vec![server.port()],
         }
     }
 
     /// One line on what runs, for the output:
     /// `throwaway redis-server 7.0.15 on 127.0.0.1:40793`,
-    /// `throwaway Redis Cluster (redis-server 7.0.15): 3 masters on 127.0.0.1:p1,p2,p3, 3 replicas`.
+    /// `throwaway Redis Cluster (redis-server 7.0.15): 3 masters on 127.0.0.1:p1,p2,p3, 3 replicas`,
+    /// `throwaway PostgreSQL 15.14 on 127.0.0.1:40795 (…)`.
     #[must_use]
     pub fn describe(&self) -> String {
-        let version = RedisServer::version().map_or_else(String::new, |v| format!(" {v}"));
+        let version = match self {
+            Self::Postgres(_) => PostgresServer::version(),
+            _ => RedisServer::version(),
+        }
+        .map_or_else(String::new, |v| format!(" {v}"));
         let ports = |ports: &[u16]| {
             ports
                 .iter()
@@ -200,6 +222,11 @@ impl Deployment {
             Self::Cluster(cluster) => format!(
                 "throwaway Redis Cluster (redis-server{version}): 3 masters on 127.0.0.1:{}, 3 replicas",
                 ports(&cluster.masters())
+            ),
+            Self::Postgres(server) => format!(
+                "throwaway PostgreSQL{version} on 127.0.0.1:{} (initdb in a temporary directory, \
+                 fsync off)",
+                server.port()
             ),
             Self::Sentinels(sentinels) => format!(
                 "throwaway Redis Sentinel (redis-server{version}): master 127.0.0.1:{}, 2 replicas, \

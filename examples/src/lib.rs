@@ -21,7 +21,9 @@ pub mod throwaway;
 
 /// A Redis URL fit for printing: any `user:password@` part is replaced by `***@`
 /// ([`dlock_runtime::RedisUrl`]'s `Display`, and the same for the multi-host
-/// `redis+cluster://`, `redis+sentinel://` and `redis+redlock://` forms); a URL that is not a Redis URL is not shown
+/// `redis+cluster://`, `redis+sentinel://` and `redis+redlock://` forms, and
+/// [`dlock_runtime::PostgresUrl`]'s for
+/// `postgres://`); a URL that is none of these is not shown
 /// at all.
 ///
 /// ```
@@ -33,6 +35,10 @@ pub mod throwaway;
 /// assert_eq!(
 ///     dlock_examples::redact_url("redis+cluster://app:s3cret@h1:7000,h2:7001"),
 ///     "redis+cluster://***@h1:7000,h2:7001"
+/// );
+/// assert_eq!(
+///     dlock_examples::redact_url("postgres://app:s3cret@db/shop"),
+///     "postgres://***@db/shop"
 /// );
 /// assert_eq!(dlock_examples::redact_url("http://app:s3cret@h1"), "***");
 /// ```
@@ -46,8 +52,8 @@ pub fn redact_url(url: &str) -> String {
         "rediss+sentinel://",
         "rediss+redlock://",
     ]
-        .iter()
-        .find_map(|scheme| Some((*scheme, url.strip_prefix(scheme)?)));
+    .iter()
+    .find_map(|scheme| Some((*scheme, url.strip_prefix(scheme)?)));
     match multi_host {
         // The password may hold `@`: the hosts start after the last one. A query may hold
         // credentials too: it is left out.
@@ -61,6 +67,11 @@ pub fn redact_url(url: &str) -> String {
         }
         None => url
             .parse::<dlock_runtime::RedisUrl>()
-            .map_or_else(|_| "***".to_owned(), |url| url.to_string()),
+            .map(|url| url.to_string())
+            .or_else(|_| {
+                url.parse::<dlock_runtime::PostgresUrl>()
+                    .map(|url| url.to_string())
+            })
+            .unwrap_or_else(|_| "***".to_owned()),
     }
 }

@@ -10,7 +10,8 @@ use std::{
 use dlock_runtime::{LockError, LockGuard, LockOptions, Locker};
 
 use crate::{
-    RedisServer, cluster::RedisCluster, redlock::RedLockServers, sentinel::RedisSentinels,
+    PostgresServer, RedisServer, cluster::RedisCluster, redlock::RedLockServers,
+    sentinel::RedisSentinels,
 };
 
 /// The names of the engines the shared suite runs on; [`engine_suite!`](crate::engine_suite)
@@ -23,6 +24,8 @@ use crate::{
 /// - `redis_cluster`: a 3-master, 3-replica Redis Cluster (one per test binary, shared).
 /// - `redis_sentinel`: a master, 2 replicas and 3 sentinels (one per test binary, shared).
 /// - `redlock`: RedLock over 5 independent `redis-server`s (one set per test binary, shared).
+/// - `postgres`: a throwaway PostgreSQL cluster (one per test binary, shared; `initdb` takes a
+///   second or two).
 /// - `memory`: the embedded backend.
 pub const ENGINES: &[&str] = &[
     "redis",
@@ -31,6 +34,7 @@ pub const ENGINES: &[&str] = &[
     "redis_cluster",
     "redis_sentinel",
     "redlock",
+    "postgres",
     "memory",
 ];
 
@@ -44,7 +48,7 @@ pub const ENGINES: &[&str] = &[
 macro_rules! engine_suite {
     ($($case:ident),* $(,)?) => {
         $crate::engine_suite!(
-            @engines [redis, redis_acl, redis_acl_no_channels, redis_cluster, redis_sentinel, redlock, memory]
+            @engines [redis, redis_acl, redis_acl_no_channels, redis_cluster, redis_sentinel, redlock, postgres, memory]
             [$($case),*]
         );
     };
@@ -155,6 +159,15 @@ impl Engine {
                 let url = masters.url();
                 Self::Shared {
                     deployment: masters,
+                    url,
+                }
+            }
+            "postgres" => {
+                static POSTGRES: Mutex<Weak<PostgresServer>> = Mutex::new(Weak::new());
+                let server = shared(&POSTGRES, PostgresServer::start);
+                let url = server.url();
+                Self::Shared {
+                    deployment: server,
                     url,
                 }
             }

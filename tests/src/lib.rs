@@ -16,7 +16,9 @@ use std::{
 use dlock_runtime::Locker;
 
 pub mod engines;
+pub mod pg;
 pub mod proxy;
+pub use dlock_examples::throwaway::postgres::{self, PostgresServer};
 pub use dlock_examples::throwaway::{
     INSTALL_REDIS, RedisServer, cluster, free_port, redlock, sentinel,
 };

@@ -102,7 +102,10 @@ async fn every_mask_of_five_masters_grants_exactly_with_a_majority() {
                         .filter(|&i| up(i))
                         .map(|i| value(masters.server(i), &full))
                         .collect();
-                    assert!(ours[0].is_some() && ours.iter().all(|v| v == &ours[0]), "{case}");
+                    assert!(
+                        ours[0].is_some() && ours.iter().all(|v| v == &ours[0]),
+                        "{case}"
+                    );
                     granted_masks += 1;
                     Some(guard)
                 }
@@ -128,7 +131,11 @@ async fn every_mask_of_five_masters_grants_exactly_with_a_majority() {
             for i in 0..5 {
                 let left = value(masters.server(i), &full);
                 if !up(i) && down(i) == Down::Clogged {
-                    assert_eq!(left.as_deref(), Some("another-holder"), "{case}: master {i}");
+                    assert_eq!(
+                        left.as_deref(),
+                        Some("another-holder"),
+                        "{case}: master {i}"
+                    );
                     unclog(masters.server(i), &full);
                 } else {
                     assert_eq!(left, None, "{case}: master {i} still holds our token");
@@ -222,7 +229,10 @@ async fn fences_increase_across_differing_majorities() {
         }
         fences.push(fence);
     }
-    assert!(fences[1] > ahead, "the first majority held master 0: {fences:?}");
+    assert!(
+        fences[1] > ahead,
+        "the first majority held master 0: {fences:?}"
+    );
     assert!(
         fences.windows(2).all(|w| w[0] < w[1]),
         "fences went backwards: {fences:?}"
@@ -310,7 +320,11 @@ async fn a_holder_cut_off_from_a_majority_loses_before_another_wins() {
         "the loss was reported {:?} after the other client won",
         lost_at - won_at
     );
-    assert!(won_at - cut_at < Duration::from_secs(5), "{:?}", won_at - cut_at);
+    assert!(
+        won_at - cut_at < Duration::from_secs(5),
+        "{:?}",
+        won_at - cut_at
+    );
     // The new holder's token: the cut-off holder could not renew on master 0.
     let token = value(masters.server(0), &full).expect("the new holder's key");
     for proxy in &proxies {
@@ -415,7 +429,10 @@ async fn a_master_restarted_without_persistence() {
         tokio::time::sleep(LONGEST).await;
         tokio::task::block_in_place(|| masters.server_mut(2).restart());
         for wait in waits {
-            let overlap = wait.await.unwrap().unwrap_or_else(|e| panic!("round {round}: B: {e}"));
+            let overlap = wait
+                .await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}: B: {e}"));
             assert!(!overlap, "round {round}: B won while A's lock was valid");
             trials += 1;
         }
@@ -476,7 +493,11 @@ async fn releases_wake_waiters_with_two_masters_down() {
 #[tokio::test]
 async fn misconfigurations_are_config_errors() {
     for (url, request_timeout, why) in [
-        ("redis+redlock://u:s3cret@127.0.0.1:1,127.0.0.1:2", 100, "at least 3"),
+        (
+            "redis+redlock://u:s3cret@127.0.0.1:1,127.0.0.1:2",
+            100,
+            "at least 3",
+        ),
         (
             "redis+redlock://u:s3cret@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3,127.0.0.1:4",
             100,
@@ -505,7 +526,10 @@ async fn misconfigurations_are_config_errors() {
         .acquire(&unique_key("fair"), LockOptions::new().fair())
         .await
         .unwrap_err();
-    assert!(err.is_config() && err.to_string().contains("fair"), "{err:?}");
+    assert!(
+        err.is_config() && err.to_string().contains("fair"),
+        "{err:?}"
+    );
     // The same URL without `fair` works, on 3 masters.
     dlock_tests::acquire_and_release(&locker, &unique_key("fair")).await;
     assert!(!format!("{locker:?}").contains("s3cret"));

@@ -8,6 +8,8 @@ use tokio::sync::Notify;
 use crate::error::BackendError;
 
 pub(crate) mod memory;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 #[cfg(feature = "redlock")]
@@ -156,6 +158,12 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn fair_order(&self) -> FairOrder {
         FairOrder::Queue
     }
+
+    /// Why the engine cannot store the full lock key `key` (PostgreSQL `text` holds no NUL
+    /// byte), checked before any request is sent: the acquisition fails with `InvalidKey`.
+    fn key_error(&self, _key: &str) -> Option<String> {
+        None
+    }
 }
 
 /// Who a release wake-up is for: the fair waiter the release named as next in line, or anyone.
@@ -268,7 +276,7 @@ impl Token {
         Ok(Self(hex))
     }
 
-    #[cfg(any(feature = "redis", test))]
+    #[cfg(any(feature = "redis", feature = "postgres", test))]
     pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
@@ -281,7 +289,7 @@ impl fmt::Debug for Token {
 }
 
 /// Milliseconds for a server lease, at least 1.
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) fn lease_millis(lease: Duration) -> u64 {
     u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1)
 }

@@ -7,6 +7,9 @@
 //! its tests need (kill, restart on the same port, SIGSTOP/SIGCONT, a failover, a slot
 //! migrated).
 //!
+//! A throwaway PostgreSQL cluster ([`PostgresServer`](postgres::PostgresServer)) runs the same
+//! way for the PostgreSQL engine.
+//!
 //! A missing binary is reported with the command that installs it ([`INSTALL_REDIS`]).
 
 use std::{
@@ -17,6 +20,7 @@ use std::{
 };
 
 pub mod cluster;
+pub mod postgres;
 pub mod redlock;
 mod resp;
 pub mod sentinel;
