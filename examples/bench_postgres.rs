@@ -163,7 +163,9 @@ async fn w1(target: &Target, sizes: Sizes, run: usize) -> Result<Vec<Row>, Error
             cycle(&floor, &locker, variant, &key, usize::MAX - i).await?;
         }
     }
-    let mut latencies: Vec<Vec<Duration>> = vec![Vec::with_capacity(sizes.w1_cycles); 3];
+    let mut latencies: Vec<Vec<Duration>> = (0..VARIANTS.len())
+        .map(|_| Vec::with_capacity(sizes.w1_cycles))
+        .collect();
     let started = Instant::now();
     for i in 0..sizes.w1_cycles {
         if started.elapsed() > sizes.time_cap {

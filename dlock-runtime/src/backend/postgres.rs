@@ -69,9 +69,12 @@ WITH taken AS (
     UPDATE dlock_locks SET contended = true
      WHERE key = $1 AND NOT contended AND NOT EXISTS (SELECT 1 FROM taken)
 )
-SELECT (SELECT fence FROM taken),
-       (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
-          FROM dlock_locks WHERE key = $1)";
+SELECT t.fence,
+       CASE WHEN t.fence IS NULL THEN
+           (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
+              FROM dlock_locks WHERE key = $1)
+       END
+  FROM (SELECT (SELECT fence FROM taken) AS fence) t";
 
 /// Delete the row if this token holds it (a lapsed row of ours is cleaned up too, but reported
 /// as not held), and announce the release when someone was refused the key meanwhile.
@@ -348,12 +351,15 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
     }
 }
 
+/// What a listening connection does with a release notification's payload (the key).
+type OnNotification = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// A new connection whose notifications go to `on_notification` (dropped when `None`), driven
 /// by a task on the current runtime. TLS (verified) with `sslmode=require`, which needs the
 /// `tls` feature; plain otherwise (`prefer` does not try TLS).
 async fn connect(
     config: &tokio_postgres::Config,
-    on_notification: Option<Arc<dyn Fn(&str) + Send + Sync>>,
+    on_notification: Option<OnNotification>,
 ) -> Result<(Client, tokio::task::JoinHandle<()>), BackendError> {
     let failed = |e| classify("connection", e);
     #[cfg(feature = "tls")]
@@ -371,7 +377,7 @@ async fn connect(
 /// Polls the connection until it ends, handing notifications to `on_notification`.
 async fn drive<S, T>(
     mut connection: tokio_postgres::Connection<S, T>,
-    on_notification: Option<Arc<dyn Fn(&str) + Send + Sync>>,
+    on_notification: Option<OnNotification>,
 ) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -583,8 +589,9 @@ impl Backend for PostgresBackend {
 /// `LISTEN dlock_release` on a dedicated connection per locker, shared by all its waiters.
 ///
 /// One task owns the connection: it connects, listens, checks the connection every few
-/// seconds, and when it drops wakes every waiter (they poll meanwhile) and connects again.
-/// Started by the first waiter; stopped with the locker.
+/// seconds, and when it drops wakes every waiter (they poll meanwhile) and connects again while
+/// anyone waits. Started by the first waiter (and again by the next one after it stopped);
+/// stopped with the locker.
 struct Notifier {
     shared: Arc<Shared>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -617,6 +624,10 @@ impl Shared {
         } else if let Some(notify) = watchers.get(key).and_then(Weak::upgrade) {
             notify.notify_waiters();
         }
+    }
+
+    fn anyone_waits(&self) -> bool {
+        self.watchers().values().any(|w| w.strong_count() > 0)
     }
 
     fn register(&self, key: &str) -> Watch {
@@ -680,12 +691,14 @@ impl Notifier {
     /// A wake-up for `key`, once `LISTEN` is in place (waiting at most the request timeout for
     /// it); `None` when notifications cannot be had now.
     async fn watch(&self, key: &str) -> Option<Watch> {
+        // Registered first: the task keeps trying to listen while someone waits.
+        let watch = self.shared.register(key);
         self.ensure_running();
         let mut listening = self.shared.listening.subscribe();
         let up = tokio::time::timeout(self.shared.request_timeout, listening.wait_for(|up| *up))
             .await
             .is_ok_and(|r| r.is_ok());
-        up.then(|| self.shared.register(key))
+        up.then_some(watch)
     }
 }
 
@@ -707,7 +720,7 @@ impl Drop for Notifier {
 async fn listen(shared: Arc<Shared>) {
     let mut pause = Duration::from_millis(50);
     loop {
-        let on_notification: Arc<dyn Fn(&str) + Send + Sync> = {
+        let on_notification: OnNotification = {
             let shared = Arc::downgrade(&shared);
             Arc::new(move |key: &str| {
                 if let Some(shared) = shared.upgrade() {
@@ -752,6 +765,10 @@ async fn listen(shared: Arc<Shared>) {
             }
             Ok(Err(e)) => tracing::debug!(error = %e, "PostgreSQL LISTEN failed; retrying"),
             Err(_) => tracing::debug!("PostgreSQL LISTEN timed out; retrying"),
+        }
+        if !shared.anyone_waits() {
+            // Nobody to wake: the next waiter starts the task again.
+            return;
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(2));
