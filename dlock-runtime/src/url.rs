@@ -165,7 +165,7 @@ impl<'a> HostList<'a> {
                  majority is every node and losing any one of them stops every lock"
             )));
         }
-        if n % 2 == 0 {
+        if n.is_multiple_of(2) {
             return Err(LockError::config(format!(
                 "{var}: RedLock needs an odd number of masters, got {n}: a majority of {n} is \
                  {}, as of {}, so the extra node survives no further failure; use {} or {}",
@@ -241,7 +241,12 @@ mod tests {
         if cfg!(feature = "redlock") {
             assert!(matches!(redlock, Ok(BackendKind::RedLock(_))));
         } else {
-            assert!(redlock.unwrap_err().to_string().contains("`redlock` feature"));
+            assert!(
+                redlock
+                    .unwrap_err()
+                    .to_string()
+                    .contains("`redlock` feature")
+            );
         }
         for (url, feature) in [
             ("etcd://a:2379", "`etcd`"),
@@ -293,7 +298,10 @@ mod tests {
             ("redis+redlock://u:s3cret@a:1", "at least 3"),
             ("redis+redlock://u:s3cret@a:1,b:2", "at least 3"),
             ("redis+redlock://u:s3cret@a:1,b:2,c:3,d:4", "odd number"),
-            ("redis+redlock://u:s3cret@a:1,b:2,c:3,d:4,e:5,f:6", "odd number"),
+            (
+                "redis+redlock://u:s3cret@a:1,b:2,c:3,d:4,e:5,f:6",
+                "odd number",
+            ),
             ("redis+redlock://u:s3cret@a:1,b:2,a:1", "twice"),
             ("redis+redlock://u:s3cret@a:1,b:2,", "needs a port"),
             ("redis+redlock://u:s3cret@a:1,b:2,:3", "host name is empty"),
@@ -302,14 +310,20 @@ mod tests {
             let err = parse("DLOCK_URL", url).unwrap_err();
             assert!(err.is_config(), "{url}: {err:?}");
             let text = err.to_string();
-            assert!(text.contains(why) && text.contains("DLOCK_URL"), "{url}: {text}");
+            assert!(
+                text.contains(why) && text.contains("DLOCK_URL"),
+                "{url}: {text}"
+            );
             assert!(!text.contains("s3cret"), "{url}: {text}");
         }
         for url in [
             "redis+redlock://a:1,b:2,c:3",
             "redis+redlock://u:pw@a:1,b:2,c:3,d:4,e:5",
         ] {
-            assert!(matches!(parse("X", url), Ok(BackendKind::RedLock(_))), "{url}");
+            assert!(
+                matches!(parse("X", url), Ok(BackendKind::RedLock(_))),
+                "{url}"
+            );
         }
         let tls = parse("X", "rediss+redlock://a:1,b:2,c:3");
         assert_eq!(tls.is_ok(), cfg!(feature = "tls"), "{tls:?}");

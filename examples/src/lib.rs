@@ -46,8 +46,8 @@ pub fn redact_url(url: &str) -> String {
         "rediss+sentinel://",
         "rediss+redlock://",
     ]
-        .iter()
-        .find_map(|scheme| Some((*scheme, url.strip_prefix(scheme)?)));
+    .iter()
+    .find_map(|scheme| Some((*scheme, url.strip_prefix(scheme)?)));
     match multi_host {
         // The password may hold `@`: the hosts start after the last one. A query may hold
         // credentials too: it is left out.

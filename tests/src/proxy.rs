@@ -38,7 +38,10 @@ struct State {
 impl State {
     /// Blocks while the proxy is cut; `false` once it is stopped.
     fn wait_open(&self) -> bool {
-        let mut cut = self.cut.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cut = self
+            .cut
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         while *cut && !self.stopped.load(Ordering::SeqCst) {
             cut = self
                 .healed

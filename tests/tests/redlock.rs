@@ -79,7 +79,7 @@ async fn every_mask_of_five_masters_grants_exactly_with_a_majority() {
             let down = |i: usize| match variant {
                 0 => Down::Stopped,
                 1 => Down::Clogged,
-                _ if (i + mask as usize) % 2 == 0 => Down::Stopped,
+                _ if (i + mask as usize).is_multiple_of(2) => Down::Stopped,
                 _ => Down::Clogged,
             };
             let key = unique_key("mask");
@@ -102,7 +102,10 @@ async fn every_mask_of_five_masters_grants_exactly_with_a_majority() {
                         .filter(|&i| up(i))
                         .map(|i| value(masters.server(i), &full))
                         .collect();
-                    assert!(ours[0].is_some() && ours.iter().all(|v| v == &ours[0]), "{case}");
+                    assert!(
+                        ours[0].is_some() && ours.iter().all(|v| v == &ours[0]),
+                        "{case}"
+                    );
                     granted_masks += 1;
                     Some(guard)
                 }
@@ -128,7 +131,11 @@ async fn every_mask_of_five_masters_grants_exactly_with_a_majority() {
             for i in 0..5 {
                 let left = value(masters.server(i), &full);
                 if !up(i) && down(i) == Down::Clogged {
-                    assert_eq!(left.as_deref(), Some("another-holder"), "{case}: master {i}");
+                    assert_eq!(
+                        left.as_deref(),
+                        Some("another-holder"),
+                        "{case}: master {i}"
+                    );
                     unclog(masters.server(i), &full);
                 } else {
                     assert_eq!(left, None, "{case}: master {i} still holds our token");
@@ -222,7 +229,10 @@ async fn fences_increase_across_differing_majorities() {
         }
         fences.push(fence);
     }
-    assert!(fences[1] > ahead, "the first majority held master 0: {fences:?}");
+    assert!(
+        fences[1] > ahead,
+        "the first majority held master 0: {fences:?}"
+    );
     assert!(
         fences.windows(2).all(|w| w[0] < w[1]),
         "fences went backwards: {fences:?}"
@@ -310,7 +320,11 @@ async fn a_holder_cut_off_from_a_majority_loses_before_another_wins() {
         "the loss was reported {:?} after the other client won",
         lost_at - won_at
     );
-    assert!(won_at - cut_at < Duration::from_secs(5), "{:?}", won_at - cut_at);
+    assert!(
+        won_at - cut_at < Duration::from_secs(5),
+        "{:?}",
+        won_at - cut_at
+    );
     eprintln!(
         "partition: loss reported {:?} after the cut, {:?} before the other client won",
         lost_at - cut_at,
@@ -380,7 +394,7 @@ async fn a_master_restarted_without_persistence() {
     const KEYS: usize = 10;
     const LONGEST: Duration = Duration::from_millis(150);
     let mut trials = 0;
-    let mut closest = Duration::MAX;
+    let mut closest = f64::MAX;
     for round in 0..ROUNDS {
         let keys: Vec<String> = (0..KEYS).map(|_| unique_key("delayed")).collect();
         for key in &keys {
@@ -417,7 +431,13 @@ async fn a_master_restarted_without_persistence() {
                     let won_at = Instant::now();
                     let overlap = hold.is_held();
                     guard.release().await?;
-                    Ok::<(bool, Duration), LockError>((overlap, won_at - lease_end))
+                    // Signed: B may win shortly before A's acquisition returned plus its lease.
+                    let after_ms = if won_at >= lease_end {
+                        (won_at - lease_end).as_secs_f64() * 1e3
+                    } else {
+                        -(lease_end - won_at).as_secs_f64() * 1e3
+                    };
+                    Ok::<(bool, f64), LockError>((overlap, after_ms))
                 })
             })
             .collect();
@@ -436,8 +456,8 @@ async fn a_master_restarted_without_persistence() {
     }
     assert_eq!(trials, 200);
     eprintln!(
-        "delayed restart: {trials} trials, no overlap; B won at the earliest {closest:?} after \
-         A's lease ended"
+        "delayed restart: {trials} trials, no overlap; B won at the earliest {closest:.1}ms after \
+         A's acquisition returned plus its lease"
     );
 }
 
@@ -493,7 +513,11 @@ async fn releases_wake_waiters_with_two_masters_down() {
 #[tokio::test]
 async fn misconfigurations_are_config_errors() {
     for (url, request_timeout, why) in [
-        ("redis+redlock://u:s3cret@127.0.0.1:1,127.0.0.1:2", 100, "at least 3"),
+        (
+            "redis+redlock://u:s3cret@127.0.0.1:1,127.0.0.1:2",
+            100,
+            "at least 3",
+        ),
         (
             "redis+redlock://u:s3cret@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3,127.0.0.1:4",
             100,
@@ -522,7 +546,10 @@ async fn misconfigurations_are_config_errors() {
         .acquire(&unique_key("fair"), LockOptions::new().fair())
         .await
         .unwrap_err();
-    assert!(err.is_config() && err.to_string().contains("fair"), "{err:?}");
+    assert!(
+        err.is_config() && err.to_string().contains("fair"),
+        "{err:?}"
+    );
     // The same URL without `fair` works, on 3 masters.
     dlock_tests::acquire_and_release(&locker, &unique_key("fair")).await;
     assert!(!format!("{locker:?}").contains("s3cret"));

@@ -147,9 +147,7 @@ impl RedLockBackend {
 
     /// Compare-and-delete by token on every master, for an attempt that did not get the lock.
     async fn undo(&self, key: &str, token: &Token) {
-        let round = self
-            .round(|node| node.release(key, token, false))
-            .await;
+        let round = self.round(|node| node.release(key, token, false)).await;
         if round.failed() > 0 {
             tracing::debug!(
                 key = %key,
@@ -209,9 +207,7 @@ impl Backend for RedLockBackend {
                 fair: None,
                 ..request
             };
-            let round = self
-                .round(|node| node.acquire(request))
-                .await;
+            let round = self.round(|node| node.acquire(request)).await;
             let fences: Vec<Option<u64>> = round
                 .replies
                 .iter()
@@ -296,9 +292,7 @@ impl Backend for RedLockBackend {
         _fair: bool,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            let round = self
-                .round(|node| node.release(key, token, false))
-                .await;
+            let round = self.round(|node| node.release(key, token, false)).await;
             let deleted = round.count(|d| *d);
             let not_ours = round.count(|d| !*d);
             if deleted >= self.quorum {
@@ -324,9 +318,7 @@ impl Backend for RedLockBackend {
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            let round = self
-                .round(|node| node.extend(key, token, lease))
-                .await;
+            let round = self.round(|node| node.extend(key, token, lease)).await;
             let extended = round.count(|e| *e);
             let not_ours = round.count(|e| !*e);
             if extended >= self.quorum {
@@ -476,7 +468,10 @@ mod tests {
         .unwrap_err();
         assert!(err.is_config(), "{err:?}");
         let text = err.to_string();
-        assert!(text.contains("DLOCK_REQUEST_TIMEOUT") && text.contains("DLOCK_EXPIRE"), "{text}");
+        assert!(
+            text.contains("DLOCK_REQUEST_TIMEOUT") && text.contains("DLOCK_EXPIRE"),
+            "{text}"
+        );
         assert!(!text.contains("s3cret"), "{text}");
         assert!(
             RedLockBackend::from_settings(&settings(
@@ -495,7 +490,10 @@ mod tests {
             RedLockBackend::validity(lease, Duration::from_millis(98)),
             Some(Duration::from_millis(9800))
         );
-        assert_eq!(RedLockBackend::validity(lease, Duration::from_millis(9898)), None);
+        assert_eq!(
+            RedLockBackend::validity(lease, Duration::from_millis(9898)),
+            None
+        );
         assert_eq!(
             RedLockBackend::validity(Duration::from_millis(2), Duration::ZERO),
             None
