@@ -174,7 +174,7 @@ impl<'a> HostList<'a> {
                  majority is every node and losing any one of them stops every lock"
             )));
         }
-        if n % 2 == 0 {
+        if n.is_multiple_of(2) {
             return Err(LockError::config(format!(
                 "{var}: RedLock needs an odd number of masters, got {n}: a majority of {n} is \
                  {}, as of {}, so the extra node survives no further failure; use {} or {}",

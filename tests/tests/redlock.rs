@@ -79,7 +79,7 @@ async fn every_mask_of_five_masters_grants_exactly_with_a_majority() {
             let down = |i: usize| match variant {
                 0 => Down::Stopped,
                 1 => Down::Clogged,
-                _ if (i + mask as usize) % 2 == 0 => Down::Stopped,
+                _ if (i + mask as usize).is_multiple_of(2) => Down::Stopped,
                 _ => Down::Clogged,
             };
             let key = unique_key("mask");
@@ -394,7 +394,7 @@ async fn a_master_restarted_without_persistence() {
     const KEYS: usize = 10;
     const LONGEST: Duration = Duration::from_millis(150);
     let mut trials = 0;
-    let mut closest = Duration::MAX;
+    let mut closest = f64::MAX;
     for round in 0..ROUNDS {
         let keys: Vec<String> = (0..KEYS).map(|_| unique_key("delayed")).collect();
         for key in &keys {
@@ -431,7 +431,13 @@ async fn a_master_restarted_without_persistence() {
                     let won_at = Instant::now();
                     let overlap = hold.is_held();
                     guard.release().await?;
-                    Ok::<(bool, Duration), LockError>((overlap, won_at - lease_end))
+                    // Signed: B may win shortly before A's acquisition returned plus its lease.
+                    let after_ms = if won_at >= lease_end {
+                        (won_at - lease_end).as_secs_f64() * 1e3
+                    } else {
+                        -(lease_end - won_at).as_secs_f64() * 1e3
+                    };
+                    Ok::<(bool, f64), LockError>((overlap, after_ms))
                 })
             })
             .collect();
@@ -450,8 +456,8 @@ async fn a_master_restarted_without_persistence() {
     }
     assert_eq!(trials, 200);
     eprintln!(
-        "delayed restart: {trials} trials, no overlap; B won at the earliest {closest:?} after \
-         A's lease ended"
+        "delayed restart: {trials} trials, no overlap; B won at the earliest {closest:.1}ms after \
+         A's acquisition returned plus its lease"
     );
 }
 
