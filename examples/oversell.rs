@@ -10,14 +10,16 @@
 //! cargo run --example oversell -- --embedded        # force the in-process backend
 //! cargo run --example oversell -- --engine redis-cluster   # on a throwaway Redis Cluster
 //! cargo run --example oversell -- --engine redis-sentinel  # on a throwaway Sentinel deployment
+//! cargo run --example oversell -- --engine redlock         # RedLock over 5 throwaway masters
 //! cargo run --example oversell -- --engine postgres        # on a throwaway PostgreSQL cluster
 //! ```
 //!
 //! Backend, said in the output:
 //! - `--engine redis-cluster`: a throwaway Redis Cluster (3 masters, 3 replicas; needs
 //!   `redis-server` and `redis-cli`); `--engine redis-sentinel`: a throwaway master with 2
-//!   replicas and 3 sentinels (needs `redis-sentinel` too). Both on free loopback ports, stopped
-//!   at the end, on error and on Ctrl-C ([`dlock_examples::throwaway`]). `--engine postgres`: a
+//!   replicas and 3 sentinels (needs `redis-sentinel` too); `--engine redlock`: RedLock over 5
+//!   independent throwaway masters (the stock lives on the first). All on free loopback ports,
+//!   stopped at the end, on error and on Ctrl-C ([`dlock_examples::throwaway`]). `--engine postgres`: a
 //!   throwaway PostgreSQL cluster (`initdb` into a temporary directory, needs the `postgresql`
 //!   package), whose database holds the locks and the stock alike.
 //! - Else (`--engine redis`, the default): `DLOCK_REDIS_URL` (or `REDIS_URL`) when set: that
@@ -60,7 +62,7 @@ use tokio::{
 
 const USAGE: &str = "\
 usage: oversell [--instances N] [--buyers N] [--stock N] [--embedded]
-                [--engine redis|redis-cluster|redis-sentinel|postgres]
+                [--engine redis|redis-cluster|redis-sentinel|redlock|postgres]
 
   --instances N   instances of the shop service (default 4)
   --buyers N      buyers, each trying to buy one item at the same moment (default 200)
@@ -69,7 +71,8 @@ usage: oversell [--instances N] [--buyers N] [--stock N] [--embedded]
                   (also: DLOCK_BACKEND=memory)
   --engine E      redis (default): see Backend below; redis-cluster: a throwaway Redis Cluster
                   (3 masters, 3 replicas); redis-sentinel: a throwaway master, 2 replicas and
-                  3 sentinels; postgres: a throwaway PostgreSQL cluster (locks and stock in
+                  3 sentinels; redlock: RedLock over 5 throwaway independent masters;
+                  postgres: a throwaway PostgreSQL cluster (locks and stock in
                   its database)
 
 Backend: DLOCK_REDIS_URL or REDIS_URL when set; else a throwaway redis-server when one is on

@@ -33,6 +33,9 @@ pub enum BackendKind {
     /// A Redis master found through these sentinels
     /// (`redis+sentinel://[user:password@]s1:p1,s2:p2/<master>`; feature `redis-sentinel`).
     RedisSentinel(RedisUrl),
+    /// RedLock over these independent Redis masters, an odd number of at least 3
+    /// (`redis+redlock://[user:password@]h1:p1,h2:p2,h3:p3`; feature `redlock`).
+    RedLock(RedisUrl),
     /// A PostgreSQL database (`postgres://[user[:password]@]host[:port][/dbname][?param=value…]`,
     /// or `postgresql://`; feature `postgres`): the lock table `dlock_locks`.
     Postgres(PostgresUrl),
@@ -46,6 +49,7 @@ impl fmt::Debug for BackendKind {
             Self::Redis(url) => f.debug_tuple("Redis").field(url).finish(),
             Self::RedisCluster(url) => f.debug_tuple("RedisCluster").field(url).finish(),
             Self::RedisSentinel(url) => f.debug_tuple("RedisSentinel").field(url).finish(),
+            Self::RedLock(url) => f.debug_tuple("RedLock").field(url).finish(),
             Self::Postgres(url) => f.debug_tuple("Postgres").field(url).finish(),
             Self::Memory => f.write_str("Memory"),
         }

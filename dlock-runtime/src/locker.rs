@@ -2,7 +2,10 @@
 
 use std::{
     fmt,
-    sync::{Arc, OnceLock},
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -12,7 +15,7 @@ use tracing::Instrument as _;
 use crate::{
     LockError, LockGuard, LockOptions,
     backend::{
-        Attempt, Backend, FAIR_PREFIX, FENCE_PREFIX, FairOrder, Request, Token,
+        Attempt, Backend, FAIR_PREFIX, FENCE_PREFIX, FairOrder, Queued, Request, Token,
         memory::MemoryBackend,
     },
     config::{BackendKind, Settings},
@@ -52,7 +55,12 @@ use crate::{
 ///   permission the server's ACL denies, a lock key holding another type) fails at once.
 /// - **Notifications**: a waiter refused once subscribes to the key's release channel (one
 ///   pub/sub connection per locker; a channel stays subscribed 2s after its last waiter) and is
-///   woken by releases; the pause is the fallback. Woken waiters race, unless `fair`.
+///   woken by releases; the pause is the fallback.
+/// - **Hot keys**: waiters of one key on one locker queue in-process (first come, first served)
+///   and only the first asks the engine. On Redis and the embedded engine that first waiter holds
+///   the process's place in the key's queue, kept for the waiters behind it: a release names the
+///   place first in line, so it wakes one waiter of one process. In the default mode a free lock
+///   still goes to whoever asks first; `fair` takes it only at the head of the queue.
 /// - **Re-entry**: inside a `#[dlock]` body or [`LockGuard::scope`], acquiring a key that scope
 ///   holds through this locker (or a clone) returns at once; nowhere else.
 #[derive(Clone)]
@@ -68,9 +76,26 @@ struct Inner {
 
 /// The in-process lines of waiters, one per contended key: the waiters of a key on one locker
 /// queue here first come, first served, and only the first of them asks the engine, so a
-/// release wakes one waiter per process instead of every one of them.
+/// release wakes one waiter per process instead of every one of them. On an engine with a queue
+/// ([`FairOrder::Queue`]) a line also holds one place in the engine's queue for all its waiters
+/// in turn: releases name the place first in line, so only that process's first waiter wakes.
 #[derive(Default)]
-struct Lines(std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>);
+struct Lines(std::sync::Mutex<std::collections::HashMap<String, Arc<Line>>>);
+
+/// The waiters of one key on one locker.
+struct Line {
+    turns: tokio::sync::Semaphore,
+    /// This line's place in the engine's queue, held for its waiters in turn.
+    place: Token,
+    /// The place may be in the engine's queue: set before every request that may queue it, and
+    /// cleared only by a grant that gave it up.
+    queued: AtomicBool,
+    /// The last waiter to leave the line left holding the lock (rather than giving up), with the
+    /// place kept in the queue: the next one has nothing to ask before the next release.
+    handed_on: AtomicBool,
+    /// Waiters in the line (the first one included); changed under the map's lock.
+    members: AtomicUsize,
+}
 
 impl Lines {
     /// Whether `key` has waiters in this process already (then it is hot: a new waiter goes
@@ -85,54 +110,112 @@ impl Lines {
     /// Waits (until `deadline`) to be first in `key`'s line; `None` when the deadline came first.
     /// Dropping the future, or the turn, gives the place up at once. The turn says whether it
     /// had to wait for it.
-    async fn turn<'a>(&'a self, key: &str, deadline: Instant) -> Option<Turn<'a>> {
-        let line = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .entry(key.to_owned())
-            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(1)))
-            .clone();
+    async fn turn<'a>(
+        &self,
+        locker: &'a Locker,
+        key: &str,
+        deadline: Instant,
+    ) -> Result<Option<Turn<'a>>, LockError> {
+        let place = Token::generate()?;
+        let line = {
+            let mut lines = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let line = lines.entry(key.to_owned()).or_insert_with(|| {
+                Arc::new(Line {
+                    turns: tokio::sync::Semaphore::new(1),
+                    place,
+                    queued: AtomicBool::new(false),
+                    handed_on: AtomicBool::new(false),
+                    members: AtomicUsize::new(0),
+                })
+            });
+            line.members.fetch_add(1, Ordering::Relaxed);
+            line.clone()
+        };
         let mut turn = Turn {
-            lines: self,
+            locker,
             key: key.to_owned(),
             line,
             permit: None,
             waited: false,
+            acquired: false,
         };
-        if let Ok(permit) = turn.line.clone().try_acquire_owned() {
-            turn.permit = Some(permit);
-            return Some(turn);
+        // The permit is given back by hand when the turn is dropped.
+        let first_at_once = turn.line.turns.try_acquire().map(|p| p.forget()).is_ok();
+        if first_at_once {
+            turn.permit = Some(());
+            return Ok(Some(turn));
         }
-        let permit = tokio::time::timeout_at(deadline, turn.line.clone().acquire_owned()).await;
-        turn.permit = Some(permit.ok()?.ok()?);
+        match tokio::time::timeout_at(deadline, turn.line.turns.acquire()).await {
+            Ok(Ok(permit)) => permit.forget(),
+            _ => return Ok(None),
+        }
+        turn.permit = Some(());
         turn.waited = true;
-        Some(turn)
+        Ok(Some(turn))
     }
 }
 
 /// Being first in a key's line; the next waiter's turn comes when it is dropped. The last one to
-/// leave removes the line.
+/// leave removes the line, and its place in the engine's queue.
 struct Turn<'a> {
-    lines: &'a Lines,
+    locker: &'a Locker,
     key: String,
-    line: Arc<tokio::sync::Semaphore>,
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    line: Arc<Line>,
+    /// The line's one permit, held (forgotten, given back on drop).
+    permit: Option<()>,
     /// Others were ahead: the lock may have changed hands meanwhile.
     waited: bool,
+    /// Leaves holding the lock.
+    acquired: bool,
+}
+
+impl Turn<'_> {
+    /// Others wait behind this one in the line (the place is worth keeping).
+    fn others_waiting(&self) -> bool {
+        self.line.members.load(Ordering::Relaxed) > 1
+    }
+
+    /// The waiter before this one took the lock and kept the line's place in the engine's queue:
+    /// there is nothing to ask until a release wakes the place.
+    fn handed_on(&self) -> bool {
+        self.waited
+            && self.line.handed_on.load(Ordering::Acquire)
+            && self.line.queued.load(Ordering::Acquire)
+    }
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        drop(self.permit.take());
-        let mut lines = self
-            .lines
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Only the map and this turn hold the line: nobody else waits in it.
-        if Arc::strong_count(&self.line) == 2 {
-            lines.remove(&self.key);
+        if self.permit.take().is_some() {
+            self.line.handed_on.store(self.acquired, Ordering::Release);
+            self.line.turns.add_permits(1);
+        }
+        let last = {
+            let mut lines = self
+                .locker
+                .inner
+                .lines
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let last = self.line.members.fetch_sub(1, Ordering::Relaxed) == 1;
+            if last {
+                lines.remove(&self.key);
+            }
+            last
+        };
+        if last && self.line.queued.load(Ordering::Acquire) {
+            // Nobody here waits any more: the place leaves the engine's queue.
+            spawn_release(
+                None,
+                self.locker.clone(),
+                std::mem::take(&mut self.key),
+                self.line.place.clone(),
+                true,
+            );
         }
     }
 }
@@ -274,7 +357,7 @@ impl Locker {
             key: &key,
             token: &token,
             lease,
-            fair: None,
+            queue: None,
         };
         let Attempt::Acquired { fence: first, .. } = self.backend().acquire(request).await? else {
             return Err(LockError::Timeout {
@@ -370,12 +453,10 @@ impl Locker {
             armed: false,
         };
         let (key, token) = (&orphan.key, &orphan.token);
-        let request = Request {
-            key,
-            token,
-            lease: lease_len,
-            fair: fair.then(|| waiter_liveness(settings)),
-        };
+        // On an engine with a queue, a waiter first in its line waits in the queue through the
+        // line's place; a fair waiter takes the lock only at the head of the queue.
+        let queue_engine = self.backend().fair_order() == FairOrder::Queue;
+        let liveness = waiter_liveness(settings);
         // A subscription already up (another waiter's, or a recent one's) covers the first
         // attempt; otherwise the first refusal asks for one. A single attempt needs neither.
         let mut watch = if settings.notify && !timeout.is_zero() {
@@ -390,90 +471,147 @@ impl Locker {
         // so an uncontended acquisition pays one map lookup for it.
         let lines = &self.inner.lines;
         let mut turn = None;
+        // Nothing to ask before a release (the waiter before this one took the lock).
+        let mut quiet = false;
         if !timeout.is_zero() && (fair || lines.busy(key)) {
-            match lines.turn(key, deadline).await {
-                Some(first) => turn = Some(first),
+            match lines.turn(self, key, deadline).await? {
+                Some(first) => {
+                    quiet = queue_engine && first.handed_on();
+                    // The waiters ahead subscribed meanwhile, most likely: arm from that.
+                    if first.waited && !watch_asked {
+                        watch = self.backend().watching(key, &orphan.token);
+                        watch_asked = watch.is_some();
+                    }
+                    turn = Some(first);
+                }
                 None => return Err(orphan.timed_out(started)),
             }
         }
         let mut attempts: u32 = 0;
         let mut last_error = None;
         loop {
-            attempts += 1;
             // Armed before the request, so a release published while it is in flight still wakes us.
             let notify = watch.as_ref().map(crate::backend::Watch::notify);
             let mut notified = std::pin::pin!(notify.as_deref().map(tokio::sync::Notify::notified));
             if let Some(notified) = notified.as_mut().as_pin_mut() {
                 notified.enable();
             }
-            let sent_at = Instant::now();
-            // Until a definite answer arrives, the request may have set the key. A fair waiter
-            // may also have joined the queue: it always leaves it when it gives up.
-            let was_armed = orphan.armed;
-            orphan.armed = true;
-            let holder_ttl = match self.backend().acquire(request).await {
-                Ok(Attempt::Acquired {
-                    fence,
-                    granted,
-                    lost,
-                }) => {
-                    let waited = started.elapsed();
-                    tracing::debug!(attempts, ?waited, fencing_token = fence, "lock acquired");
-                    let (key, token) = orphan.disarm();
-                    let lease_len = granted.unwrap_or(lease_len);
-                    let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease_len, fair);
-                    hold.follow_engine(lost);
-                    return Ok(LockGuard::new(hold, lease, options.max_hold));
+            // The line's place, when this waiter waits in the engine's queue through it.
+            let line = turn
+                .as_ref()
+                .filter(|_| queue_engine)
+                .map(|t| t.line.clone());
+            let holder_ttl = if std::mem::take(&mut quiet) {
+                None
+            } else {
+                attempts += 1;
+                let queue = turn.as_ref().filter(|_| queue_engine).map(|t| Queued {
+                    place: &t.line.place,
+                    liveness,
+                    keep: t.others_waiting(),
+                    strict: fair,
+                });
+                if let (Some(t), Some(_)) = (&turn, queue) {
+                    t.line.queued.store(true, Ordering::Release);
                 }
-                Ok(Attempt::Held { ttl, queued }) => {
-                    // A definite "not ours" clears nothing an earlier lost reply may have set;
-                    // a place in line is given up with the wait.
-                    orphan.armed = was_armed || queued;
-                    last_error = None;
-                    if turn.is_none() && !timeout.is_zero() {
-                        // Wait behind this process's other waiters of the key, then try at
-                        // once: the lock may have changed hands meanwhile.
-                        match lines.turn(key, deadline).await {
-                            Some(first) if first.waited => {
-                                turn = Some(first);
-                                // The waiters ahead subscribed already: arm from that (no I/O)
-                                // and skip the subscription's covering attempt.
-                                if !watch_asked {
-                                    watch = self.backend().watching(key, token);
-                                    watch_asked = watch.is_some();
+                let (in_queue, gives_up_place) = (queue.is_some(), queue.is_some_and(|q| !q.keep));
+                let request = Request {
+                    key,
+                    token,
+                    lease: lease_len,
+                    queue,
+                };
+                let sent_at = Instant::now();
+                // Until a definite answer arrives, the request may have set the key. A waiter
+                // whose own token holds a place in line (an engine with a line) always leaves it
+                // when it gives up.
+                let was_armed = orphan.armed;
+                orphan.armed = true;
+                match self.backend().acquire(request).await {
+                    Ok(Attempt::Acquired {
+                        fence,
+                        granted,
+                        lost,
+                    }) => {
+                        let waited = started.elapsed();
+                        tracing::debug!(attempts, ?waited, fencing_token = fence, "lock acquired");
+                        if let Some(t) = turn.as_mut() {
+                            t.acquired = true;
+                            if gives_up_place {
+                                t.line.queued.store(false, Ordering::Release);
+                            }
+                        }
+                        drop(turn);
+                        let (key, token) = orphan.disarm();
+                        let lease_len = granted.unwrap_or(lease_len);
+                        let hold =
+                            Hold::new(self.clone(), key, token, fence, sent_at, lease_len, fair);
+                        hold.follow_engine(lost);
+                        return Ok(LockGuard::new(hold, lease, options.max_hold));
+                    }
+                    Ok(Attempt::Held { ttl, queued }) => {
+                        // A definite "not ours" clears nothing an earlier lost reply may have
+                        // set; a place in line of this token is given up with the wait.
+                        orphan.armed = was_armed || (queued && !in_queue);
+                        last_error = None;
+                        if turn.is_none() && !timeout.is_zero() {
+                            // Wait behind this process's other waiters of the key, then try at
+                            // once: the lock may have changed hands meanwhile.
+                            match lines.turn(self, key, deadline).await? {
+                                Some(first) if first.waited => {
+                                    quiet = queue_engine && first.handed_on();
+                                    turn = Some(first);
+                                    // The waiters ahead subscribed already: arm from that (no
+                                    // I/O) and skip the subscription's covering attempt.
+                                    if !watch_asked {
+                                        watch = self.backend().watching(key, token);
+                                        watch_asked = watch.is_some();
+                                    }
+                                    continue;
                                 }
+                                Some(first) => {
+                                    turn = Some(first);
+                                    if queue_engine {
+                                        // Not in the engine's queue yet: subscribe, then join it
+                                        // with the next attempt.
+                                        if !watch_asked {
+                                            watch_asked = true;
+                                            watch = self.backend().watch(key, token).await;
+                                        }
+                                        continue;
+                                    }
+                                    // First in line at once: this refusal stands; wait as usual.
+                                }
+                                None => break,
+                            }
+                        }
+                        if !watch_asked && Instant::now() < deadline {
+                            // Subscribe on the first refusal, then try again at once: the release
+                            // may have come before the subscription did.
+                            watch_asked = true;
+                            watch = self.backend().watch(key, token).await;
+                            if watch.is_some() {
                                 continue;
                             }
-                            // First in line at once: this refusal stands; wait as usual.
-                            Some(first) => turn = Some(first),
-                            None => break,
                         }
+                        ttl
                     }
-                    if !watch_asked && Instant::now() < deadline {
-                        // Subscribe on the first refusal, then try again at once: the release
-                        // may have come before the subscription did.
-                        watch_asked = true;
-                        watch = self.backend().watch(key, token).await;
-                        if watch.is_some() {
-                            continue;
+                    Err(error) if error.is_refused() => {
+                        // Asking again cannot help (a permission, a key of another type): say so
+                        // now. The cleanup stays armed: a script refused half-way may have set
+                        // the key.
+                        last_error = Some(error);
+                        break;
+                    }
+                    Err(error) => {
+                        if last_error.is_none() {
+                            tracing::error!(error = %error, "lock backend error; retrying until the deadline");
+                        } else {
+                            tracing::debug!(error = %error, "lock backend error");
                         }
+                        last_error = Some(error);
+                        None
                     }
-                    ttl
-                }
-                Err(error) if error.is_refused() => {
-                    // Asking again cannot help (a permission, a key of another type): say so
-                    // now. The cleanup stays armed: a script refused half-way may have set the key.
-                    last_error = Some(error);
-                    break;
-                }
-                Err(error) => {
-                    if last_error.is_none() {
-                        tracing::error!(error = %error, "lock backend error; retrying until the deadline");
-                    } else {
-                        tracing::debug!(error = %error, "lock backend error");
-                    }
-                    last_error = Some(error);
-                    None
                 }
             };
             let now = Instant::now();
@@ -493,18 +631,24 @@ impl Locker {
             // A release wakes us at once; the pause is the fallback (an expired lease publishes
             // nothing) and never outlasts the holder's lease nor the deadline.
             let wake_at = Instant::now() + pause;
+            // Who a release must name for this waiter to look: its line's place in the queue,
+            // or (without one) this token in fair mode; anyone otherwise.
+            let me = line.as_ref().map(|l| &l.place).or(fair.then_some(token));
             match (notified.as_mut().as_pin_mut(), &watch, &notify) {
                 (Some(first), Some(watch), Some(notify)) => {
                     let mut woken = tokio::select! {
                         () = tokio::time::sleep_until(wake_at) => false,
                         () = first => true,
                     };
-                    // In fair mode a release names the waiter first in line: the others keep
-                    // waiting instead of all asking at once.
-                    while woken && fair && !watch.may_be_for(token) {
+                    // A release names the place first in line: the others keep waiting instead
+                    // of all asking at once.
+                    while woken
+                        && let Some(me) = me
+                        && !watch.may_be_for(me)
+                    {
                         let mut again = std::pin::pin!(notify.notified());
                         again.as_mut().enable();
-                        if watch.may_be_for(token) {
+                        if watch.may_be_for(me) {
                             break;
                         }
                         woken = tokio::select! {
@@ -516,6 +660,7 @@ impl Locker {
                 _ => tokio::time::sleep_until(wake_at).await,
             }
         }
+        drop(turn);
         orphan.cleanup_now();
         let (key, _) = orphan.disarm();
         let waited = started.elapsed();
@@ -681,8 +826,10 @@ impl LockerBuilder {
     /// `redis://[user[:password]@]host[:port][/db]`, `rediss://…` (feature `tls`),
     /// `redis+cluster://[user:password@]h1:p1,h2:p2` (feature `redis-cluster`),
     /// `redis+sentinel://[user:password@]s1:p1,s2:p2/<master>` (feature `redis-sentinel`),
-    /// `postgres://[user[:password]@]host[:port]/dbname` or `postgresql://…` (feature
-    /// `postgres`), or
+    /// `redis+redlock://[user:password@]h1:p1,h2:p2,h3:p3` (`rediss+redlock`; feature `redlock`:
+    /// an odd number of at least 3 independent masters, and a request timeout at most a fifth
+    /// of the lease), `postgres://[user[:password]@]host[:port]/dbname` or `postgresql://…`
+    /// (feature `postgres`), or
     /// `memory://` (the process's shared embedded table). Checked by [`build`](Self::build).
     /// Default: `redis://127.0.0.1:6379`.
     pub fn url(mut self, url: impl Into<String>) -> Self {
@@ -770,6 +917,10 @@ impl LockerBuilder {
         let backend: Arc<dyn Backend> = match &self.settings.backend {
             BackendKind::Memory if self.private_memory => Arc::new(MemoryBackend::default()),
             BackendKind::Memory => Arc::new(MemoryBackend::shared()),
+            #[cfg(feature = "redlock")]
+            BackendKind::RedLock(_) => Arc::new(
+                crate::backend::redlock::RedLockBackend::from_settings(&self.settings)?,
+            ),
             #[cfg(feature = "postgres")]
             BackendKind::Postgres(_) => Arc::new(
                 crate::backend::postgres::PostgresBackend::from_settings(&self.settings)?,

@@ -15,6 +15,7 @@ use crate::throwaway::{
     RedisServer,
     cluster::RedisCluster,
     postgres::{INSTALL_POSTGRES, PostgresServer},
+    redlock::RedLockServers,
     sentinel::INSTALL_SENTINEL,
     sentinel::RedisSentinels,
 };
@@ -29,21 +30,24 @@ pub enum Engine {
     RedisCluster,
     /// A master and 2 replicas watched by 3 sentinels (`redis+sentinel://`).
     RedisSentinel,
+    /// RedLock over 5 independent masters (`redis+redlock://`).
+    RedLock,
     /// A PostgreSQL cluster (`postgres://`): the lock table in its database.
     Postgres,
 }
 
 impl Engine {
     /// The names [`FromStr`](std::str::FromStr) takes, for a usage text.
-    pub const NAMES: &str = "redis|redis-cluster|redis-sentinel|postgres";
+    pub const NAMES: &str = "redis|redis-cluster|redis-sentinel|redlock|postgres";
 
-    /// `redis`, `redis-cluster`, `redis-sentinel` or `postgres`: the flag's value.
+    /// `redis`, `redis-cluster`, `redis-sentinel`, `redlock` or `postgres`: the flag's value.
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
             Self::Redis => "redis",
             Self::RedisCluster => "redis-cluster",
             Self::RedisSentinel => "redis-sentinel",
+            Self::RedLock => "redlock",
             Self::Postgres => "postgres",
         }
     }
@@ -69,6 +73,7 @@ impl std::str::FromStr for Engine {
             "redis" => Ok(Self::Redis),
             "redis-cluster" => Ok(Self::RedisCluster),
             "redis-sentinel" => Ok(Self::RedisSentinel),
+            "redlock" => Ok(Self::RedLock),
             "postgres" => Ok(Self::Postgres),
             other => Err(format!(
                 "unknown engine `{other}`; expected one of {}",
@@ -94,6 +99,8 @@ pub enum Deployment {
     Cluster(RedisCluster),
     /// A master, its replicas and the sentinels.
     Sentinels(RedisSentinels),
+    /// RedLock's independent masters.
+    RedLock(RedLockServers),
     /// A PostgreSQL cluster.
     Postgres(PostgresServer),
 }
@@ -106,7 +113,9 @@ impl Deployment {
     /// up healthy in time.
     pub async fn start(engine: Engine) -> Result<Self, String> {
         let missing = match engine {
-            Engine::Redis if !RedisServer::available() => Some(crate::throwaway::INSTALL_REDIS),
+            Engine::Redis | Engine::RedLock if !RedisServer::available() => {
+                Some(crate::throwaway::INSTALL_REDIS)
+            }
             Engine::RedisCluster if !RedisCluster::available() => Some(
                 "redis-server or redis-cli not found on PATH: install them with `sudo apt-get install -y redis-server`",
             ),
@@ -124,6 +133,9 @@ impl Deployment {
                 .map_err(|e| e.to_string()),
             Engine::RedisCluster => Ok(Self::Cluster(RedisCluster::start())),
             Engine::RedisSentinel => Ok(Self::Sentinels(RedisSentinels::start())),
+            Engine::RedLock => RedLockServers::try_start_n(5)
+                .map(Self::RedLock)
+                .map_err(|e| e.to_string()),
             Engine::Postgres => PostgresServer::try_start()
                 .map(Self::Postgres)
                 .map_err(|e| e.to_string()),
@@ -150,31 +162,34 @@ impl Deployment {
             Self::Server(_) => Engine::Redis,
             Self::Cluster(_) => Engine::RedisCluster,
             Self::Sentinels(_) => Engine::RedisSentinel,
+            Self::RedLock(_) => Engine::RedLock,
             Self::Postgres(_) => Engine::Postgres,
         }
     }
 
     /// The URL lockers (and [`Connection::open`]) take: `redis://127.0.0.1:p`,
     /// `redis+cluster://127.0.0.1:p1,…` (the masters), `redis+sentinel://127.0.0.1:s1,…/mymaster`
-    /// or `postgres://dlock@127.0.0.1:p/postgres`.
+    /// `redis+redlock://127.0.0.1:p1,…` (the 5 masters) or `postgres://dlock@127.0.0.1:p/postgres`.
     #[must_use]
     pub fn url(&self) -> String {
         match self {
             Self::Server(server) => server.url(),
             Self::Cluster(cluster) => cluster.url(),
             Self::Sentinels(sentinels) => sentinels.url(),
+            Self::RedLock(masters) => masters.url(),
             Self::Postgres(server) => server.url(),
         }
     }
 
     /// The ports of the servers that take writes: the server, the Cluster's masters (sorted),
-    /// the master the sentinels name, or the PostgreSQL server.
+    /// the master the sentinels name, RedLock's masters, or the PostgreSQL server.
     #[must_use]
     pub fn masters(&self) -> Vec<u16> {
         match self {
             Self::Server(server) => vec![server.port()],
             Self::Cluster(cluster) => cluster.masters(),
             Self::Sentinels(sentinels) => vec![sentinels.master_port()],
+            Self::RedLock(masters) => masters.ports(),
             Self::Postgres(server) => vec![server.port()],
         }
     }
@@ -219,13 +234,20 @@ impl Deployment {
                 sentinels.master_port(),
                 ports(&sentinels.sentinel_ports())
             ),
+            Self::RedLock(masters) => format!(
+                "{} throwaway redis-server{version} as independent RedLock masters on 127.0.0.1:{}",
+                masters.len(),
+                ports(&masters.ports())
+            ),
         }
     }
 }
 
 /// A redis-rs connection for data on any engine URL: `redis://` (one server),
-/// `redis+cluster://h1:p1,h2:p2` (each command goes to the master of its key's slot) or
-/// `redis+sentinel://s1:p1,s2:p2/<master>` (the master the sentinels name when it connects).
+/// `redis+cluster://h1:p1,h2:p2` (each command goes to the master of its key's slot),
+/// `redis+sentinel://s1:p1,s2:p2/<master>` (the master the sentinels name when it connects) or
+/// `redis+redlock://h1:p1,h2:p2,h3:p3` (the first master: RedLock's masters share no data, and
+/// data that is not a lock lives on one server).
 /// It implements redis-rs's [`ConnectionLike`], so [`redis::AsyncCommands`], [`redis::Cmd`] and
 /// [`redis::Script`] work on it as on a [`MultiplexedConnection`].
 ///
@@ -248,7 +270,7 @@ impl Connection {
     /// Connects to the engine `url` names.
     ///
     /// # Errors
-    /// When the URL is not one of the three forms, or the connection fails.
+    /// When the URL is not one of the four forms, or the connection fails.
     pub async fn open(url: &str) -> RedisResult<Self> {
         let invalid = |why: &'static str| {
             redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, why))
@@ -294,6 +316,21 @@ impl Connection {
                     redis::sentinel::SentinelServerType::Master,
                 )?;
                 Ok(Self::Server(client.get_async_connection().await?))
+            }
+            "redis+redlock" | "rediss+redlock" => {
+                let hosts = HostList::parse(scheme, rest).ok_or_else(|| {
+                    invalid("expected redis+redlock://[user:password@]h1:p1,h2:p2,h3:p3")
+                })?;
+                let first = HostList {
+                    hosts: hosts.hosts[..1].to_vec(),
+                    ..hosts.clone()
+                };
+                let url = &first.node_urls(true, "")[0];
+                Ok(Self::Server(
+                    redis::Client::open(url.as_str())?
+                        .get_multiplexed_async_connection()
+                        .await?,
+                ))
             }
             _ => Ok(Self::Server(
                 redis::Client::open(url)?

@@ -21,7 +21,8 @@ pub mod throwaway;
 
 /// A Redis URL fit for printing: any `user:password@` part is replaced by `***@`
 /// ([`dlock_runtime::RedisUrl`]'s `Display`, and the same for the multi-host
-/// `redis+cluster://` and `redis+sentinel://` forms, and [`dlock_runtime::PostgresUrl`]'s for
+/// `redis+cluster://`, `redis+sentinel://` and `redis+redlock://` forms, and
+/// [`dlock_runtime::PostgresUrl`]'s for
 /// `postgres://`); a URL that is none of these is not shown
 /// at all.
 ///
@@ -43,9 +44,16 @@ pub mod throwaway;
 /// ```
 #[must_use]
 pub fn redact_url(url: &str) -> String {
-    let multi_host = ["redis+cluster://", "redis+sentinel://"]
-        .iter()
-        .find_map(|scheme| Some((*scheme, url.strip_prefix(scheme)?)));
+    let multi_host = [
+        "redis+cluster://",
+        "redis+sentinel://",
+        "redis+redlock://",
+        "rediss+cluster://",
+        "rediss+sentinel://",
+        "rediss+redlock://",
+    ]
+    .iter()
+    .find_map(|scheme| Some((*scheme, url.strip_prefix(scheme)?)));
     match multi_host {
         // The password may hold `@`: the hosts start after the last one. A query may hold
         // credentials too: it is left out.

@@ -9,7 +9,10 @@ use std::{
 
 use dlock_runtime::{LockError, LockGuard, LockOptions, Locker};
 
-use crate::{PostgresServer, RedisServer, cluster::RedisCluster, sentinel::RedisSentinels};
+use crate::{
+    PostgresServer, RedisServer, cluster::RedisCluster, redlock::RedLockServers,
+    sentinel::RedisSentinels,
+};
 
 /// The names of the engines the shared suite runs on; [`engine_suite!`](crate::engine_suite)
 /// makes one test module of each.
@@ -20,6 +23,7 @@ use crate::{PostgresServer, RedisServer, cluster::RedisCluster, sentinel::RedisS
 ///   succeed, and waiters poll.
 /// - `redis_cluster`: a 3-master, 3-replica Redis Cluster (one per test binary, shared).
 /// - `redis_sentinel`: a master, 2 replicas and 3 sentinels (one per test binary, shared).
+/// - `redlock`: RedLock over 5 independent `redis-server`s (one set per test binary, shared).
 /// - `postgres`: a throwaway PostgreSQL cluster (one per test binary, shared; `initdb` takes a
 ///   second or two).
 /// - `memory`: the embedded backend.
@@ -29,6 +33,7 @@ pub const ENGINES: &[&str] = &[
     "redis_acl_no_channels",
     "redis_cluster",
     "redis_sentinel",
+    "redlock",
     "postgres",
     "memory",
 ];
@@ -43,7 +48,7 @@ pub const ENGINES: &[&str] = &[
 macro_rules! engine_suite {
     ($($case:ident),* $(,)?) => {
         $crate::engine_suite!(
-            @engines [redis, redis_acl, redis_acl_no_channels, redis_cluster, redis_sentinel, postgres, memory]
+            @engines [redis, redis_acl, redis_acl_no_channels, redis_cluster, redis_sentinel, redlock, postgres, memory]
             [$($case),*]
         );
     };
@@ -148,6 +153,15 @@ impl Engine {
                     url,
                 }
             }
+            "redlock" => {
+                static MASTERS: Mutex<Weak<RedLockServers>> = Mutex::new(Weak::new());
+                let masters = shared(&MASTERS, RedLockServers::start);
+                let url = masters.url();
+                Self::Shared {
+                    deployment: masters,
+                    url,
+                }
+            }
             "postgres" => {
                 static POSTGRES: Mutex<Weak<PostgresServer>> = Mutex::new(Weak::new());
                 let server = shared(&POSTGRES, PostgresServer::start);
@@ -184,12 +198,17 @@ impl Engine {
     #[must_use]
     pub fn locker_with_expire(&self, expire: Duration) -> Locker {
         match self {
-            Self::Redis { url, .. } | Self::Shared { url, .. } => Locker::builder()
-                .url(url.as_str())
-                .timeout(Duration::from_secs(5))
-                .expire(expire)
-                .build()
-                .expect("valid test locker"),
+            Self::Redis { url, .. } | Self::Shared { url, .. } => {
+                let mut builder = Locker::builder()
+                    .url(url.as_str())
+                    .timeout(Duration::from_secs(5))
+                    .expire(expire);
+                if url.starts_with("redis+redlock") {
+                    // RedLock refuses a request timeout above a fifth of the lease.
+                    builder = builder.request_timeout((expire / 5).min(Duration::from_millis(500)));
+                }
+                builder.build().expect("valid test locker")
+            }
             Self::Memory(locker) if expire == Duration::from_secs(10) => locker.clone(),
             Self::Memory(_) => Locker::builder()
                 .memory()

@@ -17,8 +17,11 @@ use dlock_runtime::Locker;
 
 pub mod engines;
 pub mod pg;
+pub mod proxy;
 pub use dlock_examples::throwaway::postgres::{self, PostgresServer};
-pub use dlock_examples::throwaway::{INSTALL_REDIS, RedisServer, cluster, free_port, sentinel};
+pub use dlock_examples::throwaway::{
+    INSTALL_REDIS, RedisServer, cluster, free_port, redlock, sentinel,
+};
 pub use engines::Engine;
 
 /// Takes `key` with default options and releases it at once, panicking on any error: a warm-up

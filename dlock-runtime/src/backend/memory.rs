@@ -121,13 +121,9 @@ impl Backend for MemoryBackend {
             key,
             token,
             lease,
-            fair,
+            queue,
         } = request;
         let attempt = self.with_table(|table, now| {
-            let head_is_other = match fair {
-                Some(_) => table.queue_head(key, now).is_some_and(|head| head != token),
-                None => false,
-            };
             let next_fence = table.fence + 1;
             let held_ttl = match table.live(key, now) {
                 // Ours already (an earlier attempt's reply was lost): a new fence, as on every
@@ -140,17 +136,26 @@ impl Backend for MemoryBackend {
                 Some(entry) => Some(entry.expires_at - now),
                 None => None,
             };
+            let head_is_other = match queue {
+                Some(q) if q.strict => table
+                    .queue_head(key, now)
+                    .is_some_and(|head| head != q.place),
+                _ => false,
+            };
             if held_ttl.is_some() || head_is_other {
-                if let Some(live) = fair {
-                    table.wait_in_line(key, token, now + live);
+                if let Some(q) = queue {
+                    table.wait_in_line(key, q.place, now + q.liveness);
                 }
                 return Attempt::Held {
                     ttl: held_ttl,
-                    queued: fair.is_some(),
+                    queued: queue.is_some(),
                 };
             }
-            if fair.is_some() {
-                table.leave_queue(key, token);
+            if let Some(q) = queue {
+                table.leave_queue(key, q.place);
+                if q.keep {
+                    table.wait_in_line(key, q.place, now + q.liveness);
+                }
             }
             table.sweep(now);
             table.fence += 1;
@@ -171,14 +176,14 @@ impl Backend for MemoryBackend {
         &'a self,
         key: &'a str,
         token: &'a Token,
-        fair: bool,
+        _fair: bool,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         let released = self.with_table(|table, now| {
             let mine = table.live(key, now).is_some_and(|e| e.token == *token);
             if mine {
                 table.held.remove(key);
             }
-            let left = fair && table.leave_queue(key, token);
+            let left = table.leave_queue(key, token);
             if mine || left {
                 table.wake(key);
             }

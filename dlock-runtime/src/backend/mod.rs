@@ -12,6 +12,8 @@ pub(crate) mod memory;
 pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+#[cfg(feature = "redlock")]
+pub(crate) mod redlock;
 
 /// What follows the key prefix in the names of the fencing counters; lock keys may not start so.
 pub(crate) const FENCE_PREFIX: &str = "__fence:";
@@ -72,7 +74,7 @@ impl fmt::Debug for LossSignal {
     reason = "`Native` is for etcd and ZooKeeper, `Unsupported` for RedLock"
 )]
 pub(crate) enum FairOrder {
-    /// A queue the engine keeps when a [`Request`] asks for it (Redis, memory).
+    /// A queue of places the engine keeps when a [`Request`] asks for one (Redis, memory).
     Queue,
     /// Every waiter holds a place in line by construction (etcd revisions, ZooKeeper
     /// sequence numbers): `fair` changes nothing.
@@ -87,21 +89,41 @@ pub(crate) struct Request<'a> {
     pub(crate) key: &'a str,
     pub(crate) token: &'a Token,
     pub(crate) lease: Duration,
-    /// Fair mode: join the key's queue and take the lock only at its head. A waiter that does not
-    /// try again within this long is dropped from the queue.
-    pub(crate) fair: Option<Duration>,
+    /// A place in the key's queue, on an engine that keeps one ([`FairOrder::Queue`]): the
+    /// attempt joins the queue (or refreshes its place) when it does not get the lock.
+    pub(crate) queue: Option<Queued<'a>>,
+}
+
+/// How an attempt waits in the engine's queue ([`FairOrder::Queue`]). Releases name the place
+/// first in line, so only the waiters of that place wake.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Queued<'a> {
+    /// Who holds the place: the in-process line of the waiter's locker, which keeps one place
+    /// for the waiters of the key in that process, in turn.
+    pub(crate) place: &'a Token,
+    /// A place not refreshed by an attempt within this long counts as gone.
+    pub(crate) liveness: Duration,
+    /// On success, keep the place (moved to the back of the queue): more waiters of this
+    /// process wait behind this one.
+    pub(crate) keep: bool,
+    /// Take the lock only when the place is first in the queue (fair mode). Otherwise take it
+    /// whenever it is free: the queue then only says whom a release wakes.
+    pub(crate) strict: bool,
 }
 
 /// One lock service. Every engine (Redis, Cluster, Sentinel, the embedded table, and those to
 /// come) is one implementation; the waiting loop, the lease clock, renewal and the guard are
 /// the locker's and the same for all.
 ///
-/// - `acquire`: take the key for `token` if it is free (and, in fair mode or on an engine with a
-///   line, `token` is first) or already ours; otherwise say so, with the holder's remaining
-///   lease when known, and whether the engine keeps a place in line for `token`. A key left
+/// - `acquire`: take the key for `token` if it is free (and, for a strict [`Queued`] request or
+///   on an engine with a line, its place is first) or already ours; otherwise say so, with the
+///   holder's remaining lease when known, and whether the engine keeps a place in line (the
+///   request's [`Queued::place`], or `token`'s own on an engine with a line). A key left
 ///   without expiry is given one (the TTL recheck) where the engine can have such keys.
 /// - `release`: give up `token`'s hold or place in line (deleting nothing of anyone else's;
-///   `false` when it held nothing) and wake the key's waiters. `fair`: it may be in a queue.
+///   `false` when it held nothing) and wake the key's waiters: on an engine with a queue, by
+///   naming the place now first in it. `token` may also be a [`Queued::place`] leaving the
+///   queue. `fair`: the hold was taken in fair mode.
 /// - `extend`: reset the lease only while `token` holds the key; never re-creates it.
 /// - `watch`: a wake-up for when `token` may have become first (any release of the key, or the
 ///   deletion of `token`'s predecessor on an engine with a line), shared by this client's

@@ -18,7 +18,7 @@ use std::{
 use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, Client, NoTls, Statement, config::SslMode, error::SqlState};
 
-use super::{Attempt, Backend, BoxFuture, NextInLine, Request, Token, Watch};
+use super::{Attempt, Backend, BoxFuture, NextInLine, Queued, Request, Token, Watch};
 
 #[cfg(feature = "tls")]
 #[path = "postgres_tls.rs"]
@@ -86,14 +86,18 @@ SELECT t.fence,
 
 /// Delete the row if this token holds it (a lapsed row of ours is cleaned up too, but reported
 /// as not held), and announce the release when someone was refused the key meanwhile. The
-/// payload is [`NO_ONE`] (the release names no waiter) and the key.
+/// payload is the first 8 hex digits of the place first in the key's queue, or [`NO_ONE`], and
+/// the key.
 const RELEASE: &str = "\
 WITH gone AS (
     DELETE FROM dlock_locks WHERE key = $1 AND token = $2
     RETURNING expires_at > clock_timestamp() AS live, contended
 )
 SELECT live,
-       CASE WHEN contended THEN pg_notify('dlock_release', '--------' ||
+       CASE WHEN contended THEN pg_notify('dlock_release', coalesce(
+               (SELECT left(token, 8) FROM dlock_waiters
+                 WHERE key = $1 AND gone_at > clock_timestamp() ORDER BY place LIMIT 1),
+               '--------') ||
            CASE WHEN octet_length($1::text) < 7900 THEN $1::text ELSE '' END) END
   FROM gone";
 
@@ -101,19 +105,23 @@ SELECT live,
 /// they are the first 8 hex digits of the token first in line (never a whole token).
 const NO_ONE: &str = "--------";
 
-/// Fair mode (`$4`: how long a waiter keeps its place without trying again, in ms). Take the
-/// lock only when no live waiter is ahead of this token (or when it holds it already); then
-/// leave the line, dropping lapsed places too, and mark the lock contended when others are in
-/// line (its release, fair or not, must wake the next). Otherwise take or keep a place in line
-/// (`dlock_waiters`, ordered by `place`, a number from the fence sequence) and mark the lock
-/// contended, as [`ACQUIRE`] does.
-const ACQUIRE_FAIR: &str = "\
+/// An attempt from a place in the key's queue (`dlock_waiters`: one place per waiting process
+/// and key, ordered by `place`, a number from the fence sequence). `$4`: how long a place lives
+/// without another attempt (ms); `$5` the place; `$6` on success keep the place, moved to the
+/// back of the queue (more waiters of this process wait behind); `$7` strict (fair mode): take
+/// the lock only when no live place is ahead of this one, else whenever it is free.
+///
+/// Taken: the place leaves the queue (or moves to its back), lapsed places are dropped, and the
+/// lock is marked contended when any place remains, so its release (whoever makes it) wakes the
+/// next. Refused: the place joins the queue or is refreshed, and the lock is marked contended,
+/// as [`ACQUIRE`] does.
+const ACQUIRE_QUEUED: &str = "\
 WITH mine AS (
-    SELECT place FROM dlock_waiters WHERE key = $1 AND token = $2
+    SELECT place FROM dlock_waiters WHERE key = $1 AND token = $5
 ), ahead AS (
-    SELECT EXISTS (
+    SELECT $7::boolean AND EXISTS (
         SELECT 1 FROM dlock_waiters
-         WHERE key = $1 AND token <> $2 AND gone_at > clock_timestamp()
+         WHERE key = $1 AND token <> $5 AND gone_at > clock_timestamp()
            AND place < coalesce((SELECT place FROM mine), 9223372036854775807)
     ) AND NOT EXISTS (
         SELECT 1 FROM dlock_locks WHERE key = $1 AND token = $2
@@ -122,8 +130,8 @@ WITH mine AS (
     INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended)
     SELECT $1, $2, nextval('dlock_fence'),
            clock_timestamp() + $3::bigint * interval '1 millisecond',
-           EXISTS (SELECT 1 FROM dlock_waiters
-                    WHERE key = $1 AND token <> $2 AND gone_at > clock_timestamp())
+           $6::boolean OR EXISTS (SELECT 1 FROM dlock_waiters
+                                   WHERE key = $1 AND token <> $5 AND gone_at > clock_timestamp())
      WHERE NOT (SELECT yes FROM ahead)
     ON CONFLICT (key) DO UPDATE
         SET token = EXCLUDED.token, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at,
@@ -132,14 +140,17 @@ WITH mine AS (
     RETURNING fence
 ), left_line AS (
     DELETE FROM dlock_waiters
-     WHERE key = $1 AND (token = $2 OR gone_at <= clock_timestamp())
-       AND EXISTS (SELECT 1 FROM taken)
-), joined AS (
+     WHERE key = $1 AND EXISTS (SELECT 1 FROM taken)
+       AND ((token = $5 AND NOT $6::boolean)
+            OR (token <> $5 AND gone_at <= clock_timestamp()))
+), placed AS (
     INSERT INTO dlock_waiters AS w (key, token, place, gone_at)
-    SELECT $1, $2, nextval('dlock_fence'),
+    SELECT $1, $5, nextval('dlock_fence'),
            clock_timestamp() + $4::bigint * interval '1 millisecond'
-     WHERE NOT EXISTS (SELECT 1 FROM taken)
-    ON CONFLICT (key, token) DO UPDATE SET gone_at = EXCLUDED.gone_at
+     WHERE NOT EXISTS (SELECT 1 FROM taken) OR $6::boolean
+    ON CONFLICT (key, token) DO UPDATE
+        SET gone_at = EXCLUDED.gone_at,
+            place = CASE WHEN EXISTS (SELECT 1 FROM taken) THEN EXCLUDED.place ELSE w.place END
 ), marked AS (
     UPDATE dlock_locks SET contended = true
      WHERE key = $1 AND NOT contended AND NOT EXISTS (SELECT 1 FROM taken)
@@ -151,23 +162,24 @@ SELECT t.fence,
        END
   FROM (SELECT (SELECT fence FROM taken) AS fence) t";
 
-/// Fair mode's release: give up the lock and this token's place in line, and announce it,
-/// naming the waiter now first in line, when someone waited.
-const RELEASE_FAIR: &str = "\
+/// Give up the lock (if `$2` holds it) and `$2`'s place in the queue (if it is one: a process
+/// with no more waiters), and announce it when someone waited or a place left, naming the
+/// place now first in line.
+const RELEASE_QUEUED: &str = "\
 WITH gone AS (
     DELETE FROM dlock_locks WHERE key = $1 AND token = $2
     RETURNING expires_at > clock_timestamp() AS live, contended
 ), left_line AS (
     DELETE FROM dlock_waiters WHERE key = $1 AND token = $2 RETURNING place
-), next AS (
-    SELECT left(token, 8) AS token FROM dlock_waiters
-     WHERE key = $1 AND token <> $2 AND gone_at > clock_timestamp()
-     ORDER BY place LIMIT 1
 )
 SELECT (SELECT live FROM gone),
        CASE WHEN coalesce((SELECT contended FROM gone), false)
-                 OR EXISTS (SELECT 1 FROM left_line) OR EXISTS (SELECT 1 FROM next) THEN
-           pg_notify('dlock_release', coalesce((SELECT token FROM next), '--------') ||
+                 OR EXISTS (SELECT 1 FROM left_line) THEN
+           pg_notify('dlock_release', coalesce(
+               (SELECT left(token, 8) FROM dlock_waiters
+                 WHERE key = $1 AND token <> $2 AND gone_at > clock_timestamp()
+                 ORDER BY place LIMIT 1),
+               '--------') ||
                CASE WHEN octet_length($1::text) < 7900 THEN $1::text ELSE '' END)
        END";
 
@@ -223,9 +235,9 @@ fn parse(var: &str, url: &str) -> Result<tokio_postgres::Config, LockError> {
 /// The prepared statements of one connection.
 struct Statements {
     acquire: Statement,
-    acquire_fair: Statement,
+    acquire_queued: Statement,
     release: Statement,
-    release_fair: Statement,
+    release_queued: Statement,
     extend: Statement,
 }
 
@@ -278,9 +290,9 @@ enum Reply {
 
 #[derive(Clone, Copy)]
 enum Op<'a> {
-    /// Key, token, lease in ms, and in fair mode how long a place in line lives, in ms.
-    Acquire(&'a str, &'a Token, i64, Option<i64>),
-    /// Key, token, fair.
+    /// Key, token, lease in ms, and the place in the key's queue.
+    Acquire(&'a str, &'a Token, i64, Option<Queued<'a>>),
+    /// Key, token (a hold's, or a place's), and whether it may be a place in the queue.
     Release(&'a str, &'a Token, bool),
     Extend(&'a str, &'a Token, i64),
 }
@@ -426,11 +438,19 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                 ttl_ms: row.try_get(1)?,
             })
         }
-        Op::Acquire(key, token, lease_ms, Some(live_ms)) => {
+        Op::Acquire(key, token, lease_ms, Some(queue)) => {
             let row = client
                 .query_one(
-                    &statements.acquire_fair,
-                    &[&key, &token.as_str(), &lease_ms, &live_ms],
+                    &statements.acquire_queued,
+                    &[
+                        &key,
+                        &token.as_str(),
+                        &lease_ms,
+                        &self::lease_ms(queue.liveness),
+                        &queue.place.as_str(),
+                        &queue.keep,
+                        &queue.strict,
+                    ],
                 )
                 .await?;
             Ok(Reply::Acquire {
@@ -438,9 +458,9 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                 ttl_ms: row.try_get(1)?,
             })
         }
-        Op::Release(key, token, fair) => {
-            let statement = if fair {
-                &statements.release_fair
+        Op::Release(key, token, queued) => {
+            let statement = if queued {
+                &statements.release_queued
             } else {
                 &statements.release
             };
@@ -553,19 +573,19 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
             "created the PostgreSQL lock table `dlock_locks` and sequence `dlock_fence`"
         );
     }
-    let (acquire, acquire_fair, release, release_fair, extend) = tokio::join!(
+    let (acquire, acquire_queued, release, release_queued, extend) = tokio::join!(
         client.prepare(ACQUIRE),
-        client.prepare(ACQUIRE_FAIR),
+        client.prepare(ACQUIRE_QUEUED),
         client.prepare(RELEASE),
-        client.prepare(RELEASE_FAIR),
+        client.prepare(RELEASE_QUEUED),
         client.prepare(EXTEND)
     );
     let prepared = (|| {
         Ok::<_, tokio_postgres::Error>(Statements {
             acquire: acquire?,
-            acquire_fair: acquire_fair?,
+            acquire_queued: acquire_queued?,
             release: release?,
-            release_fair: release_fair?,
+            release_queued: release_queued?,
             extend: extend?,
         })
     })();
@@ -614,8 +634,8 @@ fn lease_ms(lease: Duration) -> i64 {
 impl Backend for PostgresBackend {
     fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Attempt, BackendError>> {
         Box::pin(async move {
-            let live = request.fair.map(lease_ms);
-            let op = Op::Acquire(request.key, request.token, lease_ms(request.lease), live);
+            let queue = request.queue;
+            let op = Op::Acquire(request.key, request.token, lease_ms(request.lease), queue);
             match self.call(op).await? {
                 Reply::Acquire {
                     fence: Some(fence), ..
@@ -627,7 +647,7 @@ impl Backend for PostgresBackend {
                     ttl: ttl_ms
                         .and_then(|ms| u64::try_from(ms).ok())
                         .map(Duration::from_millis),
-                    queued: live.is_some(),
+                    queued: queue.is_some(),
                 }),
                 Reply::Done(_) => Err(BackendError::new("PostgreSQL acquire: unexpected reply")),
             }
@@ -641,6 +661,7 @@ impl Backend for PostgresBackend {
         fair: bool,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
+            // `fair`: a fair hold, or a place leaving the queue; either may have a place.
             match self.call(Op::Release(key, token, fair)).await? {
                 Reply::Done(live) => Ok(live),
                 Reply::Acquire { .. } => {
