@@ -761,3 +761,90 @@ async fn a_release_notifies_only_when_someone_waited() {
     .expect("the contended release notified");
     assert_eq!(payload, ours[1]);
 }
+
+/// A hot key: 64 tasks of one locker contend for one key (default and fair mode), each
+/// incrementing a non-atomic counter. No update is lost, and since the waiters of one process
+/// queue in-process behind one place, a release wakes one of them: a few statements per
+/// acquisition (`pg_stat_statements`), not one per waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_wakes_one_waiter_per_release() {
+    const WAITERS: u64 = 64;
+    let server = tokio::task::block_in_place(|| {
+        PostgresServer::try_start_with(&["shared_preload_libraries=pg_stat_statements"])
+    })
+    .unwrap();
+    let db = pg::client(&server.url()).await;
+    db.batch_execute("CREATE EXTENSION pg_stat_statements")
+        .await
+        .unwrap();
+    let statements = async || -> i64 {
+        db.query_one("SELECT sum(calls)::bigint FROM pg_stat_statements", &[])
+            .await
+            .unwrap()
+            .get(0)
+    };
+    let locker = Locker::builder()
+        .url(server.url())
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    for (mode, options) in [
+        ("default", LockOptions::new()),
+        ("fair", LockOptions::new().fair()),
+    ] {
+        let key = unique_key("hot");
+        dlock_tests::acquire_and_release(&locker, &key).await;
+        let before = statements().await;
+        let counter = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let tasks: Vec<_> = (0..WAITERS)
+            .map(|_| {
+                let (locker, key, counter, options) = (
+                    locker.clone(),
+                    key.clone(),
+                    counter.clone(),
+                    options.clone(),
+                );
+                tokio::spawn(async move {
+                    let guard = locker.acquire(&key, options).await.unwrap();
+                    dlock_tests::racy_increment(&counter).await;
+                    guard.release().await.unwrap();
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(
+            counter.load(std::sync::atomic::Ordering::SeqCst),
+            WAITERS,
+            "{mode}: holders overlapped"
+        );
+        #[allow(clippy::cast_precision_loss)]
+        let per_acquisition = (statements().await - before - 1) as f64 / WAITERS as f64;
+        assert!(
+            per_acquisition <= 6.0,
+            "{mode}: {per_acquisition:.1} statements per acquisition: releases woke the herd"
+        );
+        eprintln!("{mode}: {per_acquisition:.1} statements per acquisition");
+        // The place leaves in the background when the last waiter of the line goes.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let places: i64 = db
+                .query_one(
+                    "SELECT count(*) FROM dlock_waiters WHERE key = $1",
+                    &[&format!("dlock:{key}")],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if places == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{mode}: a place outlived its waiters"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
