@@ -848,3 +848,32 @@ async fn a_hot_key_wakes_one_waiter_per_release() {
         }
     }
 }
+
+/// Tables made by hand without a column dlock needs: a clear error at once, not a retry loop.
+#[tokio::test]
+async fn a_table_without_a_needed_column_is_a_clear_error() {
+    let server = pg::shared_server();
+    let url = pg::database(&server, "old_schema");
+    pg::client(&url)
+        .await
+        .batch_execute(
+            "CREATE SEQUENCE dlock_fence;
+             CREATE TABLE dlock_locks (key text PRIMARY KEY, token text NOT NULL,
+                                       fence bigint NOT NULL, expires_at timestamptz NOT NULL);
+             CREATE TABLE dlock_waiters (key text, token text, place bigint, gone_at timestamptz,
+                                         PRIMARY KEY (key, token));",
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let err = locker(&url)
+        .acquire(&unique_key("old"), LockOptions::new())
+        .await
+        .unwrap_err();
+    assert!(err.is_backend(), "{err:?}");
+    assert!(err.to_string().contains("lacks a column"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "a refusal waited for the deadline"
+    );
+}

@@ -589,7 +589,19 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
             extend: extend?,
         })
     })();
-    prepared.map_err(|e| classify("prepare", e))
+    prepared.map_err(|e| {
+        if e.code() == Some(&SqlState::UNDEFINED_COLUMN) {
+            // Tables made by hand, or by another version, without a column dlock needs.
+            BackendError::with_source(
+                "PostgreSQL refused: `dlock_locks` or `dlock_waiters` lacks a column dlock needs; \
+                 compare the tables with the DDL in dlock's README",
+                e,
+            )
+            .refused()
+        } else {
+            classify("prepare", e)
+        }
+    })
 }
 
 /// A driver error as a [`BackendError`], marked refused when asking again cannot cure it: a
