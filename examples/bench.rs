@@ -685,6 +685,48 @@ struct Section {
     released: Instant,
 }
 
+/// The row of a contended workload (W3, W4) from its critical sections: their rate over
+/// `elapsed`, the waits, and the hand-offs from one client (or process) to another. Returns the
+/// row and the sorted waits.
+#[allow(clippy::cast_precision_loss)]
+fn contended_row(
+    workload: &'static str,
+    variant: &'static str,
+    mut sections: Vec<Section>,
+    elapsed: Duration,
+    exact: bool,
+    commands_per_acquire: f64,
+) -> (Row, Vec<Duration>) {
+    sections.sort_by_key(|s| s.acquired);
+    let mut waits: Vec<Duration> = sections.iter().map(|s| s.acquired - s.asked).collect();
+    waits.sort();
+    let mut handoffs = Vec::new();
+    for pair in sections.windows(2) {
+        if pair[1].client != pair[0].client {
+            handoffs.push(pair[1].acquired.saturating_duration_since(pair[0].released));
+        }
+    }
+    let to_other = handoffs.len();
+    handoffs.sort();
+    let n = sections.len();
+    let row = Row {
+        workload,
+        variant,
+        ops: n,
+        per_sec: n as f64 / elapsed.as_secs_f64().max(1e-9),
+        p50: Some(percentile(&waits, 0.5)),
+        p99: Some(percentile(&waits, 0.99)),
+        wait_max: waits.last().copied(),
+        handoff_p50: (!handoffs.is_empty()).then(|| percentile(&handoffs, 0.5)),
+        handoff_p99: (!handoffs.is_empty()).then(|| percentile(&handoffs, 0.99)),
+        other_share: Some(to_other as f64 / (n.max(2) - 1) as f64),
+        exact: Some(exact),
+        commands_per_acquire: Some(commands_per_acquire),
+        ..Row::default()
+    };
+    (row, waits)
+}
+
 /// W3: clients contend for one key; the body is a non-atomic increment.
 async fn w3(
     target: &Target,
@@ -788,44 +830,26 @@ async fn w3(
     }
     let elapsed = started.elapsed();
     let commands = stats.commands().await? - commands_before;
-    let mut sections = std::mem::take(
+    let sections = std::mem::take(
         &mut *log
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner),
     );
-    sections.sort_by_key(|s| s.acquired);
     let mut redis = connection(target).await?;
     let counted: u64 = redis.get(&counter).await?;
-    let mut waits: Vec<Duration> = sections.iter().map(|s| s.acquired - s.asked).collect();
-    waits.sort();
-    let mut handoffs = Vec::new();
-    let mut to_other = 0usize;
-    for pair in sections.windows(2) {
-        if pair[1].client != pair[0].client {
-            to_other += 1;
-            handoffs.push(pair[1].acquired.saturating_duration_since(pair[0].released));
-        }
-    }
-    handoffs.sort();
+    let exact = counted == sections.len() as u64;
+    // The body's GET and SET are not the lock's: 2 per section.
     #[allow(clippy::cast_precision_loss)]
-    let row = Row {
-        workload: "W3 8 clients, one key",
-        variant: mode.name(),
-        ops: sections.len(),
-        per_sec: sections.len() as f64 / elapsed.as_secs_f64(),
-        p50: Some(percentile(&waits, 0.5)),
-        p99: Some(percentile(&waits, 0.99)),
-        wait_max: waits.last().copied(),
-        handoff_p50: (!handoffs.is_empty()).then(|| percentile(&handoffs, 0.5)),
-        handoff_p99: (!handoffs.is_empty()).then(|| percentile(&handoffs, 0.99)),
-        other_share: Some(to_other as f64 / (sections.len().max(2) - 1) as f64),
-        exact: Some(counted == sections.len() as u64),
-        // The body's GET and SET are not the lock's: 2 per section.
-        commands_per_acquire: Some(
-            (commands.saturating_sub(1) as f64 / sections.len().max(1) as f64 - 2.0).max(0.0),
-        ),
-        ..Row::default()
-    };
+    let commands_per_acquire =
+        (commands.saturating_sub(1) as f64 / sections.len().max(1) as f64 - 2.0).max(0.0);
+    let (row, waits) = contended_row(
+        "W3 8 clients, one key",
+        mode.name(),
+        sections,
+        elapsed,
+        exact,
+        commands_per_acquire,
+    );
     Ok((row, waits))
 }
 
@@ -1061,30 +1085,25 @@ async fn w4(
     let requests = requests_so_far(&mut stats).await? - requests_before;
     let mut redis = connection(target).await?;
     let counted: u64 = redis.get(&counter).await?;
-    sections_log.sort_by_key(|(_, s)| s[1]);
-    let us = Duration::from_micros;
-    let mut waits: Vec<Duration> = sections_log
+    // The processes share the system clock: their µs become instants after one base.
+    let first = sections_log.iter().map(|(_, s)| s[0]).min().unwrap_or(0);
+    let last = sections_log
         .iter()
-        .map(|(_, s)| us(s[1].saturating_sub(s[0])))
+        .map(|(_, s)| s[2])
+        .max()
+        .unwrap_or(first);
+    let base = Instant::now();
+    let at = |us: u64| base + Duration::from_micros(us.saturating_sub(first));
+    let sections: Vec<Section> = sections_log
+        .iter()
+        .map(|&(client, [asked, acquired, released])| Section {
+            client,
+            asked: at(asked),
+            acquired: at(acquired),
+            released: at(released),
+        })
         .collect();
-    waits.sort();
-    let mut handoffs = Vec::new();
-    let mut to_other = 0usize;
-    for pair in sections_log.windows(2) {
-        if pair[1].0 != pair[0].0 {
-            to_other += 1;
-            handoffs.push(us(pair[1].1[1].saturating_sub(pair[0].1[2])));
-        }
-    }
-    handoffs.sort();
-    let n = sections_log.len();
-    let span = match (
-        sections_log.iter().map(|(_, s)| s[0]).min(),
-        sections_log.iter().map(|(_, s)| s[2]).max(),
-    ) {
-        (Some(first), Some(last)) => us(last.saturating_sub(first)),
-        _ => Duration::ZERO,
-    };
+    let n = sections.len();
     let workload = match waiters {
         8 => "W4 4 processes × 8 waiters, one key",
         16 => "W4 4 processes × 16 waiters, one key",
@@ -1092,31 +1111,28 @@ async fn w4(
         256 => "W4 4 processes × 256 waiters, one key",
         _ => "W4 4 processes, one key",
     };
+    let variant = if fair {
+        Mode::Fair.name()
+    } else {
+        Mode::Default.name()
+    };
+    // Stats' INFO calls are not the lock's, nor the body's GET and SET (2 per section).
     #[allow(clippy::cast_precision_loss)]
-    Ok(Row {
+    let commands_per_acquire =
+        (commands.saturating_sub(2 * stats.0.len() as u64) as f64 / n.max(1) as f64 - 2.0).max(0.0);
+    let (mut row, _) = contended_row(
         workload,
-        variant: if fair {
-            Mode::Fair.name()
-        } else {
-            Mode::Default.name()
-        },
-        ops: n,
-        per_sec: n as f64 / span.as_secs_f64().max(1e-9),
-        p50: Some(percentile(&waits, 0.5)),
-        p99: Some(percentile(&waits, 0.99)),
-        wait_max: waits.last().copied(),
-        handoff_p50: (!handoffs.is_empty()).then(|| percentile(&handoffs, 0.5)),
-        handoff_p99: (!handoffs.is_empty()).then(|| percentile(&handoffs, 0.99)),
-        other_share: Some(to_other as f64 / (n.max(2) - 1) as f64),
-        exact: Some(counted == n as u64),
-        // Stats' INFO calls are not the lock's, nor the body's GET and SET (2 per section).
-        commands_per_acquire: Some(
-            (commands.saturating_sub(2 * stats.0.len() as u64) as f64 / n.max(1) as f64 - 2.0)
-                .max(0.0),
-        ),
-        requests_per_acquire: Some(requests as f64 / n.max(1) as f64),
-        ..Row::default()
-    })
+        variant,
+        sections,
+        Duration::from_micros(last - first),
+        counted == n as u64,
+        commands_per_acquire,
+    );
+    #[allow(clippy::cast_precision_loss)]
+    {
+        row.requests_per_acquire = Some(requests as f64 / n.max(1) as f64);
+    }
+    Ok(row)
 }
 
 /// Tells a W4 process to start.

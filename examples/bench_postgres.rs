@@ -16,8 +16,8 @@ use dlock_runtime::{LockOptions, Locker};
 use tokio_postgres::{Client, NoTls, Statement};
 
 use super::{
-    Args, Error, Rounds, Row, Section, Sizes, client_cpu_so_far, locked_noop, median, percentile,
-    plot, table,
+    Args, Error, Rounds, Row, Section, Sizes, client_cpu_so_far, contended_row, locked_noop,
+    median, percentile, plot, table,
 };
 
 const ENGINE: dlock_examples::engine::Engine = dlock_examples::engine::Engine::Postgres;
@@ -380,46 +380,28 @@ async fn w3(
     }
     let elapsed = started.elapsed();
     let statements = target.statements(&setup).await? - statements_before;
-    let mut sections = std::mem::take(
+    let sections = std::mem::take(
         &mut *log
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner),
     );
-    sections.sort_by_key(|s| s.acquired);
     let counted: i64 = setup
         .query_one("SELECT n FROM bench_counter WHERE key = $1", &[&key])
         .await?
         .get(0);
-    let mut waits: Vec<Duration> = sections.iter().map(|s| s.acquired - s.asked).collect();
-    waits.sort();
-    let mut handoffs = Vec::new();
-    let mut to_other = 0usize;
-    for pair in sections.windows(2) {
-        if pair[1].client != pair[0].client {
-            to_other += 1;
-            handoffs.push(pair[1].acquired.saturating_duration_since(pair[0].released));
-        }
-    }
-    handoffs.sort();
+    let exact = i64::try_from(sections.len()).is_ok_and(|n| n == counted);
+    // The body's SELECT and UPDATE are not the lock's: 2 per section.
     #[allow(clippy::cast_precision_loss)]
-    let row = Row {
-        workload: "W3 8 clients, one key",
-        variant: mode.name(),
-        ops: sections.len(),
-        per_sec: sections.len() as f64 / elapsed.as_secs_f64(),
-        p50: Some(percentile(&waits, 0.5)),
-        p99: Some(percentile(&waits, 0.99)),
-        wait_max: waits.last().copied(),
-        handoff_p50: (!handoffs.is_empty()).then(|| percentile(&handoffs, 0.5)),
-        handoff_p99: (!handoffs.is_empty()).then(|| percentile(&handoffs, 0.99)),
-        other_share: Some(to_other as f64 / (sections.len().max(2) - 1) as f64),
-        exact: Some(i64::try_from(sections.len()).is_ok_and(|n| n == counted)),
-        // The body's SELECT and UPDATE are not the lock's: 2 per section.
-        commands_per_acquire: Some(
-            (statements.saturating_sub(1) as f64 / sections.len().max(1) as f64 - 2.0).max(0.0),
-        ),
-        ..Row::default()
-    };
+    let statements_per_acquire =
+        (statements.saturating_sub(1) as f64 / sections.len().max(1) as f64 - 2.0).max(0.0);
+    let (row, waits) = contended_row(
+        "W3 8 clients, one key",
+        mode.name(),
+        sections,
+        elapsed,
+        exact,
+        statements_per_acquire,
+    );
     Ok((row, waits))
 }
 
