@@ -40,6 +40,29 @@ pub async fn acquire_and_release(locker: &Locker, key: &str) {
         .unwrap_or_else(|e| panic!("release `{key}`: {e}"));
 }
 
+/// Runs the `dlock-env-check` binary (`exe`: its `CARGO_BIN_EXE_dlock-env-check`) with none of
+/// this process's `DLOCK_*`, `REDIS_URL` or `SSL_CERT*` variables, but `env` and, when given,
+/// `SSL_CERT_FILE=ca` (how rustls' native roots learn of a private CA); returns what it printed.
+///
+/// # Panics
+/// When it cannot be run or fails.
+#[must_use]
+pub fn env_check(exe: &str, env: &[(&str, &str)], ca: Option<&std::path::Path>) -> String {
+    let mut command = std::process::Command::new(exe);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("DLOCK_") || name == "REDIS_URL" || name.starts_with("SSL_CERT") {
+            command.env_remove(name);
+        }
+    }
+    command.envs(env.iter().copied());
+    if let Some(ca) = ca {
+        command.env("SSL_CERT_FILE", ca);
+    }
+    let output = command.output().expect("run dlock-env-check");
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8(output.stdout).expect("UTF-8 output")
+}
+
 /// A key no other test in this process uses.
 #[must_use]
 pub fn unique_key(name: &str) -> String {
