@@ -4,7 +4,7 @@ use std::{
     fmt,
     sync::{
         Arc, OnceLock,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -72,6 +72,8 @@ struct Inner {
     settings: Settings,
     backend: Arc<dyn Backend>,
     lines: Lines,
+    /// The engine keeps a queue of places ([`FairOrder::Queue`]): waiters wait in it.
+    queue_engine: bool,
 }
 
 /// The in-process lines of waiters, one per contended key: the waiters of a key on one locker
@@ -80,7 +82,11 @@ struct Inner {
 /// ([`FairOrder::Queue`]) a line also holds one place in the engine's queue for all its waiters
 /// in turn: releases name the place first in line, so only that process's first waiter wakes.
 #[derive(Default)]
-struct Lines(std::sync::Mutex<std::collections::HashMap<String, Arc<Line>>>);
+struct Lines {
+    map: std::sync::Mutex<std::collections::HashMap<String, Arc<Line>>>,
+    /// How many lines there are: an uncontended acquisition reads this, not the map.
+    open: AtomicUsize,
+}
 
 /// The waiters of one key on one locker.
 struct Line {
@@ -90,21 +96,28 @@ struct Line {
     /// The place may be in the engine's queue: set before every request that may queue it, and
     /// cleared only by a grant that gave it up.
     queued: AtomicBool,
-    /// The last waiter to leave the line left holding the lock (rather than giving up), with the
-    /// place kept in the queue: the next one has nothing to ask before the next release.
-    handed_on: AtomicBool,
+    /// How the last waiter left: [`NOT_HANDED_ON`] (it gave up, or nobody left yet), or holding
+    /// the lock, when it had heard this many release wake-ups plus one (see [`Turn::handed_on`]).
+    handed_on: AtomicU64,
     /// Waiters in the line (the first one included); changed under the map's lock.
     members: AtomicUsize,
 }
 
+/// [`Line::handed_on`] when the last waiter did not leave holding the lock, or its wake-ups were
+/// not counted (it had no watch).
+const NOT_HANDED_ON: u64 = 0;
+
 impl Lines {
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<Line>>> {
+        self.map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Whether `key` has waiters in this process already (then it is hot: a new waiter goes
     /// behind them without asking the engine first).
     fn busy(&self, key: &str) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .contains_key(key)
+        self.open.load(Ordering::Relaxed) > 0 && self.map().contains_key(key)
     }
 
     /// Waits (until `deadline`) to be first in `key`'s line; `None` when the deadline came first.
@@ -116,43 +129,44 @@ impl Lines {
         key: &str,
         deadline: Instant,
     ) -> Result<Option<Turn<'a>>, LockError> {
-        let place = Token::generate()?;
         let line = {
-            let mut lines = self
-                .0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let line = lines.entry(key.to_owned()).or_insert_with(|| {
-                Arc::new(Line {
-                    turns: tokio::sync::Semaphore::new(1),
-                    place,
-                    queued: AtomicBool::new(false),
-                    handed_on: AtomicBool::new(false),
-                    members: AtomicUsize::new(0),
-                })
-            });
+            let mut lines = self.map();
+            let line = match lines.get(key) {
+                Some(line) => line.clone(),
+                None => {
+                    let line = Arc::new(Line {
+                        turns: tokio::sync::Semaphore::new(1),
+                        place: Token::generate()?,
+                        queued: AtomicBool::new(false),
+                        handed_on: AtomicU64::new(NOT_HANDED_ON),
+                        members: AtomicUsize::new(0),
+                    });
+                    lines.insert(key.to_owned(), line.clone());
+                    self.open.store(lines.len(), Ordering::Relaxed);
+                    line
+                }
+            };
             line.members.fetch_add(1, Ordering::Relaxed);
-            line.clone()
+            line
         };
         let mut turn = Turn {
             locker,
             key: key.to_owned(),
             line,
-            permit: None,
+            permit: false,
             waited: false,
-            acquired: false,
+            leaving_holder: None,
         };
         // The permit is given back by hand when the turn is dropped.
-        let first_at_once = turn.line.turns.try_acquire().map(|p| p.forget()).is_ok();
-        if first_at_once {
-            turn.permit = Some(());
+        turn.permit = turn.line.turns.try_acquire().map(|p| p.forget()).is_ok();
+        if turn.permit {
             return Ok(Some(turn));
         }
         match tokio::time::timeout_at(deadline, turn.line.turns.acquire()).await {
             Ok(Ok(permit)) => permit.forget(),
             _ => return Ok(None),
         }
-        turn.permit = Some(());
+        turn.permit = true;
         turn.waited = true;
         Ok(Some(turn))
     }
@@ -164,12 +178,13 @@ struct Turn<'a> {
     locker: &'a Locker,
     key: String,
     line: Arc<Line>,
-    /// The line's one permit, held (forgotten, given back on drop).
-    permit: Option<()>,
+    /// Holds the line's one permit (forgotten when taken, given back on drop).
+    permit: bool,
     /// Others were ahead: the lock may have changed hands meanwhile.
     waited: bool,
-    /// Leaves holding the lock.
-    acquired: bool,
+    /// Leaves holding the lock, having heard this many release wake-ups (`Some(None)`: it had
+    /// no watch to count them).
+    leaving_holder: Option<Option<u64>>,
 }
 
 impl Turn<'_> {
@@ -178,32 +193,33 @@ impl Turn<'_> {
         self.line.members.load(Ordering::Relaxed) > 1
     }
 
-    /// The waiter before this one took the lock and kept the line's place in the engine's queue:
-    /// there is nothing to ask until a release wakes the place.
-    fn handed_on(&self) -> bool {
-        self.waited
-            && self.line.handed_on.load(Ordering::Acquire)
-            && self.line.queued.load(Ordering::Acquire)
+    /// When the waiter before this one took the lock and kept the line's place in the engine's
+    /// queue: how many release wake-ups it had heard then. Until this process hears another,
+    /// there is nothing to ask (the lock is held here, and the place waits in the queue).
+    fn handed_on(&self) -> Option<u64> {
+        let heard = self.line.handed_on.load(Ordering::Acquire);
+        (self.waited && heard != NOT_HANDED_ON && self.line.queued.load(Ordering::Acquire))
+            .then(|| heard - 1)
     }
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        if self.permit.take().is_some() {
-            self.line.handed_on.store(self.acquired, Ordering::Release);
+        if std::mem::take(&mut self.permit) {
+            let handed_on = match self.leaving_holder {
+                Some(Some(heard)) => heard.saturating_add(1),
+                _ => NOT_HANDED_ON,
+            };
+            self.line.handed_on.store(handed_on, Ordering::Release);
             self.line.turns.add_permits(1);
         }
+        let lines = &self.locker.inner.lines;
         let last = {
-            let mut lines = self
-                .locker
-                .inner
-                .lines
-                .0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut map = lines.map();
             let last = self.line.members.fetch_sub(1, Ordering::Relaxed) == 1;
             if last {
-                lines.remove(&self.key);
+                map.remove(&self.key);
+                lines.open.store(map.len(), Ordering::Relaxed);
             }
             last
         };
@@ -264,6 +280,7 @@ impl Locker {
         Self {
             inner: Arc::new(Inner {
                 settings,
+                queue_engine: backend.fair_order() == FairOrder::Queue,
                 backend,
                 lines: Lines::default(),
             }),
@@ -455,7 +472,7 @@ impl Locker {
         let (key, token) = (&orphan.key, &orphan.token);
         // On an engine with a queue, a waiter first in its line waits in the queue through the
         // line's place; a fair waiter takes the lock only at the head of the queue.
-        let queue_engine = self.backend().fair_order() == FairOrder::Queue;
+        let queue_engine = self.inner.queue_engine;
         let liveness = waiter_liveness(settings);
         // A subscription already up (another waiter's, or a recent one's) covers the first
         // attempt; otherwise the first refusal asks for one. A single attempt needs neither.
@@ -465,18 +482,19 @@ impl Locker {
             None
         };
         let mut watch_asked = !settings.notify || watch.is_some();
-        // The in-process line (see `Lines`): a fair waiter joins it before its first attempt, so
-        // that it never holds the engine's queue while it waits here, and so does any waiter of
-        // a key that has waiters here already; otherwise a waiter joins after its first refusal,
-        // so an uncontended acquisition pays one map lookup for it.
+        // The in-process line (see `Lines`): a fair waiter joins it before its first attempt
+        // (even a single attempt: it asks from the line's place, so it never passes the queue),
+        // and so does any waiter of a key that has waiters here already; otherwise a waiter joins
+        // after its first refusal, so an uncontended acquisition pays one atomic read for it.
         let lines = &self.inner.lines;
         let mut turn = None;
-        // Nothing to ask before a release (the waiter before this one took the lock).
-        let mut quiet = false;
-        if !timeout.is_zero() && (fair || lines.busy(key)) {
+        // The waiter before this one took the lock, having heard this many release wake-ups:
+        // nothing to ask until another comes.
+        let mut handed_on = None;
+        if fair || (!timeout.is_zero() && lines.busy(key)) {
             match lines.turn(self, key, deadline).await? {
                 Some(first) => {
-                    quiet = queue_engine && first.handed_on();
+                    handed_on = first.handed_on().filter(|_| queue_engine);
                     // The waiters ahead subscribed meanwhile, most likely: arm from that.
                     if first.waited && !watch_asked {
                         watch = self.backend().watching(key, &orphan.token);
@@ -496,12 +514,13 @@ impl Locker {
             if let Some(notified) = notified.as_mut().as_pin_mut() {
                 notified.enable();
             }
-            // The line's place, when this waiter waits in the engine's queue through it.
-            let line = turn
-                .as_ref()
-                .filter(|_| queue_engine)
-                .map(|t| t.line.clone());
-            let holder_ttl = if std::mem::take(&mut quiet) {
+            // Quiet only while no release was heard since the hand-off (read after arming, so a
+            // release from now on wakes this waiter).
+            let quiet = handed_on
+                .take()
+                .zip(watch.as_ref())
+                .is_some_and(|(at, watch)| watch.heard() == at);
+            let holder_ttl = if quiet {
                 None
             } else {
                 attempts += 1;
@@ -536,7 +555,8 @@ impl Locker {
                         let waited = started.elapsed();
                         tracing::debug!(attempts, ?waited, fencing_token = fence, "lock acquired");
                         if let Some(t) = turn.as_mut() {
-                            t.acquired = true;
+                            t.leaving_holder =
+                                Some(watch.as_ref().map(crate::backend::Watch::heard));
                             if gives_up_place {
                                 t.line.queued.store(false, Ordering::Release);
                             }
@@ -559,7 +579,7 @@ impl Locker {
                             // once: the lock may have changed hands meanwhile.
                             match lines.turn(self, key, deadline).await? {
                                 Some(first) if first.waited => {
-                                    quiet = queue_engine && first.handed_on();
+                                    handed_on = first.handed_on().filter(|_| queue_engine);
                                     turn = Some(first);
                                     // The waiters ahead subscribed already: arm from that (no
                                     // I/O) and skip the subscription's covering attempt.
@@ -631,9 +651,12 @@ impl Locker {
             // A release wakes us at once; the pause is the fallback (an expired lease publishes
             // nothing) and never outlasts the holder's lease nor the deadline.
             let wake_at = Instant::now() + pause;
-            // Who a release must name for this waiter to look: its line's place in the queue,
-            // or (without one) this token in fair mode; anyone otherwise.
-            let me = line.as_ref().map(|l| &l.place).or(fair.then_some(token));
+            // Who a release must name for this waiter to look: its line's place in the queue;
+            // anyone, on an engine without one.
+            let me = turn
+                .as_ref()
+                .filter(|_| queue_engine)
+                .map(|t| &t.line.place);
             match (notified.as_mut().as_pin_mut(), &watch, &notify) {
                 (Some(first), Some(watch), Some(notify)) => {
                     let mut woken = tokio::select! {

@@ -41,8 +41,10 @@ async fn contend(locker: &Locker, key: &str, options: LockOptions) -> u64 {
 }
 
 /// Without the in-process line, each release woke all 64 waiters and each asked Redis again:
-/// 35 script calls per acquisition (measured). With it, about three: a refused attempt, the
-/// winning one, the release; the bound leaves room for the fallback poll racing the 10ms body.
+/// 35 script calls per acquisition (measured). With it, about two: the winning attempt and the
+/// release, since the next waiter in line asks nothing until a release names its process's
+/// place (without that it would ask at once and be refused: one more per acquisition). Default
+/// mode adds the first attempts of the 64 tasks starting at once (measured: 3.0 and 2.0).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_one_waiter_per_process() {
     let server = RedisServer::start();
@@ -51,9 +53,9 @@ async fn a_release_wakes_one_waiter_per_process() {
         .timeout(Duration::from_secs(30))
         .build()
         .unwrap();
-    for (mode, options) in [
-        ("default", LockOptions::new()),
-        ("fair", LockOptions::new().fair()),
+    for (mode, options, most) in [
+        ("default", LockOptions::new(), 3.5),
+        ("fair", LockOptions::new().fair(), 2.5),
     ] {
         let key = unique_key("hot");
         acquire_and_release(&locker, &key).await;
@@ -65,7 +67,7 @@ async fn a_release_wakes_one_waiter_per_process() {
         );
         let per_acquisition = (server.calls("evalsha") - before) as f64 / WAITERS as f64;
         assert!(
-            per_acquisition <= 6.0,
+            per_acquisition <= most,
             "{mode}: {per_acquisition:.1} script calls per acquisition: releases woke the herd"
         );
     }

@@ -423,3 +423,41 @@ fn notifications_survive_the_end_of_the_runtime_they_started_on() {
         );
     }
 }
+
+/// A fair single attempt (`timeout` zero) asks from a place in line too: with another process's
+/// place first in the queue it does not take the free lock, and it takes its own place out of
+/// the queue again. A non-fair attempt may pass the queue.
+#[tokio::test]
+async fn a_fair_single_attempt_does_not_pass_the_queue() {
+    let server = RedisServer::start();
+    let locker = server.locker();
+    let key = unique_key("fair-try");
+    let mut redis = server.client().get_connection().unwrap();
+    // Another process's place, alive for 10s by the server's clock, first in line.
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut redis).unwrap();
+    let other = "f".repeat(32);
+    let () = redis
+        .rpush(format!("dlock:__fair:{{dlock:{key}}}:queue"), &other)
+        .unwrap();
+    let () = redis
+        .zadd(
+            format!("dlock:__fair:{{dlock:{key}}}:waiters"),
+            &other,
+            secs * 1000 + micros / 1000 + 10_000,
+        )
+        .unwrap();
+    let tried = locker
+        .acquire(&key, LockOptions::new().fair().timeout(Duration::ZERO))
+        .await;
+    assert!(
+        matches!(tried, Err(dlock_runtime::LockError::Timeout { .. })),
+        "{tried:?}"
+    );
+    assert!(!server.exists(&format!("dlock:{key}")), "took the lock");
+    wait_for_queue(&mut redis, &key, 1).await;
+    let passed = locker
+        .try_acquire(&key, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(passed.is_some(), "a non-fair attempt waits for the queue");
+}

@@ -2,13 +2,13 @@
 
 use std::{
     collections::{HashMap, VecDeque},
-    sync::{Arc, Mutex, OnceLock, Weak},
+    sync::{Arc, Mutex, OnceLock},
     time::Duration,
 };
 
-use tokio::{sync::Notify, time::Instant};
+use tokio::time::Instant;
 
-use super::{Attempt, Backend, BoxFuture, NextInLine, Request, Token, Watch};
+use super::{Attempt, Backend, BoxFuture, Request, Token, Watch, Watchers};
 use crate::error::BackendError;
 
 #[derive(Debug)]
@@ -23,8 +23,6 @@ struct Table {
     /// Fair-mode waiters per key, first come first served, each with the instant it counts as
     /// gone unless it tries again.
     queues: HashMap<String, VecDeque<(Token, Instant)>>,
-    /// Release wake-ups per key, alive while a waiter holds the `Arc`.
-    watchers: HashMap<String, Weak<Notify>>,
     /// One counter for every key: strictly increasing per key as a consequence.
     fence: u64,
 }
@@ -33,6 +31,9 @@ struct Table {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct MemoryBackend {
     table: Arc<Mutex<Table>>,
+    /// Release wake-ups per key. In-process wake-ups are cheap: they name no one and every
+    /// waiter looks.
+    watchers: Arc<Watchers>,
 }
 
 impl MemoryBackend {
@@ -67,9 +68,6 @@ impl Table {
     fn sweep(&mut self, now: Instant) {
         if self.held.len() >= 1024 && self.held.len().is_power_of_two() {
             self.held.retain(|_, e| e.expires_at > now);
-        }
-        if self.watchers.len() >= 1024 && self.watchers.len().is_power_of_two() {
-            self.watchers.retain(|_, w| w.strong_count() > 0);
         }
     }
 
@@ -106,12 +104,6 @@ impl Table {
             self.queues.remove(key);
         }
         left
-    }
-
-    fn wake(&self, key: &str) {
-        if let Some(notify) = self.watchers.get(key).and_then(Weak::upgrade) {
-            notify.notify_waiters();
-        }
     }
 }
 
@@ -185,7 +177,7 @@ impl Backend for MemoryBackend {
             }
             let left = table.leave_queue(key, token);
             if mine || left {
-                table.wake(key);
+                self.watchers.wake(Some(key), None);
             }
             mine
         });
@@ -209,21 +201,6 @@ impl Backend for MemoryBackend {
     }
 
     fn watch<'a>(&'a self, key: &'a str, _token: &'a Token) -> BoxFuture<'a, Option<Watch>> {
-        let notify = self.with_table(|table, _| {
-            if let Some(notify) = table.watchers.get(key).and_then(Weak::upgrade) {
-                return notify;
-            }
-            let notify = Arc::new(Notify::new());
-            table
-                .watchers
-                .insert(key.to_owned(), Arc::downgrade(&notify));
-            notify
-        });
-        // In-process wake-ups are cheap: they name no one and every waiter looks.
-        Box::pin(std::future::ready(Some(Watch::new(
-            notify,
-            NextInLine::default(),
-            (),
-        ))))
+        Box::pin(std::future::ready(Some(self.watchers.register(key))))
     }
 }

@@ -166,8 +166,103 @@ pub(crate) trait Backend: Send + Sync + 'static {
     }
 }
 
-/// Who a release wake-up is for: the fair waiter the release named as next in line, or anyone.
-pub(crate) type NextInLine = Arc<std::sync::Mutex<Option<String>>>;
+/// What the release wake-ups of one key said, shared by the key's waiters: whom the last one
+/// named (the place first in line, or anyone), and how many there have been, so that a waiter
+/// can tell whether one came since it last looked.
+#[derive(Clone, Default)]
+pub(crate) struct NextInLine(Arc<std::sync::Mutex<Heard>>);
+
+#[derive(Default)]
+struct Heard {
+    next: Option<String>,
+    count: u64,
+}
+
+impl NextInLine {
+    fn heard_mut(&self) -> std::sync::MutexGuard<'_, Heard> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records a wake-up naming `next` (8 hex digits of a place), or anyone; call before waking
+    /// the key's waiters.
+    pub(crate) fn heard(&self, next: Option<&str>) {
+        let mut heard = self.heard_mut();
+        heard.next = next.map(str::to_owned);
+        heard.count += 1;
+    }
+}
+
+/// The release wake-ups of an engine whose releases reach this process as messages naming a
+/// key (the embedded table, PostgreSQL's `NOTIFY`): one entry per key, alive while a waiter
+/// holds its [`Watch`].
+#[derive(Default)]
+pub(crate) struct Watchers(
+    std::sync::Mutex<std::collections::HashMap<String, (std::sync::Weak<Notify>, NextInLine)>>,
+);
+
+impl fmt::Debug for Watchers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watchers").finish_non_exhaustive()
+    }
+}
+
+impl Watchers {
+    fn map(
+        &self,
+    ) -> std::sync::MutexGuard<
+        '_,
+        std::collections::HashMap<String, (std::sync::Weak<Notify>, NextInLine)>,
+    > {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A wake-up for releases of `key`, shared with the key's other waiters.
+    pub(crate) fn register(&self, key: &str) -> Watch {
+        let mut watchers = self.map();
+        // Dead entries go now and then, so the map stays as small as the keys waited for.
+        if watchers.len() >= 1024 && watchers.len().is_power_of_two() {
+            watchers.retain(|_, (notify, _)| notify.strong_count() > 0);
+        }
+        let live = watchers
+            .get(key)
+            .and_then(|(notify, next)| Some((notify.upgrade()?, next.clone())));
+        let (notify, next) = live.unwrap_or_else(|| {
+            let notify = Arc::new(Notify::new());
+            let next = NextInLine::default();
+            watchers.insert(key.to_owned(), (Arc::downgrade(&notify), next.clone()));
+            (notify, next)
+        });
+        Watch::new(notify, next, ())
+    }
+
+    /// Wakes the waiters of `key` (of every key when `None`), telling them whom the release
+    /// named.
+    pub(crate) fn wake(&self, key: Option<&str>, next: Option<&str>) {
+        let watchers = self.map();
+        let wake = |(notify, named): &(std::sync::Weak<Notify>, NextInLine)| {
+            if let Some(notify) = notify.upgrade() {
+                named.heard(next);
+                notify.notify_waiters();
+            }
+        };
+        match key {
+            None => watchers.values().for_each(wake),
+            Some(key) => watchers.get(key).into_iter().for_each(wake),
+        }
+    }
+
+    /// Whether any waiter holds a wake-up.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn anyone_waits(&self) -> bool {
+        self.map()
+            .values()
+            .any(|(notify, _)| notify.strong_count() > 0)
+    }
+}
 
 /// A registration for release wake-ups of one key; dropping it unregisters.
 pub(crate) struct Watch {
@@ -209,14 +304,20 @@ impl Watch {
         self.notify.clone()
     }
 
-    /// Whether the last wake-up may be for `token`: it named no one, or it named `token` (by the
-    /// first 8 hex digits: releases never publish a whole token).
-    pub(crate) fn may_be_for(&self, token: &Token) -> bool {
+    /// Whether the last wake-up may be for `place`: it named no one, or it named `place` (by the
+    /// first 8 hex digits: releases never publish a whole token or place).
+    pub(crate) fn may_be_for(&self, place: &Token) -> bool {
         self.next
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .heard_mut()
+            .next
             .as_deref()
-            .is_none_or(|next| token.0.starts_with(next))
+            .is_none_or(|next| place.0.starts_with(next))
+    }
+
+    /// How many wake-ups of this key this process has heard: a waiter compares two readings to
+    /// tell whether a release came in between.
+    pub(crate) fn heard(&self) -> u64 {
+        self.next.heard_mut().count
     }
 }
 

@@ -10,15 +10,13 @@
 //! `pg_terminate_backend`), and each is bounded by the request timeout.
 
 use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex, PoisonError, Weak},
+    sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
 
-use tokio::sync::Notify;
 use tokio_postgres::{AsyncMessage, Client, NoTls, Statement, config::SslMode, error::SqlState};
 
-use super::{Attempt, Backend, BoxFuture, NextInLine, Queued, Request, Token, Watch};
+use super::{Attempt, Backend, BoxFuture, Queued, Request, Token, Watch, Watchers};
 
 #[cfg(feature = "tls")]
 #[path = "postgres_tls.rs"]
@@ -744,9 +742,8 @@ struct Notifier {
 struct Shared {
     config: tokio_postgres::Config,
     request_timeout: Duration,
-    /// Wake-ups per key, alive while a waiter holds the `Arc`, and the fair waiter the last
-    /// release named.
-    watchers: Mutex<HashMap<String, (Weak<Notify>, NextInLine)>>,
+    /// Wake-ups per key, alive while a waiter holds its watch.
+    watchers: Watchers,
     /// `true` while `LISTEN` is confirmed on a live connection.
     listening: tokio::sync::watch::Sender<bool>,
 }
@@ -756,10 +753,6 @@ struct Shared {
 const HEARTBEAT: Duration = Duration::from_secs(3);
 
 impl Shared {
-    fn watchers(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Weak<Notify>, NextInLine)>> {
-        self.watchers.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// A release's payload: who is next in line ([`NO_ONE`], or 8 hex digits of a token) and
     /// the key (empty: every key). Anything else on the channel wakes that key's waiters.
     fn wake(&self, payload: &str) {
@@ -770,39 +763,16 @@ impl Shared {
             }
             _ => (None, payload),
         };
-        let watchers = self.watchers();
-        let wake = |(notify, named): &(Weak<Notify>, NextInLine)| {
-            if let Some(notify) = notify.upgrade() {
-                *named.lock().unwrap_or_else(PoisonError::into_inner) = next.map(str::to_owned);
-                notify.notify_waiters();
-            }
-        };
-        if key.is_empty() {
-            watchers.values().for_each(wake);
-        } else if let Some(entry) = watchers.get(key) {
-            wake(entry);
-        }
+        self.watchers
+            .wake(Some(key).filter(|k| !k.is_empty()), next);
     }
 
     fn anyone_waits(&self) -> bool {
-        self.watchers().values().any(|(w, _)| w.strong_count() > 0)
+        self.watchers.anyone_waits()
     }
 
     fn register(&self, key: &str) -> Watch {
-        let mut watchers = self.watchers();
-        if watchers.len() >= 1024 && watchers.len().is_power_of_two() {
-            watchers.retain(|_, (w, _)| w.strong_count() > 0);
-        }
-        let live = watchers
-            .get(key)
-            .and_then(|(notify, next)| Some((notify.upgrade()?, next.clone())));
-        let (notify, next) = live.unwrap_or_else(|| {
-            let notify = Arc::new(Notify::new());
-            let next = NextInLine::default();
-            watchers.insert(key.to_owned(), (Arc::downgrade(&notify), next.clone()));
-            (notify, next)
-        });
-        Watch::new(notify, next, ())
+        self.watchers.register(key)
     }
 }
 
@@ -812,7 +782,7 @@ impl Notifier {
             shared: Arc::new(Shared {
                 config,
                 request_timeout,
-                watchers: Mutex::default(),
+                watchers: Watchers::default(),
                 listening: tokio::sync::watch::Sender::new(false),
             }),
             task: Mutex::new(None),
