@@ -47,7 +47,7 @@ pub(crate) struct Hold {
 
 /// The part of a lease the client does not count on: the clock-drift allowance of the Redlock
 /// analysis (1%) plus 2ms for the reply's travel.
-fn valid_until(sent_at: Instant, lease: Duration) -> Instant {
+pub(crate) fn valid_until(sent_at: Instant, lease: Duration) -> Instant {
     let margin = lease / 100 + Duration::from_millis(2);
     // Leases are capped when options are checked; saturate anyway rather than panic.
     sent_at
@@ -471,5 +471,25 @@ impl Drop for ReleaseInFlight<'_> {
         if let Some(hold) = self.0.take() {
             hold.release_in_background();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::valid_until;
+
+    /// The client counts on the lease less 1% and 2ms (RedLock's validity is the same clock).
+    #[test]
+    fn the_lease_clock_leaves_the_drift_out() {
+        let t0 = Instant::now();
+        assert_eq!(
+            valid_until(t0, Duration::from_secs(10)),
+            t0 + Duration::from_millis(9898)
+        );
+        assert_eq!(valid_until(t0, Duration::from_millis(2)), t0);
     }
 }

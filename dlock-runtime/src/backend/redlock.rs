@@ -188,15 +188,6 @@ impl RedLockBackend {
             None => BackendError::new(message),
         }
     }
-
-    /// The rest of the lease after `elapsed` and the drift allowance (1% of the lease + 2ms),
-    /// when any is left.
-    fn validity(lease: Duration, elapsed: Duration) -> Option<Duration> {
-        let drift = lease / 100 + Duration::from_millis(2);
-        lease
-            .checked_sub(elapsed + drift)
-            .filter(|left| !left.is_zero())
-    }
 }
 
 impl Backend for RedLockBackend {
@@ -239,23 +230,24 @@ impl Backend for RedLockBackend {
                 }))
                 .await;
                 let raised = raises.iter().filter(|ok| **ok).count();
-                match Self::validity(request.lease, started.elapsed()) {
-                    Some(_) if raised >= self.quorum => return Ok(Attempt::acquired(fence)),
-                    Some(_) => {
-                        why = Some(format!(
-                            "a majority granted, but the fence was raised on only {raised} of the \
-                             {granted} granting masters; the attempt was undone"
-                        ));
-                    }
-                    None => {
-                        why = Some(format!(
-                            "a majority granted, but after {:?} no validity was left of the \
-                             {:?} lease; the attempt was undone",
-                            started.elapsed(),
-                            request.lease
-                        ));
-                    }
+                // The guard's lease clock, which counts from the same instant, ends with this.
+                let valid = crate::guard::valid_until(started, request.lease) > Instant::now();
+                if valid && raised >= self.quorum {
+                    return Ok(Attempt::acquired(fence));
                 }
+                why = Some(if valid {
+                    format!(
+                        "a majority granted, but the fence was raised on only {raised} of the \
+                         {granted} granting masters; the attempt was undone"
+                    )
+                } else {
+                    format!(
+                        "a majority granted, but after {:?} no validity was left of the {:?} \
+                         lease; the attempt was undone",
+                        started.elapsed(),
+                        request.lease
+                    )
+                });
             }
             self.undo(request.key, request.token).await;
             if let Some(why) = why {
@@ -480,23 +472,6 @@ mod tests {
                 Duration::from_millis(500)
             ))
             .is_ok()
-        );
-    }
-
-    #[test]
-    fn validity_leaves_the_drift_out() {
-        let lease = Duration::from_secs(10);
-        assert_eq!(
-            RedLockBackend::validity(lease, Duration::from_millis(98)),
-            Some(Duration::from_millis(9800))
-        );
-        assert_eq!(
-            RedLockBackend::validity(lease, Duration::from_millis(9898)),
-            None
-        );
-        assert_eq!(
-            RedLockBackend::validity(Duration::from_millis(2), Duration::ZERO),
-            None
         );
     }
 }
