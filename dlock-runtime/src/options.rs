@@ -90,8 +90,8 @@ impl LockOptions {
 }
 
 /// The longest lease accepted: 365 days. Longer ones are surely a mistake (and would overflow the
-/// clocks they are added to). `#[dlock]` refuses any duration argument longer than this at
-/// compile time.
+/// clocks they are added to). `#[dlock]` refuses a longer `expire` at compile time. Waits and
+/// renewal ceilings are not limited (one past any clock means "never").
 pub const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The shortest lease accepted: 1ms (Redis keeps leases in whole milliseconds). `#[dlock]`
