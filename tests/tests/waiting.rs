@@ -461,3 +461,38 @@ async fn a_fair_single_attempt_does_not_pass_the_queue() {
         .unwrap();
     assert!(passed.is_some(), "a non-fair attempt waits for the queue");
 }
+
+/// Fair mode serves processes in turn, each process's waiters in their order: p1 and p2 of one
+/// locker and q1 of another (two lockers on one embedded table stand for two processes), arriving
+/// in that order behind a holder, get the lock as p1, q1, p2.
+#[tokio::test]
+async fn fair_mode_serves_processes_in_turn() {
+    let p = Locker::builder().url("memory://").build().unwrap();
+    let q = Locker::builder().url("memory://").build().unwrap();
+    let key = unique_key("turns");
+    let holder = p.acquire(&key, LockOptions::new().fair()).await.unwrap();
+    let served = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for (name, locker) in [("p1", &p), ("p2", &p), ("q1", &q)] {
+        let (locker, key, served) = (locker.clone(), key.clone(), served.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = locker
+                .acquire(
+                    &key,
+                    LockOptions::new().fair().timeout(Duration::from_secs(10)),
+                )
+                .await
+                .unwrap();
+            served.lock().unwrap().push(name);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            guard.release().await.unwrap();
+        }));
+        // Each waits (in its line, its process's place in the queue) before the next comes.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    holder.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    assert_eq!(*served.lock().unwrap(), ["p1", "q1", "p2"]);
+}
