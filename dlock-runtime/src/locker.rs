@@ -225,13 +225,18 @@ impl Drop for Turn<'_> {
         };
         if last && self.line.queued.load(Ordering::Acquire) {
             // Nobody here waits any more: the place leaves the engine's queue.
-            spawn_release(
-                None,
+            let (locker, key, place) = (
                 self.locker.clone(),
                 std::mem::take(&mut self.key),
                 self.line.place.clone(),
-                true,
             );
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    if let Err(error) = locker.backend().leave_queue(&key, &place).await {
+                        tracing::debug!(key = %key, error = %error, "leaving the queue failed; the place lapses on its own");
+                    }
+                });
+            }
         }
     }
 }
@@ -392,7 +397,7 @@ impl Locker {
             return Err(LockError::Lost { key });
         };
         let lease = granted.unwrap_or(lease);
-        let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease, false);
+        let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease);
         hold.follow_engine(lost);
         Ok((first, LockGuard::new(hold, Lease::Fixed(lease), None)))
     }
@@ -466,7 +471,6 @@ impl Locker {
             locker: self,
             key,
             token,
-            fair,
             armed: false,
         };
         let (key, token) = (&orphan.key, &orphan.token);
@@ -564,8 +568,7 @@ impl Locker {
                         drop(turn);
                         let (key, token) = orphan.disarm();
                         let lease_len = granted.unwrap_or(lease_len);
-                        let hold =
-                            Hold::new(self.clone(), key, token, fence, sent_at, lease_len, fair);
+                        let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease_len);
                         hold.follow_engine(lost);
                         return Ok(LockGuard::new(hold, lease, options.max_hold));
                     }
@@ -712,7 +715,6 @@ struct OrphanCleanup<'a> {
     locker: &'a Locker,
     key: String,
     token: Token,
-    fair: bool,
     armed: bool,
 }
 
@@ -724,7 +726,6 @@ impl OrphanCleanup<'_> {
                 self.locker.clone(),
                 self.key.clone(),
                 self.token.clone(),
-                self.fair,
             );
         }
     }
@@ -763,7 +764,6 @@ pub(crate) fn spawn_release(
     locker: Locker,
     key: String,
     token: Token,
-    fair: bool,
 ) {
     let Some(runtime) = runtime
         .cloned()
@@ -773,7 +773,7 @@ pub(crate) fn spawn_release(
         return;
     };
     runtime.spawn(async move {
-        if let Err(error) = locker.backend().release(&key, &token, fair).await {
+        if let Err(error) = locker.backend().release(&key, &token).await {
             tracing::error!(key = %key, error = %error, "lock release after drop failed; the lease will free it");
         }
     });

@@ -168,20 +168,29 @@ impl Backend for MemoryBackend {
         &'a self,
         key: &'a str,
         token: &'a Token,
-        _fair: bool,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         let released = self.with_table(|table, now| {
             let mine = table.live(key, now).is_some_and(|e| e.token == *token);
             if mine {
                 table.held.remove(key);
-            }
-            let left = table.leave_queue(key, token);
-            if mine || left {
                 self.watchers.wake(Some(key), None);
             }
             mine
         });
         Box::pin(std::future::ready(Ok(released)))
+    }
+
+    fn leave_queue<'a>(
+        &'a self,
+        key: &'a str,
+        place: &'a Token,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        self.with_table(|table, _| {
+            if table.leave_queue(key, place) {
+                self.watchers.wake(Some(key), None);
+            }
+        });
+        Box::pin(std::future::ready(Ok(())))
     }
 
     fn extend<'a>(

@@ -120,10 +120,11 @@ pub(crate) struct Queued<'a> {
 ///   holder's remaining lease when known, and whether the engine keeps a place in line (the
 ///   request's [`Queued::place`], or `token`'s own on an engine with a line). A key left
 ///   without expiry is given one (the TTL recheck) where the engine can have such keys.
-/// - `release`: give up `token`'s hold or place in line (deleting nothing of anyone else's;
-///   `false` when it held nothing) and wake the key's waiters: on an engine with a queue, by
-///   naming the place now first in it. `token` may also be a [`Queued::place`] leaving the
-///   queue. `fair`: the hold was taken in fair mode.
+/// - `release`: give up `token`'s hold, or its place in line on an engine with a line (deleting
+///   nothing of anyone else's; `false` when it held nothing), and wake the key's waiters: on an
+///   engine with a queue, by naming the place now first in it.
+/// - `leave_queue`: take a [`Queued::place`] out of the key's queue (its process has no more
+///   waiters), waking the place then first; engines without a queue have nothing to do.
 /// - `extend`: reset the lease only while `token` holds the key; never re-creates it.
 /// - `watch`: a wake-up for when `token` may have become first (any release of the key, or the
 ///   deletion of `token`'s predecessor on an engine with a line), shared by this client's
@@ -136,8 +137,15 @@ pub(crate) trait Backend: Send + Sync + 'static {
         &'a self,
         key: &'a str,
         token: &'a Token,
-        fair: bool,
     ) -> BoxFuture<'a, Result<bool, BackendError>>;
+
+    fn leave_queue<'a>(
+        &'a self,
+        _key: &'a str,
+        _place: &'a Token,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 
     fn watch<'a>(&'a self, key: &'a str, token: &'a Token) -> BoxFuture<'a, Option<Watch>>;
 

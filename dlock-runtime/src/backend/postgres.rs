@@ -160,19 +160,13 @@ SELECT t.fence,
        END
   FROM (SELECT (SELECT fence FROM taken) AS fence) t";
 
-/// Give up the lock (if `$2` holds it) and `$2`'s place in the queue (if it is one: a process
-/// with no more waiters), and announce it when someone waited or a place left, naming the
-/// place now first in line.
-const RELEASE_QUEUED: &str = "\
-WITH gone AS (
-    DELETE FROM dlock_locks WHERE key = $1 AND token = $2
-    RETURNING expires_at > clock_timestamp() AS live, contended
-), left_line AS (
+/// A place leaves the key's queue (its process has no more waiters), announced, naming the
+/// place then first in line, when it was there.
+const LEAVE: &str = "\
+WITH left_line AS (
     DELETE FROM dlock_waiters WHERE key = $1 AND token = $2 RETURNING place
 )
-SELECT (SELECT live FROM gone),
-       CASE WHEN coalesce((SELECT contended FROM gone), false)
-                 OR EXISTS (SELECT 1 FROM left_line) THEN
+SELECT CASE WHEN EXISTS (SELECT 1 FROM left_line) THEN
            pg_notify('dlock_release', coalesce(
                (SELECT left(token, 8) FROM dlock_waiters
                  WHERE key = $1 AND token <> $2 AND gone_at > clock_timestamp()
@@ -235,7 +229,7 @@ struct Statements {
     acquire: Statement,
     acquire_queued: Statement,
     release: Statement,
-    release_queued: Statement,
+    leave: Statement,
     extend: Statement,
 }
 
@@ -291,7 +285,8 @@ enum Op<'a> {
     /// Key, token, lease in ms, and the place in the key's queue.
     Acquire(&'a str, &'a Token, i64, Option<Queued<'a>>),
     /// Key, token (a hold's, or a place's), and whether it may be a place in the queue.
-    Release(&'a str, &'a Token, bool),
+    Release(&'a str, &'a Token),
+    Leave(&'a str, &'a Token),
     Extend(&'a str, &'a Token, i64),
 }
 
@@ -300,6 +295,7 @@ impl Op<'_> {
         match self {
             Self::Acquire(..) => "acquire",
             Self::Release(..) => "release",
+            Self::Leave(..) => "leave the queue",
             Self::Extend(..) => "extend",
         }
     }
@@ -456,14 +452,15 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                 ttl_ms: row.try_get(1)?,
             })
         }
-        Op::Release(key, token, queued) => {
-            let statement = if queued {
-                &statements.release_queued
-            } else {
-                &statements.release
-            };
+        Op::Leave(key, place) => {
+            client
+                .execute(&statements.leave, &[&key, &place.as_str()])
+                .await?;
+            Ok(Reply::Done(true))
+        }
+        Op::Release(key, token) => {
             let row = client
-                .query_opt(statement, &[&key, &token.as_str()])
+                .query_opt(&statements.release, &[&key, &token.as_str()])
                 .await?;
             let live = match row {
                 Some(row) => row.try_get::<_, Option<bool>>(0)?.unwrap_or(false),
@@ -571,11 +568,11 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
             "created the PostgreSQL lock table `dlock_locks` and sequence `dlock_fence`"
         );
     }
-    let (acquire, acquire_queued, release, release_queued, extend) = tokio::join!(
+    let (acquire, acquire_queued, release, leave, extend) = tokio::join!(
         client.prepare(ACQUIRE),
         client.prepare(ACQUIRE_QUEUED),
         client.prepare(RELEASE),
-        client.prepare(RELEASE_QUEUED),
+        client.prepare(LEAVE),
         client.prepare(EXTEND)
     );
     let prepared = (|| {
@@ -583,7 +580,7 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
             acquire: acquire?,
             acquire_queued: acquire_queued?,
             release: release?,
-            release_queued: release_queued?,
+            leave: leave?,
             extend: extend?,
         })
     })();
@@ -668,16 +665,25 @@ impl Backend for PostgresBackend {
         &'a self,
         key: &'a str,
         token: &'a Token,
-        fair: bool,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            // `fair`: a fair hold, or a place leaving the queue; either may have a place.
-            match self.call(Op::Release(key, token, fair)).await? {
+            match self.call(Op::Release(key, token)).await? {
                 Reply::Done(live) => Ok(live),
                 Reply::Acquire { .. } => {
                     Err(BackendError::new("PostgreSQL release: unexpected reply"))
                 }
             }
+        })
+    }
+
+    fn leave_queue<'a>(
+        &'a self,
+        key: &'a str,
+        place: &'a Token,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            self.call(Op::Leave(key, place)).await?;
+            Ok(())
         })
     }
 

@@ -25,6 +25,7 @@ use crate::{
 static ACQUIRE: OnceLock<Script> = OnceLock::new();
 static ACQUIRE_FAIR: OnceLock<Script> = OnceLock::new();
 static RELEASE: OnceLock<Script> = OnceLock::new();
+static LEAVE: OnceLock<Script> = OnceLock::new();
 static EXTEND: OnceLock<Script> = OnceLock::new();
 #[cfg(feature = "redlock")]
 static RAISE: OnceLock<Script> = OnceLock::new();
@@ -47,6 +48,9 @@ fn acquire_queued_script() -> &'static Script {
 }
 fn release_script() -> &'static Script {
     RELEASE.get_or_init(|| Script::new(include_str!("release.lua")))
+}
+fn leave_script() -> &'static Script {
+    LEAVE.get_or_init(|| Script::new(include_str!("leave.lua")))
 }
 fn extend_script() -> &'static Script {
     EXTEND.get_or_init(|| Script::new(include_str!("extend.lua")))
@@ -366,7 +370,7 @@ impl RedisBackend {
             Ok(n) if n >= i64::from(self.wait_replicas) => Ok(()),
             outcome => {
                 // Not known to survive a failover: undo it, then report.
-                let _ = self.release(key, token, false).await;
+                let _ = self.release(key, token).await;
                 let why = match outcome {
                     Ok(n) => format!(
                         "the lock was acknowledged by {n} of the {} replicas DLOCK_REDIS_WAIT asks \
@@ -569,17 +573,15 @@ impl Backend for RedisBackend {
         &'a self,
         key: &'a str,
         token: &'a Token,
-        _fair: bool,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            // With the queue, whatever the mode of this hold: a waiting place may be `token`'s
-            // (it leaves), and the wake-up names the place now first in line.
+            // The queue, to name the place first in line in the wake-up.
             let mut invocation = release_script().prepare_invoke();
             invocation
                 .key(key)
                 .key(companion(&self.fair_prefix, key, "queue"))
-                .key(companion(&self.fair_prefix, key, "waiters"));
-            invocation.arg(token.as_str()).arg(self.publish_command());
+                .arg(token.as_str())
+                .arg(self.publish_command());
             // release.lua: bit 0 deleted, bit 1 the notification was refused (no channel
             // permission); the release stands either way.
             let reply: i64 = self.call("release", invocation).await?;
@@ -587,6 +589,27 @@ impl Backend for RedisBackend {
                 self.publish_denied(key);
             }
             Ok(reply & 1 == 1)
+        })
+    }
+
+    fn leave_queue<'a>(
+        &'a self,
+        key: &'a str,
+        place: &'a Token,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            let mut invocation = leave_script().prepare_invoke();
+            invocation
+                .key(key)
+                .key(companion(&self.fair_prefix, key, "queue"))
+                .key(companion(&self.fair_prefix, key, "waiters"))
+                .arg(place.as_str())
+                .arg(self.publish_command());
+            let reply: i64 = self.call("leave the queue", invocation).await?;
+            if reply & 2 != 0 {
+                self.publish_denied(key);
+            }
+            Ok(())
         })
     }
 

@@ -147,7 +147,7 @@ impl RedLockBackend {
 
     /// Compare-and-delete by token on every master, for an attempt that did not get the lock.
     async fn undo(&self, key: &str, token: &Token) {
-        let round = self.round(|node| node.release(key, token, false)).await;
+        let round = self.round(|node| node.release(key, token)).await;
         if round.failed() > 0 {
             tracing::debug!(
                 key = %key,
@@ -281,10 +281,9 @@ impl Backend for RedLockBackend {
         &'a self,
         key: &'a str,
         token: &'a Token,
-        _fair: bool,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            let round = self.round(|node| node.release(key, token, false)).await;
+            let round = self.round(|node| node.release(key, token)).await;
             let deleted = round.count(|d| *d);
             let not_ours = round.count(|d| !*d);
             if deleted >= self.quorum {
