@@ -478,14 +478,12 @@ impl Locker {
         // line's place; a fair waiter takes the lock only at the head of the queue.
         let queue_engine = self.inner.queue_engine;
         let liveness = waiter_liveness(settings);
-        // A subscription already up (another waiter's, or a recent one's) covers the first
-        // attempt; otherwise the first refusal asks for one. A single attempt needs neither.
-        let mut watch = if settings.notify && !timeout.is_zero() {
-            self.backend().watching(key, &orphan.token)
-        } else {
-            None
-        };
-        let mut watch_asked = !settings.notify || watch.is_some();
+        // A waiter's release wake-up: armed before its first attempt when it waits in line from
+        // the start, else after its first refusal (then it tries again at once: the release may
+        // have come before the wake-up was armed). An uncontended acquisition asks for none, and
+        // a single attempt needs none.
+        let mut watch = None;
+        let mut watch_asked = !settings.notify || timeout.is_zero();
         // The in-process line (see `Lines`): a fair waiter joins it before its first attempt
         // (even a single attempt: it asks from the line's place, so it never passes the queue),
         // and so does any waiter of a key that has waiters here already; otherwise a waiter joins
@@ -499,9 +497,9 @@ impl Locker {
             match lines.turn(self, key, deadline).await? {
                 Some(first) => {
                     handed_on = first.handed_on().filter(|_| queue_engine);
-                    // The waiters ahead subscribed meanwhile, most likely: arm from that.
-                    if first.waited && !watch_asked {
-                        watch = self.backend().watching(key, &orphan.token);
+                    // The waiters ahead subscribed, most likely: arm from that (no I/O).
+                    if !watch_asked {
+                        watch = self.backend().watching(key, token);
                         watch_asked = watch.is_some();
                     }
                     turn = Some(first);
@@ -595,11 +593,11 @@ impl Locker {
                                 Some(first) => {
                                     turn = Some(first);
                                     if queue_engine {
-                                        // Not in the engine's queue yet: subscribe, then join it
-                                        // with the next attempt.
+                                        // Not in the engine's queue yet: arm the wake-up, then
+                                        // join the queue with the next attempt.
                                         if !watch_asked {
                                             watch_asked = true;
-                                            watch = self.backend().watch(key, token).await;
+                                            watch = self.wake_up(key, token).await;
                                         }
                                         continue;
                                     }
@@ -609,10 +607,10 @@ impl Locker {
                             }
                         }
                         if !watch_asked && Instant::now() < deadline {
-                            // Subscribe on the first refusal, then try again at once: the release
-                            // may have come before the subscription did.
+                            // Arm the wake-up on the first refusal, then try again at once: the
+                            // release may have come before it was armed.
                             watch_asked = true;
-                            watch = self.backend().watch(key, token).await;
+                            watch = self.wake_up(key, token).await;
                             if watch.is_some() {
                                 continue;
                             }
@@ -703,6 +701,16 @@ impl Locker {
                 tracing::info!(attempts, ?waited, "lock wait timed out");
                 Err(LockError::Timeout { key, waited })
             }
+        }
+    }
+}
+
+impl Locker {
+    /// A release wake-up for `key`: a subscription already up (no I/O), or else a new one.
+    async fn wake_up(&self, key: &str, token: &Token) -> Option<crate::backend::Watch> {
+        match self.backend().watching(key, token) {
+            Some(watch) => Some(watch),
+            None => self.backend().watch(key, token).await,
         }
     }
 }

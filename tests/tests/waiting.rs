@@ -152,11 +152,11 @@ async fn a_channel_lingers_after_its_last_waiter_then_goes() {
     }
 }
 
-/// A waiter that finds its key's channel still subscribed is covered from its first attempt:
-/// no SUBSCRIBE, and after the refusal only the attempt that puts its place in the key's queue
-/// (so that the release names it), until the release wakes it.
+/// A waiter that finds its key's channel still subscribed arms from it: no SUBSCRIBE, and after
+/// the refusal only the attempt that puts its place in the key's queue (so that the release
+/// names it, and covering a release before the wake-up was armed), until the release wakes it.
 #[tokio::test]
-async fn a_lingering_subscription_covers_the_next_waiter_from_its_first_attempt() {
+async fn a_lingering_subscription_covers_the_next_waiter() {
     let server = RedisServer::start();
     let (holder, waiter) = (server.locker(), slow_poller(Some(&server.url()), true));
     let key = unique_key("covered");
