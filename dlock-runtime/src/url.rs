@@ -194,7 +194,8 @@ impl<'a> HostList<'a> {
         Ok(n)
     }
 
-    /// `redis://[userinfo@]host:port` (or `rediss://`) for each host, with `path` after it.
+    /// `redis://[userinfo@]host:port` (or `rediss://`) for each host, with `path` after it and
+    /// the URL's query (`?protocol=resp3`, …), which every node's connection then reads.
     #[cfg(any(
         feature = "redis-cluster",
         feature = "redis-sentinel",
@@ -203,9 +204,10 @@ impl<'a> HostList<'a> {
     pub(crate) fn node_urls(&self, path: &str) -> Vec<String> {
         let scheme = if self.tls { "rediss" } else { "redis" };
         let userinfo = self.userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+        let query = self.query.map(|q| format!("?{q}")).unwrap_or_default();
         self.hosts
             .iter()
-            .map(|(host, port)| format!("{scheme}://{userinfo}{host}:{port}{path}"))
+            .map(|(host, port)| format!("{scheme}://{userinfo}{host}:{port}{path}{query}"))
             .collect()
     }
 }
@@ -358,6 +360,15 @@ mod tests {
         assert_eq!(hosts.userinfo, Some("app:p@ss/w,rd"));
         assert_eq!(hosts.hosts, vec![("h1", 7000), ("h2", 7001)]);
         assert_eq!(hosts.query, Some("x=1"));
+        #[cfg(feature = "redis-cluster")]
+        assert!(
+            hosts
+                .node_urls("/0")
+                .iter()
+                .all(|node| node.ends_with("/0?x=1")),
+            "the query reaches every node: {:?}",
+            hosts.node_urls("/0")
+        );
         let sentinel = HostList::parse("X", "redis+sentinel://s1:1,s2:2/mymaster/2", "").unwrap();
         assert_eq!(sentinel.master_name("X", "").unwrap(), "mymaster");
     }
