@@ -157,6 +157,22 @@ impl RedLockBackend {
         }
     }
 
+    /// What a majority of masters answered to `what` (a release or an extension of our lock):
+    /// `true` when a majority did (`did` says what, for the error), `false` when more than a
+    /// minority did not (then no majority can have), and an error when the masters that did not
+    /// answer could still tip it either way.
+    fn majority(&self, what: &str, did: &str, round: Round<bool>) -> Result<bool, BackendError> {
+        let yes = round.count(|done| *done);
+        let no = round.count(|done| !*done);
+        if yes >= self.quorum {
+            Ok(true)
+        } else if no > self.nodes.len() - self.quorum {
+            Ok(false)
+        } else {
+            Err(self.no_majority(what, round, &format!("{yes} {did}, {no} did not")))
+        }
+    }
+
     /// The error of a round without a majority either way: how the masters answered, with the
     /// first master's error as the source. Refused when every failure is a refusal (an ACL, a
     /// key of another type): asking again cannot cure it.
@@ -284,21 +300,9 @@ impl Backend for RedLockBackend {
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
             let round = self.round(|node| node.release(key, token)).await;
-            let deleted = round.count(|d| *d);
-            let not_ours = round.count(|d| !*d);
-            if deleted >= self.quorum {
-                Ok(true)
-            } else if not_ours > self.nodes.len() - self.quorum {
-                // Our token was on a minority at most: the lock was lost (what was left of it is
-                // deleted all the same).
-                Ok(false)
-            } else {
-                Err(self.no_majority(
-                    "release",
-                    round,
-                    &format!("{deleted} held our lock, {not_ours} did not"),
-                ))
-            }
+            // Deleted on a minority at most: the lock was lost (what was left of it is deleted
+            // all the same).
+            self.majority("release", "held our lock", round)
         })
     }
 
@@ -310,19 +314,7 @@ impl Backend for RedLockBackend {
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
             let round = self.round(|node| node.extend(key, token, lease)).await;
-            let extended = round.count(|e| *e);
-            let not_ours = round.count(|e| !*e);
-            if extended >= self.quorum {
-                Ok(true)
-            } else if not_ours > self.nodes.len() - self.quorum {
-                Ok(false)
-            } else {
-                Err(self.no_majority(
-                    "extend",
-                    round,
-                    &format!("{extended} extended, {not_ours} did not hold our lock"),
-                ))
-            }
+            self.majority("extend", "extended our lock", round)
         })
     }
 
