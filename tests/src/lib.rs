@@ -82,6 +82,40 @@ pub async fn racy_increment(counter: &AtomicU64) {
     counter.store(seen + 1, Ordering::SeqCst);
 }
 
+/// `waiters` tasks of `locker` contend for `key` at once, each taking it once (with `options`)
+/// to run [`racy_increment`] on one counter; returns the counter, which is `waiters` unless
+/// holders overlapped.
+///
+/// # Panics
+/// When an acquisition or a release fails.
+pub async fn contend(
+    locker: &Locker,
+    key: &str,
+    options: &dlock_runtime::LockOptions,
+    waiters: u64,
+) -> u64 {
+    let counter = std::sync::Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..waiters)
+        .map(|_| {
+            let (locker, key, counter, options) = (
+                locker.clone(),
+                key.to_owned(),
+                counter.clone(),
+                options.clone(),
+            );
+            tokio::spawn(async move {
+                let guard = locker.acquire(&key, options).await.unwrap();
+                racy_increment(&counter).await;
+                guard.release().await.unwrap();
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    counter.load(Ordering::SeqCst)
+}
+
 /// A `tracing` writer that keeps what is written, for tests that read the events dlock emitted.
 #[derive(Clone, Debug, Default)]
 pub struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);

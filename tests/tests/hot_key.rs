@@ -11,33 +11,17 @@ use std::{
 };
 
 use dlock_runtime::{LockOptions, Locker};
-use dlock_tests::{RedisServer, acquire_and_release, racy_increment, unique_key};
+use dlock_tests::{RedisServer, acquire_and_release, contend, racy_increment, unique_key};
 
 const WAITERS: u64 = 64;
 
-/// 64 tasks of one locker contend for one key, each incrementing a non-atomic counter under the
-/// lock; returns the counter.
-async fn contend(locker: &Locker, key: &str, options: LockOptions) -> u64 {
-    let counter = Arc::new(AtomicU64::new(0));
-    let tasks: Vec<_> = (0..WAITERS)
-        .map(|_| {
-            let (locker, key, counter, options) = (
-                locker.clone(),
-                key.to_owned(),
-                counter.clone(),
-                options.clone(),
-            );
-            tokio::spawn(async move {
-                let guard = locker.acquire(&key, options).await.unwrap();
-                racy_increment(&counter).await;
-                guard.release().await.unwrap();
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.unwrap();
-    }
-    counter.load(Ordering::SeqCst)
+/// A locker on `server` whose waits outlast 64 holds in turn.
+fn patient_locker(server: &RedisServer) -> Locker {
+    Locker::builder()
+        .redis_url(server.url())
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
 }
 
 /// Without the in-process line, each release woke all 64 waiters and each asked Redis again:
@@ -48,11 +32,7 @@ async fn contend(locker: &Locker, key: &str, options: LockOptions) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_one_waiter_per_process() {
     let server = RedisServer::start();
-    let locker = Locker::builder()
-        .redis_url(server.url())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let locker = patient_locker(&server);
     for (mode, options, most) in [
         ("default", LockOptions::new(), 3.5),
         ("fair", LockOptions::new().fair(), 2.5),
@@ -61,7 +41,7 @@ async fn a_release_wakes_one_waiter_per_process() {
         acquire_and_release(&locker, &key).await;
         let before = server.calls("evalsha");
         assert_eq!(
-            contend(&locker, &key, options).await,
+            contend(&locker, &key, &options, WAITERS).await,
             WAITERS,
             "{mode}: holders overlapped"
         );
@@ -81,9 +61,12 @@ async fn the_embedded_backend_serves_a_hot_key_in_line_too() {
         .build()
         .unwrap();
     let key = unique_key("hot");
-    assert_eq!(contend(&locker, &key, LockOptions::new()).await, WAITERS);
     assert_eq!(
-        contend(&locker, &key, LockOptions::new().fair()).await,
+        contend(&locker, &key, &LockOptions::new(), WAITERS).await,
+        WAITERS
+    );
+    assert_eq!(
+        contend(&locker, &key, &LockOptions::new().fair(), WAITERS).await,
         WAITERS
     );
 }
@@ -94,11 +77,7 @@ async fn the_embedded_backend_serves_a_hot_key_in_line_too() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_waiters_leave_their_place_and_no_lock() {
     let server = RedisServer::start();
-    let locker = Locker::builder()
-        .redis_url(server.url())
-        .timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let locker = patient_locker(&server);
     for options in [LockOptions::new(), LockOptions::new().fair()] {
         let key = unique_key("cancelled");
         let counter = Arc::new(AtomicU64::new(0));
@@ -108,18 +87,19 @@ async fn cancelled_waiters_leave_their_place_and_no_lock() {
                 let (locker, key, options) = (locker.clone(), key.clone(), options.clone());
                 let (counter, done) = (counter.clone(), done.clone());
                 tokio::spawn(async move {
-                    let work = async {
-                        let guard = locker.acquire(&key, options).await.unwrap();
-                        racy_increment(&counter).await;
-                        guard.release().await.unwrap();
-                        done.fetch_add(1, Ordering::SeqCst);
-                    };
-                    if i % 3 == 0 {
+                    let wait = locker.acquire(&key, options);
+                    let guard = if i % 3 == 0 {
                         // Gives up somewhere in its wait: 0 to 189ms in.
-                        let _ = tokio::time::timeout(Duration::from_millis(i * 3), work).await;
+                        match tokio::time::timeout(Duration::from_millis(i * 3), wait).await {
+                            Ok(guard) => guard.unwrap(),
+                            Err(_) => return,
+                        }
                     } else {
-                        work.await;
-                    }
+                        wait.await.unwrap()
+                    };
+                    racy_increment(&counter).await;
+                    guard.release().await.unwrap();
+                    done.fetch_add(1, Ordering::SeqCst);
                 })
             })
             .collect();

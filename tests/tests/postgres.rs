@@ -795,27 +795,8 @@ async fn a_hot_key_wakes_one_waiter_per_release() {
         let key = unique_key("hot");
         dlock_tests::acquire_and_release(&locker, &key).await;
         let before = statements().await;
-        let counter = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let tasks: Vec<_> = (0..WAITERS)
-            .map(|_| {
-                let (locker, key, counter, options) = (
-                    locker.clone(),
-                    key.clone(),
-                    counter.clone(),
-                    options.clone(),
-                );
-                tokio::spawn(async move {
-                    let guard = locker.acquire(&key, options).await.unwrap();
-                    dlock_tests::racy_increment(&counter).await;
-                    guard.release().await.unwrap();
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.unwrap();
-        }
         assert_eq!(
-            counter.load(std::sync::atomic::Ordering::SeqCst),
+            dlock_tests::contend(&locker, &key, &options, WAITERS).await,
             WAITERS,
             "{mode}: holders overlapped"
         );

@@ -163,24 +163,20 @@ async fn hot(
             tokio::spawn(async move {
                 let mut made = 0u64;
                 for round in 0..4 {
-                    let once = async {
-                        let guard = locker.acquire(&key, options.clone()).await?;
-                        increment(&mut redis, &format!("{key}:counter")).await?;
-                        guard.release().await?;
-                        Ok::<_, WorkerError>(())
-                    };
-                    if i % 4 == 0 && round == 1 {
+                    let wait = locker.acquire(&key, options.clone());
+                    let guard = if i % 4 == 0 && round == 1 {
                         // Gives up somewhere in its wait (0 to 60ms in): first in line, behind
                         // others, or while asking the server.
-                        let give_up = Duration::from_millis(i % 61);
-                        if let Ok(done) = tokio::time::timeout(give_up, once).await {
-                            done?;
-                            made += 1;
+                        match tokio::time::timeout(Duration::from_millis(i % 61), wait).await {
+                            Ok(guard) => guard?,
+                            Err(_) => continue,
                         }
                     } else {
-                        once.await?;
-                        made += 1;
-                    }
+                        wait.await?
+                    };
+                    increment(&mut redis, &format!("{key}:counter")).await?;
+                    guard.release().await?;
+                    made += 1;
                 }
                 Ok::<_, WorkerError>(made)
             })
