@@ -74,6 +74,11 @@ struct Inner {
     lines: Lines,
     /// The engine keeps a queue of places ([`FairOrder::Queue`]): waiters wait in it.
     queue_engine: bool,
+    /// Every attempt takes a place in the engine's own line ([`FairOrder::Native`]: etcd,
+    /// ZooKeeper): a waiter holding one there must never also wait behind this process's other
+    /// waiters here, or they would wait for each other. So every waiter joins the in-process
+    /// line before its first attempt there, as a fair one does everywhere.
+    native_line: bool,
 }
 
 /// The in-process lines of waiters, one per contended key: the waiters of a key on one locker
@@ -286,6 +291,7 @@ impl Locker {
             inner: Arc::new(Inner {
                 settings,
                 queue_engine: backend.fair_order() == FairOrder::Queue,
+                native_line: backend.fair_order() == FairOrder::Native,
                 backend,
                 lines: Lines::default(),
             }),
@@ -486,14 +492,16 @@ impl Locker {
         let mut watch_asked = !settings.notify || timeout.is_zero();
         // The in-process line (see `Lines`): a fair waiter joins it before its first attempt
         // (even a single attempt: it asks from the line's place, so it never passes the queue),
-        // and so does any waiter of a key that has waiters here already; otherwise a waiter joins
-        // after its first refusal, so an uncontended acquisition pays one atomic read for it.
+        // and so does any waiter on an engine with its own line (`native_line`) or of a key that
+        // has waiters here already; otherwise a waiter joins after its first refusal, so an
+        // uncontended acquisition pays one atomic read for it.
         let lines = &self.inner.lines;
         let mut turn = None;
         // The waiter before this one took the lock, having heard this many release wake-ups:
         // nothing to ask until another comes.
         let mut handed_on = None;
-        if fair || (!timeout.is_zero() && lines.busy(key)) {
+        let native_line = self.inner.native_line;
+        if fair || (!timeout.is_zero() && (native_line || lines.busy(key))) {
             match lines.turn(self, key, deadline).await? {
                 Some(first) => {
                     handed_on = first.handed_on().filter(|_| queue_engine);
