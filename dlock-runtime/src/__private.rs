@@ -8,7 +8,10 @@ use crate::{guard::Hold, scope::in_scope};
 /// The key text of a template.
 #[must_use]
 pub fn key(args: std::fmt::Arguments<'_>) -> String {
-    args.to_string()
+    // With room for a prefix, which the locker writes in front of it in this buffer.
+    let mut key = String::with_capacity(64);
+    let _ = std::fmt::Write::write_fmt(&mut key, args);
+    key
 }
 
 /// The default client.
@@ -41,7 +44,7 @@ pub async fn acquire(
     key: String,
     options: LockOptions,
 ) -> Result<LockGuard, LockError> {
-    locker?.acquire(&key, options).await
+    locker?.acquire_owned(key, options).await
 }
 
 /// Test support for the shared semantic suite: two acquisition attempts with one token, as when

@@ -318,7 +318,24 @@ impl Locker {
     ///   (nothing is sent);
     /// - [`LockError::Config`] for a zero lease, or `max_hold` without `expire_auto`.
     pub async fn acquire(&self, key: &str, options: LockOptions) -> Result<LockGuard, LockError> {
-        let full_key = self.full_key(key)?;
+        self.acquire_full(self.full_key(key)?, options).await
+    }
+
+    /// [`acquire`](Self::acquire) with a key the caller made for it (the attribute's): its
+    /// buffer becomes the full key.
+    pub(crate) async fn acquire_owned(
+        &self,
+        key: String,
+        options: LockOptions,
+    ) -> Result<LockGuard, LockError> {
+        self.acquire_full(self.full_key_from(key)?, options).await
+    }
+
+    async fn acquire_full(
+        &self,
+        full_key: String,
+        options: LockOptions,
+    ) -> Result<LockGuard, LockError> {
         let settings = &self.inner.settings;
         let timeout = options.timeout.unwrap_or(settings.timeout);
         let lease = options.lease.unwrap_or(Lease::Fixed(settings.expire));
@@ -424,6 +441,35 @@ impl Locker {
     }
 
     fn full_key(&self, key: &str) -> Result<String, LockError> {
+        self.check_key(key)?;
+        let prefix = &self.inner.settings.key_prefix;
+        let mut full = String::with_capacity(prefix.len() + key.len());
+        full.push_str(prefix);
+        full.push_str(key);
+        self.engine_accepts(full)
+    }
+
+    /// [`full_key`](Self::full_key) made in `key`'s own buffer (no allocation when it has room
+    /// for the prefix).
+    fn full_key_from(&self, mut key: String) -> Result<String, LockError> {
+        self.check_key(&key)?;
+        key.insert_str(0, &self.inner.settings.key_prefix);
+        self.engine_accepts(key)
+    }
+
+    /// The full key, unless the engine cannot store it.
+    fn engine_accepts(&self, full: String) -> Result<String, LockError> {
+        match self.backend().key_error(&full) {
+            Some(reason) => {
+                let key = &full[self.inner.settings.key_prefix.len()..];
+                Err(LockError::invalid_key(key, reason))
+            }
+            None => Ok(full),
+        }
+    }
+
+    /// The rules for a key, before its prefix.
+    fn check_key(&self, key: &str) -> Result<(), LockError> {
         let settings = &self.inner.settings;
         if key.is_empty() {
             return Err(LockError::invalid_key(key, "the key is empty"));
@@ -452,11 +498,7 @@ impl Locker {
                 ),
             ));
         }
-        let full = format!("{}{key}", settings.key_prefix);
-        if let Some(reason) = self.backend().key_error(&full) {
-            return Err(LockError::invalid_key(key, reason));
-        }
-        Ok(full)
+        Ok(())
     }
 
     async fn wait_for(

@@ -6,10 +6,11 @@ use std::{future::Future, sync::Arc};
 
 use crate::{Locker, guard::Hold};
 
-/// What the locked bodies running on this task hold, innermost last.
-#[derive(Clone)]
+/// What the locked bodies running on this task hold: the innermost body's hold, and those of
+/// the bodies around it, innermost last (empty, so unallocated, for a body not nested in another).
 struct Scope {
-    holds: Vec<Arc<Hold>>,
+    innermost: Arc<Hold>,
+    outer: Vec<Arc<Hold>>,
 }
 
 tokio::task_local! {
@@ -21,19 +22,27 @@ pub(crate) fn in_scope<F: Future>(
     hold: &Arc<Hold>,
     body: F,
 ) -> impl Future<Output = F::Output> + use<F> {
-    let mut holds = SCOPE.try_with(|s| s.holds.clone()).unwrap_or_default();
-    holds.push(hold.clone());
-    SCOPE.scope(Scope { holds }, body)
+    let outer = SCOPE
+        .try_with(|s| {
+            let mut outer = Vec::with_capacity(s.outer.len() + 1);
+            outer.extend(s.outer.iter().cloned());
+            outer.push(s.innermost.clone());
+            outer
+        })
+        .unwrap_or_default();
+    let scope = Scope {
+        innermost: hold.clone(),
+        outer,
+    };
+    SCOPE.scope(scope, body)
 }
 
 /// The hold on `key` through `locker` that an enclosing scope of this task has.
 pub(crate) fn scoped_hold(locker: &Locker, key: &str) -> Option<Arc<Hold>> {
     SCOPE
         .try_with(|scope| {
-            scope
-                .holds
-                .iter()
-                .rev()
+            std::iter::once(&scope.innermost)
+                .chain(scope.outer.iter().rev())
                 .find(|h| h.key() == key && h.locker().same_as(locker))
                 .cloned()
         })
@@ -60,8 +69,5 @@ pub(crate) fn scoped_hold(locker: &Locker, key: &str) -> Option<Arc<Hold>> {
 /// ```
 #[must_use]
 pub fn fencing_token() -> Option<u64> {
-    SCOPE
-        .try_with(|scope| scope.holds.last().map(|h| h.fence()))
-        .ok()
-        .flatten()
+    SCOPE.try_with(|scope| scope.innermost.fence()).ok()
 }
