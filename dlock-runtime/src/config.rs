@@ -33,6 +33,9 @@ pub enum BackendKind {
     /// A Redis master found through these sentinels
     /// (`redis+sentinel://[user:password@]s1:p1,s2:p2/<master>`; feature `redis-sentinel`).
     RedisSentinel(RedisUrl),
+    /// An etcd cluster reached through these endpoints (`etcd://[user:password@]h1:p1,h2:p2`,
+    /// `etcds://` for TLS; feature `etcd`).
+    Etcd(RedisUrl),
     /// The embedded in-process backend.
     Memory,
 }
@@ -43,6 +46,7 @@ impl fmt::Debug for BackendKind {
             Self::Redis(url) => f.debug_tuple("Redis").field(url).finish(),
             Self::RedisCluster(url) => f.debug_tuple("RedisCluster").field(url).finish(),
             Self::RedisSentinel(url) => f.debug_tuple("RedisSentinel").field(url).finish(),
+            Self::Etcd(url) => f.debug_tuple("Etcd").field(url).finish(),
             Self::Memory => f.write_str("Memory"),
         }
     }
@@ -99,7 +103,7 @@ impl RedisUrl {
         Self(url.to_owned())
     }
 
-    #[cfg(feature = "redis")]
+    #[cfg(any(feature = "redis", feature = "etcd"))]
     pub(crate) fn as_str(&self) -> &str {
         &self.0
     }

@@ -764,6 +764,10 @@ impl LockerBuilder {
         let backend: Arc<dyn Backend> = match &self.settings.backend {
             BackendKind::Memory if self.private_memory => Arc::new(MemoryBackend::default()),
             BackendKind::Memory => Arc::new(MemoryBackend::shared()),
+            #[cfg(feature = "etcd")]
+            BackendKind::Etcd(_) => Arc::new(crate::backend::etcd::EtcdBackend::from_settings(
+                &self.settings,
+            )?),
             #[cfg(feature = "redis")]
             _ => Arc::new(crate::backend::redis::RedisBackend::from_settings(
                 &self.settings,

@@ -44,7 +44,12 @@ pub(crate) fn parse(var: &str, url: &str) -> Result<BackendKind, LockError> {
         }
         "memory" => Ok(BackendKind::Memory),
         "redis+redlock" | "rediss+redlock" => Err(not_yet(var, scheme, "redlock")),
-        "etcd" | "etcds" => Err(not_yet(var, scheme, "etcd")),
+        "etcd" | "etcds" => {
+            needs(var, scheme, "etcd", cfg!(feature = "etcd"))?;
+            needs(var, scheme, "tls", scheme == "etcd" || cfg!(feature = "tls"))?;
+            HostList::parse(var, url, "etcd://[user:password@]h1:p1,h2:p2")?;
+            Ok(BackendKind::Etcd(RedisUrl::trusted(url)))
+        }
         "zk" => Err(not_yet(var, scheme, "zookeeper")),
         "postgres" | "postgresql" => Err(not_yet(var, scheme, "postgres")),
         _ => Err(LockError::config(format!(
@@ -196,11 +201,18 @@ mod tests {
                     .contains("`redis-sentinel` feature")
             );
         }
+        let etcd = parse("DLOCK_URL", "etcd://u:pw@a:2379,b:2379");
+        if cfg!(feature = "etcd") {
+            assert!(matches!(etcd, Ok(BackendKind::Etcd(_))));
+            assert!(!format!("{:?}", etcd.unwrap()).contains("pw"));
+            let bad = parse("DLOCK_URL", "etcd://u:pw@a").unwrap_err().to_string();
+            assert!(bad.contains("host:port") && !bad.contains("pw"), "{bad}");
+        } else {
+            assert!(etcd.unwrap_err().to_string().contains("`etcd` feature"));
+        }
         for (url, feature) in [
             ("redis+redlock://a:1,b:2,c:3", "`redlock`"),
             ("rediss+redlock://a:1,b:2,c:3", "`redlock`"),
-            ("etcd://a:2379", "`etcd`"),
-            ("etcds://a:2379", "`etcd`"),
             ("zk://a:2181/app", "`zookeeper`"),
             ("postgres://u:pw@db/app", "`postgres`"),
             ("postgresql://u:pw@db/app", "`postgres`"),

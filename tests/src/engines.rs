@@ -9,7 +9,7 @@ use std::{
 
 use dlock_runtime::{LockError, LockGuard, LockOptions, Locker};
 
-use crate::{RedisServer, cluster::RedisCluster, sentinel::RedisSentinels};
+use crate::{RedisServer, cluster::RedisCluster, etcd::EtcdCluster, sentinel::RedisSentinels};
 
 /// The names of the engines the shared suite runs on; [`engine_suite!`](crate::engine_suite)
 /// makes one test module of each.
@@ -20,6 +20,9 @@ use crate::{RedisServer, cluster::RedisCluster, sentinel::RedisSentinels};
 ///   succeed, and waiters poll.
 /// - `redis_cluster`: a 3-master, 3-replica Redis Cluster (one per test binary, shared).
 /// - `redis_sentinel`: a master, 2 replicas and 3 sentinels (one per test binary, shared).
+/// - `etcd`: one etcd member (one per test binary, shared).
+/// - `etcd_cluster`: 3 etcd members of one cluster, local processes (one per test binary,
+///   shared).
 /// - `memory`: the embedded backend.
 pub const ENGINES: &[&str] = &[
     "redis",
@@ -27,6 +30,8 @@ pub const ENGINES: &[&str] = &[
     "redis_acl_no_channels",
     "redis_cluster",
     "redis_sentinel",
+    "etcd",
+    "etcd_cluster",
     "memory",
 ];
 
@@ -40,7 +45,7 @@ pub const ENGINES: &[&str] = &[
 macro_rules! engine_suite {
     ($($case:ident),* $(,)?) => {
         $crate::engine_suite!(
-            @engines [redis, redis_acl, redis_acl_no_channels, redis_cluster, redis_sentinel, memory]
+            @engines [redis, redis_acl, redis_acl_no_channels, redis_cluster, redis_sentinel, etcd, etcd_cluster, memory]
             [$($case),*]
         );
     };
@@ -142,6 +147,20 @@ impl Engine {
                 let url = sentinels.url();
                 Self::Shared {
                     deployment: sentinels,
+                    url,
+                }
+            }
+            "etcd" | "etcd_cluster" => {
+                static SINGLE: Mutex<Weak<EtcdCluster>> = Mutex::new(Weak::new());
+                static THREE: Mutex<Weak<EtcdCluster>> = Mutex::new(Weak::new());
+                let etcd = if name == "etcd" {
+                    shared(&SINGLE, EtcdCluster::single)
+                } else {
+                    shared(&THREE, || EtcdCluster::start(3))
+                };
+                let url = etcd.url();
+                Self::Shared {
+                    deployment: etcd,
                     url,
                 }
             }

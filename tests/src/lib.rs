@@ -16,7 +16,9 @@ use std::{
 use dlock_runtime::Locker;
 
 pub mod engines;
-pub use dlock_examples::throwaway::{INSTALL_REDIS, RedisServer, cluster, free_port, sentinel};
+pub use dlock_examples::throwaway::{
+    INSTALL_REDIS, RedisServer, cluster, etcd, free_port, sentinel,
+};
 pub use engines::Engine;
 
 /// Takes `key` with default options and releases it at once, panicking on any error: a warm-up

@@ -16,6 +16,7 @@ use std::{
 };
 
 pub mod cluster;
+pub mod etcd;
 mod resp;
 pub mod sentinel;
 mod server;
