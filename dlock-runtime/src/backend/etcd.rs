@@ -706,26 +706,28 @@ impl Backend for EtcdBackend {
                 return Ok(false);
             };
             drop(entry.keeper);
-            let delete = async {
-                let Some(rev) = entry.rev else {
-                    return Ok(false);
-                };
-                let key = entry.own_key.clone();
-                let txn = Txn::new()
-                    .when([Compare::create_revision(key.as_str(), CompareOp::Equal, rev)])
-                    .and_then([TxnOp::delete(key.as_str(), None)]);
-                self.conn
-                    .call("delete the lock key", |mut c| async move { c.txn(txn).await })
-                    .await
-                    .map(|r| r.succeeded())
+            let Some(rev) = entry.rev else {
+                // The put's reply was lost (or never came): revoking the lease deletes the key
+                // if the put happened.
+                self.conn.revoke(entry.lease).await?;
+                return Ok(false);
             };
-            // Revoking the lease also deletes the key when the put's reply was lost.
-            let (deleted, revoked) = tokio::join!(delete, self.conn.revoke(entry.lease));
-            match (deleted, revoked) {
-                (Ok(held), _) => Ok(held),
-                (Err(_), Ok(revoked)) => Ok(revoked && entry.rev.is_some()),
-                (Err(e), Err(_)) => Err(e),
-            }
+            let key = entry.own_key.clone();
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, rev)])
+                .and_then([TxnOp::delete(key.as_str(), None)]);
+            let deleted = self
+                .conn
+                .call("delete the lock key", |mut c| async move { c.txn(txn).await })
+                .await;
+            // The lease is of no use any more; revoked off the release's path (it expires on
+            // its own should this fail). After the delete: revoking first would delete the key
+            // and make the release look lost.
+            let conn = self.conn.clone();
+            tokio::spawn(async move {
+                let _ = conn.revoke(entry.lease).await;
+            });
+            deleted.map(|r| r.succeeded())
         })
     }
 
