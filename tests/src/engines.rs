@@ -88,7 +88,10 @@ pub enum Engine {
 
 /// The deployment of `slot`, started by `start` unless a running test still holds one: tests of
 /// one binary share it, and the last one to finish stops it (nothing outlives the binary).
-fn shared<T: Send + Sync + 'static>(
+///
+/// # Panics
+/// When `start` does.
+pub fn shared<T: Send + Sync + 'static>(
     slot: &'static Mutex<Weak<T>>,
     start: impl FnOnce() -> T,
 ) -> Arc<T> {
