@@ -180,8 +180,13 @@ async fn single_attempts_and_dropped_waiters_leave_nothing() {
     assert_eq!(keys.len(), 1, "a single attempt left its key: {keys:?}");
 
     // A waiter, dropped while it waits.
-    let waiting = b.acquire(&key, LockOptions::new().timeout(Duration::from_secs(30)));
-    let waiting = tokio::spawn(async move { tokio::time::timeout(Duration::from_millis(500), waiting).await });
+    let waiting = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            let wait = b.acquire(&key, LockOptions::new().timeout(Duration::from_secs(30)));
+            tokio::time::timeout(Duration::from_millis(500), wait).await
+        })
+    };
     let keys = line_has(&etcd, &name, 2, Duration::from_secs(2)).await;
     assert_eq!(keys.len(), 2, "the waiter is in line");
     let lease = i64::from_str_radix(keys[1].rsplit('/').next().unwrap(), 16).unwrap();
