@@ -386,7 +386,11 @@ impl Locker {
         // so an uncontended acquisition pays one map lookup for it.
         let lines = &self.inner.lines;
         let mut turn = None;
-        if !timeout.is_zero() && (fair || lines.busy(key)) {
+        // On an engine whose every attempt takes a place in its line (etcd), a waiter holding
+        // one there must never wait behind this process's others here: they would wait for each
+        // other. So every waiter joins the in-process line first there, as a fair one does.
+        let native_line = self.backend().fair_order() == FairOrder::Native;
+        if !timeout.is_zero() && (fair || native_line || lines.busy(key)) {
             match lines.turn(key, deadline).await {
                 Some(first) => turn = Some(first),
                 None => return Err(orphan.timed_out(started)),

@@ -1,7 +1,8 @@
-//! The `--engine` of the oversell demo and the benchmark: which Redis deployment they run on
+//! The `--engine` of the oversell demo and the benchmark: which deployment they run on
 //! ([`Engine`]), its throwaway deployment ([`Deployment`]), and a redis-rs connection for data
-//! that is not a lock (the demo's stock, the benchmark's raw commands) on any engine URL
-//! ([`Connection`]).
+//! that is not a lock (the demo's stock, the benchmark's raw commands) on any Redis engine URL
+//! ([`Connection`]). On etcd the data stays on a throwaway `redis-server` beside it
+//! ([`Deployment::data_url`]).
 
 use std::fmt;
 
@@ -12,7 +13,8 @@ use redis::{
 };
 
 use crate::throwaway::{
-    RedisServer, cluster::RedisCluster, sentinel::INSTALL_SENTINEL, sentinel::RedisSentinels,
+    RedisServer, cluster::RedisCluster, etcd::EtcdCluster, sentinel::INSTALL_SENTINEL,
+    sentinel::RedisSentinels,
 };
 
 /// A Redis engine the examples can run on.
@@ -25,19 +27,22 @@ pub enum Engine {
     RedisCluster,
     /// A master and 2 replicas watched by 3 sentinels (`redis+sentinel://`).
     RedisSentinel,
+    /// One etcd member (`etcd://`).
+    Etcd,
 }
 
 impl Engine {
     /// The names [`FromStr`](std::str::FromStr) takes, for a usage text.
-    pub const NAMES: &str = "redis|redis-cluster|redis-sentinel";
+    pub const NAMES: &str = "redis|redis-cluster|redis-sentinel|etcd";
 
-    /// `redis`, `redis-cluster` or `redis-sentinel`: the flag's value.
+    /// `redis`, `redis-cluster`, `redis-sentinel` or `etcd`: the flag's value.
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
             Self::Redis => "redis",
             Self::RedisCluster => "redis-cluster",
             Self::RedisSentinel => "redis-sentinel",
+            Self::Etcd => "etcd",
         }
     }
 }
@@ -55,13 +60,15 @@ impl std::str::FromStr for Engine {
     /// use dlock_examples::engine::Engine;
     ///
     /// assert_eq!("redis-cluster".parse(), Ok(Engine::RedisCluster));
-    /// assert!("etcd".parse::<Engine>().unwrap_err().contains("redis-sentinel"));
+    /// assert_eq!("etcd".parse(), Ok(Engine::Etcd));
+    /// assert!("zk".parse::<Engine>().unwrap_err().contains("redis-sentinel"));
     /// ```
     fn from_str(name: &str) -> Result<Self, String> {
         match name {
             "redis" => Ok(Self::Redis),
             "redis-cluster" => Ok(Self::RedisCluster),
             "redis-sentinel" => Ok(Self::RedisSentinel),
+            "etcd" => Ok(Self::Etcd),
             other => Err(format!(
                 "unknown engine `{other}`; expected one of {}",
                 Self::NAMES
@@ -86,6 +93,13 @@ pub enum Deployment {
     Cluster(RedisCluster),
     /// A master, its replicas and the sentinels.
     Sentinels(RedisSentinels),
+    /// One etcd member for the locks, and a `redis-server` for the data.
+    Etcd {
+        /// The locks' engine.
+        etcd: EtcdCluster,
+        /// Where the examples keep their data (the demo's stock, the benchmark's counter).
+        data: RedisServer,
+    },
 }
 
 impl Deployment {
@@ -101,6 +115,8 @@ impl Deployment {
                 "redis-server or redis-cli not found on PATH: install them with `sudo apt-get install -y redis-server`",
             ),
             Engine::RedisSentinel if !RedisSentinels::available() => Some(INSTALL_SENTINEL),
+            Engine::Etcd if !EtcdCluster::available() => Some(crate::throwaway::etcd::INSTALL_ETCD),
+            Engine::Etcd if !RedisServer::available() => Some(crate::throwaway::INSTALL_REDIS),
             _ => None,
         };
         if let Some(missing) = missing {
@@ -113,6 +129,12 @@ impl Deployment {
                 .map_err(|e| e.to_string()),
             Engine::RedisCluster => Ok(Self::Cluster(RedisCluster::start())),
             Engine::RedisSentinel => Ok(Self::Sentinels(RedisSentinels::start())),
+            Engine::Etcd => RedisServer::try_start()
+                .map(|data| Self::Etcd {
+                    etcd: EtcdCluster::single(),
+                    data,
+                })
+                .map_err(|e| e.to_string()),
         })
         .await;
         match started {
@@ -136,6 +158,7 @@ impl Deployment {
             Self::Server(_) => Engine::Redis,
             Self::Cluster(_) => Engine::RedisCluster,
             Self::Sentinels(_) => Engine::RedisSentinel,
+            Self::Etcd { .. } => Engine::Etcd,
         }
     }
 
@@ -147,17 +170,29 @@ impl Deployment {
             Self::Server(server) => server.url(),
             Self::Cluster(cluster) => cluster.url(),
             Self::Sentinels(sentinels) => sentinels.url(),
+            Self::Etcd { etcd, .. } => etcd.url(),
         }
     }
 
-    /// The ports of the servers that take writes: the server, the Cluster's masters (sorted),
-    /// or the master the sentinels name.
+    /// The URL of the Redis data: [`url`](Self::url), except on etcd, whose data stays on a
+    /// `redis-server` beside it.
+    #[must_use]
+    pub fn data_url(&self) -> String {
+        match self {
+            Self::Etcd { data, .. } => data.url(),
+            _ => self.url(),
+        }
+    }
+
+    /// The ports of the Redis servers that take writes: the server, the Cluster's masters
+    /// (sorted), the master the sentinels name, or etcd's data server.
     #[must_use]
     pub fn masters(&self) -> Vec<u16> {
         match self {
             Self::Server(server) => vec![server.port()],
             Self::Cluster(cluster) => cluster.masters(),
             Self::Sentinels(sentinels) => vec![sentinels.master_port()],
+            Self::Etcd { data, .. } => vec![data.port()],
         }
     }
 
@@ -191,8 +226,25 @@ impl Deployment {
                 sentinels.master_port(),
                 ports(&sentinels.sentinel_ports())
             ),
+            Self::Etcd { etcd, data } => format!(
+                "throwaway etcd{} (one member) on {}; the data on a throwaway redis-server{version} on 127.0.0.1:{}",
+                etcd_version().map_or_else(String::new, |v| format!(" {v}")),
+                etcd.endpoints().join(","),
+                data.port()
+            ),
         }
     }
+}
+
+/// The installed etcd's version, as `etcd --version` prints it (`3.4.23`), if it can tell.
+fn etcd_version() -> Option<String> {
+    let out = std::process::Command::new("etcd")
+        .arg("--version")
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("etcd Version:"))?;
+    Some(line.trim_start_matches("etcd Version:").trim().to_owned())
 }
 
 /// A redis-rs connection for data on any engine URL: `redis://` (one server),

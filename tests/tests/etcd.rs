@@ -434,3 +434,35 @@ async fn unreachable_endpoints_are_a_backend_error_within_the_wait() {
     let err = error_within_the_wait(&url).await;
     assert!(err.is_backend(), "{err:?}");
 }
+
+/// Regression: tasks of one locker waiting on one key each took a place in etcd's line before
+/// queueing in the locker's in-process line, so the first of them there waited (in etcd) for
+/// keys of tasks that waited (in-process) for it: every acquisition timed out. Now a waiter
+/// joins the in-process line before its first attempt on an engine with a line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_one_locker_on_one_key_do_not_wait_for_each_other() {
+    let etcd = single();
+    let locker = etcd.locker();
+    let key = unique_key("tasks");
+    let counter = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (locker, key, counter) = (locker.clone(), key.clone(), counter.clone());
+            tokio::spawn(async move {
+                for _ in 0..3 {
+                    let guard = locker
+                        .acquire(&key, LockOptions::new().timeout(Duration::from_secs(20)))
+                        .await
+                        .expect("every task gets its turn");
+                    dlock_tests::racy_increment(&counter).await;
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(counter.load(std::sync::atomic::Ordering::SeqCst), 48);
+    assert!(line(&etcd, &format!("dlock:{key}")).await.is_empty());
+}
