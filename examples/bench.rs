@@ -6,7 +6,11 @@
 //! cargo run --release --example bench -- --json bench.jsonl --plot w3.svg
 //! cargo run --release --example bench -- --engine redis-cluster   # on a throwaway Redis Cluster
 //! cargo run --release --example bench -- --engine redis-sentinel  # on a throwaway Sentinel setup
+//! cargo run --release --example bench -- --engine etcd            # on a throwaway etcd member
 //! ```
+//!
+//! `--engine etcd` runs the same workloads against a floor made of etcd's own lock service
+//! (see `bench_etcd.rs`).
 //!
 //! Every variant runs `--rounds` times (5 by default), taking turns with the others so that a
 //! drift of the machine hits them alike; each figure is the median round. In W1 the variants
@@ -49,6 +53,9 @@ use std::{
 use dlock_examples::engine::{Connection, Deployment, Engine};
 use dlock_runtime::{LockError, LockOptions, Locker, dlock};
 use redis::AsyncCommands as _;
+
+#[path = "bench_etcd.rs"]
+mod etcd;
 
 const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -1066,6 +1073,19 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    if args.engine == Engine::Etcd {
+        return match etcd::bench(&args).await {
+            Ok(true) => std::process::ExitCode::SUCCESS,
+            Ok(false) => {
+                eprintln!("bench: a W3 counter is wrong: the lock let two clients overlap");
+                std::process::ExitCode::FAILURE
+            }
+            Err(e) => {
+                eprintln!("bench: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let (target, _deployment) = match target(args.engine).await {
         Ok(target) => target,
         Err(e) => {
