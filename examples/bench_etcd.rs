@@ -45,7 +45,8 @@ fn metrics(endpoint: &str) -> Result<(u64, Duration), Error> {
     let mut rpcs = 0u64;
     let mut cpu = 0f64;
     for line in text.lines() {
-        if line.starts_with("grpc_server_started_total{") && !line.contains("grpc_method=\"Status\"")
+        if line.starts_with("grpc_server_started_total{")
+            && !line.contains("grpc_method=\"Status\"")
         {
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             let n = line
@@ -132,12 +133,13 @@ impl Bencher {
                 self.etcd.unlock(held.key()).await?;
                 self.etcd.lease_revoke(lease).await?;
             }
-            Variant::Api => self
-                .locker
-                .acquire(key, LockOptions::new())
-                .await?
-                .release()
-                .await?,
+            Variant::Api => {
+                self.locker
+                    .acquire(key, LockOptions::new())
+                    .await?
+                    .release()
+                    .await?
+            }
             Variant::Attribute => locked_noop(&self.locker, n).await?,
         }
         Ok(())
@@ -401,7 +403,9 @@ async fn w3(
         handoff_p99: (!handoffs.is_empty()).then(|| percentile(&handoffs, 0.99)),
         other_share: Some(to_other as f64 / (sections.len().max(2) - 1) as f64),
         exact: Some(counted == sections.len() as u64),
-        commands_per_acquire: Some((rpcs_after - rpcs_before) as f64 / sections.len().max(1) as f64),
+        commands_per_acquire: Some(
+            (rpcs_after - rpcs_before) as f64 / sections.len().max(1) as f64,
+        ),
         ..Row::default()
     };
     Ok((row, waits))
@@ -428,7 +432,10 @@ pub(crate) async fn bench(args: &Args) -> Result<bool, Error> {
         }
         for (i, variant) in Variant::ALL.into_iter().enumerate() {
             eprint!(".");
-            w2s[i].push((w2(&target, args, variant, round * 10 + i).await?, Vec::new()));
+            w2s[i].push((
+                w2(&target, args, variant, round * 10 + i).await?,
+                Vec::new(),
+            ));
         }
         for (i, mode) in modes.into_iter().enumerate() {
             eprint!(".");

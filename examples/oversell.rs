@@ -512,7 +512,7 @@ enum Backend {
         /// What to print about it.
         about: String,
         /// The throwaway deployment, stopped when this is dropped.
-        _deployment: Option<Deployment>,
+        _deployment: Option<Box<Deployment>>,
     },
     Embedded {
         why: &'static str,
@@ -569,7 +569,7 @@ impl Backend {
                 "{} (no persistence; stopped at exit)",
                 deployment.describe()
             ),
-            _deployment: Some(deployment),
+            _deployment: Some(Box::new(deployment)),
         })
     }
 

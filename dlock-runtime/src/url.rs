@@ -46,7 +46,12 @@ pub(crate) fn parse(var: &str, url: &str) -> Result<BackendKind, LockError> {
         "redis+redlock" | "rediss+redlock" => Err(not_yet(var, scheme, "redlock")),
         "etcd" | "etcds" => {
             needs(var, scheme, "etcd", cfg!(feature = "etcd"))?;
-            needs(var, scheme, "tls", scheme == "etcd" || cfg!(feature = "tls"))?;
+            needs(
+                var,
+                scheme,
+                "tls",
+                scheme == "etcd" || cfg!(feature = "tls"),
+            )?;
             HostList::parse(var, url, "etcd://[user:password@]h1:p1,h2:p2")?;
             Ok(BackendKind::Etcd(RedisUrl::trusted(url)))
         }

@@ -103,7 +103,11 @@ async fn etcdctl_lock_and_dlock_exclude_each_other() {
         printed.recv_timeout(Duration::from_millis(1500)).is_err(),
         "etcdctl lock got the lock dlock holds"
     );
-    assert_eq!(line(&etcd, &name).await.len(), 2, "etcdctl waits in dlock's line");
+    assert_eq!(
+        line(&etcd, &name).await.len(),
+        2,
+        "etcdctl waits in dlock's line"
+    );
     guard.release().await.unwrap();
     let held = printed
         .recv_timeout(Duration::from_secs(10))
@@ -127,11 +131,17 @@ async fn etcdctl_lock_and_dlock_exclude_each_other() {
         })
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!waiter.is_finished(), "a dlock waiter got in beside etcdctl");
+    assert!(
+        !waiter.is_finished(),
+        "a dlock waiter got in beside etcdctl"
+    );
     // SIGINT: etcdctl unlocks and closes its session.
     signal(&ctl, "-INT");
     let _ = ctl.wait();
-    let guard = waiter.await.unwrap().expect("the waiter gets the lock after etcdctl");
+    let guard = waiter
+        .await
+        .unwrap()
+        .expect("the waiter gets the lock after etcdctl");
     guard.release().await.unwrap();
 }
 
@@ -144,7 +154,10 @@ async fn a_and_a_slash_b_are_different_locks() {
     let key = unique_key("esc");
     let nested = format!("{key}/b");
     let outer = a.try_acquire(&key, Duration::from_secs(5)).await.unwrap();
-    let inner = b.try_acquire(&nested, Duration::from_secs(5)).await.unwrap();
+    let inner = b
+        .try_acquire(&nested, Duration::from_secs(5))
+        .await
+        .unwrap();
     assert!(outer.is_some() && inner.is_some(), "`a/b` waited for `a`");
     assert_eq!(line(&etcd, &format!("dlock:{key}")).await.len(), 1);
     assert_eq!(line(&etcd, &format!("dlock:{key}%2Fb")).await.len(), 1);
@@ -175,7 +188,12 @@ async fn single_attempts_and_dropped_waiters_leave_nothing() {
     let key = unique_key("leave");
     let name = format!("dlock:{key}");
     let held = a.acquire(&key, LockOptions::new()).await.unwrap();
-    assert!(b.try_acquire(&key, Duration::from_secs(5)).await.unwrap().is_none());
+    assert!(
+        b.try_acquire(&key, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none()
+    );
     let keys = line_has(&etcd, &name, 1, Duration::from_secs(2)).await;
     assert_eq!(keys.len(), 1, "a single attempt left its key: {keys:?}");
 
@@ -200,7 +218,10 @@ async fn single_attempts_and_dropped_waiters_leave_nothing() {
         .await
         .is_ok_and(|ttl| ttl.ttl() > 0)
     {
-        assert!(Instant::now() < deadline, "the dropped waiter's lease was not revoked");
+        assert!(
+            Instant::now() < deadline,
+            "the dropped waiter's lease was not revoked"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
@@ -213,7 +234,11 @@ async fn single_attempts_and_dropped_waiters_leave_nothing() {
     let keys = line_has(&etcd, &name, 1, Duration::from_secs(2)).await;
     assert_eq!(keys.len(), 1, "the timed-out waiter left its key: {keys:?}");
     held.release().await.unwrap();
-    assert!(line_has(&etcd, &name, 0, Duration::from_secs(2)).await.is_empty());
+    assert!(
+        line_has(&etcd, &name, 0, Duration::from_secs(2))
+            .await
+            .is_empty()
+    );
 }
 
 fn worker_processes(etcd: &EtcdCluster, mode: &str) {
@@ -304,7 +329,10 @@ async fn leader_killed_while_locks_are_held_and_waited_for() {
         waiters.iter().all(|w| !w.is_finished()),
         "a waiter got in while its holder held the lock"
     );
-    let fences: Vec<u64> = guards.iter().map(dlock_runtime::LockGuard::fencing_token).collect();
+    let fences: Vec<u64> = guards
+        .iter()
+        .map(dlock_runtime::LockGuard::fencing_token)
+        .collect();
     for guard in guards {
         guard.release().await.unwrap();
     }

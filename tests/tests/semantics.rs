@@ -204,7 +204,10 @@ async fn cancelled_waiter_leaves_nothing(env: Env) {
         .locker()
         .acquire(&key, LockOptions::new().timeout(Duration::from_secs(2)))
         .await;
-    assert!(next.is_ok(), "the cancelled waiter left a lock behind: {next:?}");
+    assert!(
+        next.is_ok(),
+        "the cancelled waiter left a lock behind: {next:?}"
+    );
 }
 
 async fn fencing_tokens_increase(env: Env) {
@@ -252,7 +255,10 @@ async fn extend_keeps_and_never_resurrects(env: Env) {
             other.release().await.unwrap();
             break;
         }
-        assert!(Instant::now() < deadline, "the expired lease was never freed");
+        assert!(
+            Instant::now() < deadline,
+            "the expired lease was never freed"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let err = old.extend(Duration::from_secs(5)).await.unwrap_err();

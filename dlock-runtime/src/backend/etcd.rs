@@ -232,7 +232,10 @@ impl EtcdBackend {
             ]);
         let resp = match self
             .conn
-            .call("join the lock's line", |mut c| async move { c.txn(txn).await })
+            .call(
+                "join the lock's line",
+                |mut c| async move { c.txn(txn).await },
+            )
             .await
         {
             Err(e) if e.to_string().contains("lease not found") => {
@@ -242,7 +245,9 @@ impl EtcdBackend {
             }
             other => other?,
         };
-        let revision = resp.header().map_or(0, etcd_client::ResponseHeader::revision);
+        let revision = resp
+            .header()
+            .map_or(0, etcd_client::ResponseHeader::revision);
         let responses = resp.op_responses();
         let create_of = |r: Option<&TxnOpResponse>| match r {
             Some(TxnOpResponse::Get(get)) => get.kvs().first().map(|kv| kv.create_revision()),
@@ -386,7 +391,10 @@ impl EtcdBackend {
                             .await
                         {
                             Ok(got) => {
-                                let alive = got.kvs().first().is_some_and(|kv| kv.mod_revision() >= fence);
+                                let alive = got
+                                    .kvs()
+                                    .first()
+                                    .is_some_and(|kv| kv.mod_revision() >= fence);
                                 if !alive {
                                     return;
                                 }
@@ -421,7 +429,9 @@ enum Deletion {
 impl Conn {
     /// The client in use, made (without I/O unless the URL has credentials) on first use.
     async fn client(&self) -> Result<(Client, u64), BackendError> {
-        if let (Some(client), _, epoch) = &*self.current.lock().unwrap_or_else(PoisonError::into_inner) {
+        if let (Some(client), _, epoch) =
+            &*self.current.lock().unwrap_or_else(PoisonError::into_inner)
+        {
             return Ok((client.clone(), *epoch));
         }
         let _one = self.connecting.lock().await;
@@ -572,7 +582,8 @@ impl Conn {
                 Ok(got) => got.kvs().first().map(|kv| {
                     (
                         kv.key().to_vec(),
-                        got.header().map_or(0, etcd_client::ResponseHeader::revision),
+                        got.header()
+                            .map_or(0, etcd_client::ResponseHeader::revision),
                     )
                 }),
                 Err(_) => {
@@ -654,7 +665,10 @@ impl Backend for EtcdBackend {
                 };
                 let rev = match rev {
                     Some(rev) => rev,
-                    None => match self.enter(token, own_key.clone(), line.clone(), lease).await? {
+                    None => match self
+                        .enter(token, own_key.clone(), line.clone(), lease)
+                        .await?
+                    {
                         Entered::Holds(fence) => return Ok(self.acquired(token, fence, &request)),
                         Entered::Waits => {
                             self.keep_waiting(token);
@@ -664,7 +678,8 @@ impl Backend for EtcdBackend {
                             });
                         }
                         Entered::Again => continue,
-                        Entered::TakeOver => match self.entries().get(&token.0).and_then(|e| e.rev) {
+                        Entered::TakeOver => match self.entries().get(&token.0).and_then(|e| e.rev)
+                        {
                             Some(rev) => rev,
                             None => continue,
                         },
@@ -714,11 +729,18 @@ impl Backend for EtcdBackend {
             };
             let key = entry.own_key.clone();
             let txn = Txn::new()
-                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, rev)])
+                .when([Compare::create_revision(
+                    key.as_str(),
+                    CompareOp::Equal,
+                    rev,
+                )])
                 .and_then([TxnOp::delete(key.as_str(), None)]);
             let deleted = self
                 .conn
-                .call("delete the lock key", |mut c| async move { c.txn(txn).await })
+                .call(
+                    "delete the lock key",
+                    |mut c| async move { c.txn(txn).await },
+                )
                 .await;
             // The lease is of no use any more; revoked off the release's path (it expires on
             // its own should this fail). After the delete: revoking first would delete the key
@@ -773,8 +795,10 @@ impl Backend for EtcdBackend {
                 .await?;
             let new = granted.id();
             let txn = Txn::new()
-                .when([Compare::create_revision(own_key.as_str(), CompareOp::Equal, rev),
-                       Compare::lease(own_key.as_str(), CompareOp::Equal, old)])
+                .when([
+                    Compare::create_revision(own_key.as_str(), CompareOp::Equal, rev),
+                    Compare::lease(own_key.as_str(), CompareOp::Equal, old),
+                ])
                 .and_then([TxnOp::put(
                     own_key.as_str(),
                     "",

@@ -309,11 +309,7 @@ impl EtcdCluster {
     }
 
     fn signal(&self, i: usize, signal: &str) {
-        let pid = self.members[i]
-            .child
-            .as_ref()
-            .expect("member running")
-            .id();
+        let pid = self.members[i].child.as_ref().expect("member running").id();
         let status = Command::new("kill")
             .args([signal, &pid.to_string()])
             .status()

@@ -156,6 +156,8 @@ async fn pause_holder(locker: &Locker, key: &str, etcd: &mut Client) -> Result<(
         Err(e) if e.is_lost() => "lost".to_owned(),
         Err(e) => format!("error {e}"),
     };
-    println!("held={held} lost_resolved={lost_resolved} write_accepted={accepted} release={release}");
+    println!(
+        "held={held} lost_resolved={lost_resolved} write_accepted={accepted} release={release}"
+    );
     Ok(())
 }
