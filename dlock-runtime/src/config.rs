@@ -394,7 +394,7 @@ mod tests {
             BackendKind::Redis(RedisUrl("redis://u:1".into()))
         );
         let err = env(&[
-            ("DLOCK_URL", "etcd://e:2379"),
+            ("DLOCK_URL", "zk://e:2181"),
             ("DLOCK_REDIS_URL", "redis://d:2"),
         ])
         .unwrap_err();
