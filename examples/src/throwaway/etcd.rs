@@ -34,6 +34,8 @@ pub struct EtcdCluster {
     dir: PathBuf,
     /// `--heartbeat-interval` and `--election-timeout`, in milliseconds.
     timers: (u32, u32),
+    /// A TLS client port of the first member (see [`EtcdCluster::single_tls`]).
+    tls_port: Option<u16>,
 }
 
 #[derive(Debug)]
@@ -94,12 +96,61 @@ impl EtcdCluster {
             members,
             dir,
             timers,
+            tls_port: None,
         };
         for i in 0..n {
             cluster.spawn(i)?;
         }
         cluster.wait_ready(Duration::from_secs(20))?;
         Ok(cluster)
+    }
+
+    /// One member that also serves clients over TLS on a second port, with a certificate for
+    /// `localhost` and `127.0.0.1` from a fresh CA ([`ca_file`](Self::ca_file)), made with the
+    /// `openssl` command. The plain port stays, for the harness.
+    ///
+    /// # Panics
+    /// When `openssl` or `etcd` is missing or fails.
+    #[must_use]
+    pub fn single_tls() -> Self {
+        let first = free_port();
+        let dir = std::env::temp_dir().join(format!("dlock-etcd-{}-{first}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create a directory for etcd");
+        super::server::make_certificates(&dir);
+        let mut cluster = Self {
+            members: vec![Member {
+                name: "m0".into(),
+                client_port: first,
+                peer_port: free_port(),
+                child: None,
+            }],
+            dir,
+            timers: (50, 500),
+            tls_port: Some(free_port()),
+        };
+        if let Err(e) = cluster.spawn(0) {
+            panic!("{e}");
+        }
+        cluster.wait_for_leader(Duration::from_secs(20));
+        cluster
+    }
+
+    /// `etcds://localhost:<TLS port>` of a cluster started with [`single_tls`](Self::single_tls).
+    ///
+    /// # Panics
+    /// When it has no TLS port.
+    #[must_use]
+    pub fn tls_url(&self) -> String {
+        format!(
+            "etcds://localhost:{}",
+            self.tls_port.expect("started with single_tls")
+        )
+    }
+
+    /// The CA certificate (PEM file) that signed the TLS port's certificate.
+    #[must_use]
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.join("ca.crt")
     }
 
     fn initial_cluster(&self) -> String {
@@ -117,10 +168,23 @@ impl EtcdCluster {
         let m = &self.members[i];
         let client = format!("http://127.0.0.1:{}", m.client_port);
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        let mut tls = Vec::new();
+        let mut listen = client.clone();
+        if let (0, Some(port)) = (i, self.tls_port) {
+            let file = |name: &str| self.dir.join(name).to_string_lossy().into_owned();
+            listen = format!("{client},https://127.0.0.1:{port}");
+            tls = vec![
+                "--cert-file".to_owned(),
+                file("server.crt"),
+                "--key-file".to_owned(),
+                file("server.key"),
+            ];
+        }
         let child = Command::new("etcd")
             .args(["--name", &m.name, "--data-dir"])
             .arg(self.dir.join(&m.name))
-            .args(["--listen-client-urls", &client])
+            .args(["--listen-client-urls", &listen])
+            .args(&tls)
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])

@@ -348,7 +348,7 @@ impl Drop for RedisServer {
 }
 
 /// A CA and a server certificate for `localhost` / `127.0.0.1`, written into `dir`.
-fn make_certificates(dir: &std::path::Path) {
+pub(crate) fn make_certificates(dir: &std::path::Path) {
     let openssl = |args: &[&str]| {
         let status = Command::new("openssl")
             .args(args)
