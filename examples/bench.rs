@@ -6,6 +6,8 @@
 //! cargo run --release --example bench -- --json bench.jsonl --plot w3.svg
 //! cargo run --release --example bench -- --engine redis-cluster   # on a throwaway Redis Cluster
 //! cargo run --release --example bench -- --engine redis-sentinel  # on a throwaway Sentinel setup
+//! cargo run --release --example bench -- --engine redlock  # RedLock on 5 throwaway masters
+//! cargo run --release --example bench -- --engine postgres        # on a throwaway PostgreSQL
 //! cargo run --release --example bench -- --engine etcd            # on a throwaway etcd member
 //! ```
 //!
@@ -19,11 +21,14 @@
 //! With `--engine redis` (the default) it uses `DLOCK_REDIS_URL` (or `REDIS_URL`) when set, or
 //! else starts its own `redis-server` on a free loopback port. `--engine redis-cluster` starts a
 //! throwaway Redis Cluster (3 masters, 3 replicas), `--engine redis-sentinel` a throwaway master
-//! with 2 replicas and 3 sentinels ([`dlock_examples::throwaway`]); the lockers get the
+//! with 2 replicas and 3 sentinels, `--engine redlock` 5 independent masters
+//! ([`dlock_examples::throwaway`]); the lockers get the
 //! engine's URL. Every figure is also given as a ratio to the **floor**: the same work done with
 //! raw commands by hand (`SET key token NX PX`, then an `EVALSHA` compare-and-delete), the
 //! two-round-trip limit of any Redis lock; on a Cluster they go through a redis-rs cluster
-//! connection on the same keys, on Sentinel to the master.
+//! connection on the same keys, on Sentinel to the master, on RedLock to the first master (so
+//! RedLock's ratios are to the raw lock on one server). RedLock has no fair mode: its W3 runs
+//! without it.
 //!
 //! On a Cluster every key carries the hash tag `{bench}`, so the workloads run on one master
 //! like on one server, and W2 runs once more without it, its keys spread over the 3 masters.
@@ -41,6 +46,10 @@
 //!   here retries `SET NX` every 1ms.
 //! - Commands Redis executed per acquisition (`INFO commandstats` deltas; commands run inside a
 //!   script count too).
+//!
+//! With `--engine postgres` the workloads run on a throwaway PostgreSQL cluster against the floor
+//! of `pg_try_advisory_lock`/`pg_advisory_unlock` on one connection per client, with statements
+//! per acquisition from `pg_stat_statements` (see `bench_postgres.rs`).
 //!
 //! All loops are bounded by count and by time. The exit code is non-zero when a counter is wrong.
 
@@ -63,6 +72,10 @@ return 0";
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
+/// `--engine postgres`: the same workloads against PostgreSQL's advisory locks.
+#[path = "bench_postgres.rs"]
+mod postgres;
+
 #[derive(Clone, Copy)]
 struct Sizes {
     w1_cycles: usize,
@@ -70,6 +83,8 @@ struct Sizes {
     w2_cycles: usize,
     w3_clients: usize,
     w3_sections: usize,
+    w4_sections: usize,
+    w4_waiters: &'static [usize],
     time_cap: Duration,
 }
 
@@ -81,6 +96,8 @@ impl Sizes {
             w2_cycles: 2000,
             w3_clients: 8,
             w3_sections: 2000,
+            w4_sections: 2048,
+            w4_waiters: &[16, 64, 256],
             time_cap: Duration::from_secs(20),
         }
     }
@@ -92,6 +109,8 @@ impl Sizes {
             w2_cycles: 50,
             w3_clients: 4,
             w3_sections: 80,
+            w4_sections: 64,
+            w4_waiters: &[8],
             time_cap: Duration::from_secs(10),
         }
     }
@@ -103,6 +122,16 @@ struct Args {
     json: Option<String>,
     plot: Option<String>,
     engine: Engine,
+    /// Which workloads to run (`--only w1,w4`): all by default.
+    only: Option<Vec<String>>,
+}
+
+impl Args {
+    fn runs(&self, workload: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|w| w == workload))
+    }
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -112,6 +141,7 @@ fn parse_args() -> Result<Args, String> {
         json: None,
         plot: None,
         engine: Engine::Redis,
+        only: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -127,6 +157,19 @@ fn parse_args() -> Result<Args, String> {
                     .filter(|n| *n > 0)
                     .ok_or("--rounds needs a positive number")?;
             }
+            "--only" => {
+                let list = it.next().ok_or("--only needs workloads, like w1,w4")?;
+                let only: Vec<String> = list.split(',').map(str::to_lowercase).collect();
+                if let Some(bad) = only
+                    .iter()
+                    .find(|w| !["w1", "w2", "w3", "w4"].contains(&w.as_str()))
+                {
+                    return Err(format!(
+                        "--only: unknown workload `{bad}`; expected w1, w2, w3 or w4"
+                    ));
+                }
+                args.only = Some(only);
+            }
             "--json" => args.json = Some(it.next().ok_or("--json needs a file")?),
             "--plot" => args.plot = Some(it.next().ok_or("--plot needs a file")?),
             "--engine" => {
@@ -137,7 +180,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "-h" | "--help" => {
                 println!(
-                    "usage: bench [--quick] [--rounds N] [--json FILE] [--plot FILE.svg] [--engine {}]",
+                    "usage: bench [--quick] [--rounds N] [--only w1,w2,w3,w4] [--json FILE] [--plot FILE.svg] [--engine {}]",
                     Engine::NAMES
                 );
                 std::process::exit(0);
@@ -180,6 +223,8 @@ struct Row {
     other_share: Option<f64>,
     exact: Option<bool>,
     commands_per_acquire: Option<f64>,
+    /// Requests the lock clients sent per acquisition (scripts, subscriptions), W4 only.
+    requests_per_acquire: Option<f64>,
     /// CPU time per operation: the Redis server's (`INFO cpu`, the masters' added up) and this
     /// program's.
     server_cpu: Option<Duration>,
@@ -197,7 +242,7 @@ impl Row {
             })
         };
         format!(
-            "{{\"engine\":\"{engine}\",\"workload\":\"{}\",\"variant\":\"{}\",\"ops\":{},\"per_sec\":{:.1},\"ratio_to_floor\":{:.3},\"p50_ms\":{},\"p99_ms\":{},\"wait_max_ms\":{},\"handoff_p50_ms\":{},\"handoff_p99_ms\":{},\"other_share\":{},\"exact\":{},\"commands_per_acquire\":{},\"server_cpu_us\":{},\"client_cpu_us\":{},\"server_cpu_per_master_us\":[{}]}}",
+            "{{\"engine\":\"{engine}\",\"workload\":\"{}\",\"variant\":\"{}\",\"ops\":{},\"per_sec\":{:.1},\"ratio_to_floor\":{:.3},\"p50_ms\":{},\"p99_ms\":{},\"wait_max_ms\":{},\"handoff_p50_ms\":{},\"handoff_p99_ms\":{},\"other_share\":{},\"exact\":{},\"commands_per_acquire\":{},\"requests_per_acquire\":{},\"server_cpu_us\":{},\"client_cpu_us\":{},\"server_cpu_per_master_us\":[{}]}}",
             self.workload,
             self.variant,
             self.ops,
@@ -212,6 +257,8 @@ impl Row {
                 .map_or("null".to_owned(), |s| format!("{s:.3}")),
             self.exact.map_or("null".to_owned(), |e| e.to_string()),
             self.commands_per_acquire
+                .map_or("null".to_owned(), |c| format!("{c:.2}")),
+            self.requests_per_acquire
                 .map_or("null".to_owned(), |c| format!("{c:.2}")),
             us(self.server_cpu),
             us(self.client_cpu),
@@ -645,6 +692,48 @@ struct Section {
     released: Instant,
 }
 
+/// The row of a contended workload (W3, W4) from its critical sections: their rate over
+/// `elapsed`, the waits, and the hand-offs from one client (or process) to another. Returns the
+/// row and the sorted waits.
+#[allow(clippy::cast_precision_loss)]
+fn contended_row(
+    workload: &'static str,
+    variant: &'static str,
+    mut sections: Vec<Section>,
+    elapsed: Duration,
+    exact: bool,
+    commands_per_acquire: f64,
+) -> (Row, Vec<Duration>) {
+    sections.sort_by_key(|s| s.acquired);
+    let mut waits: Vec<Duration> = sections.iter().map(|s| s.acquired - s.asked).collect();
+    waits.sort();
+    let mut handoffs = Vec::new();
+    for pair in sections.windows(2) {
+        if pair[1].client != pair[0].client {
+            handoffs.push(pair[1].acquired.saturating_duration_since(pair[0].released));
+        }
+    }
+    let to_other = handoffs.len();
+    handoffs.sort();
+    let n = sections.len();
+    let row = Row {
+        workload,
+        variant,
+        ops: n,
+        per_sec: n as f64 / elapsed.as_secs_f64().max(1e-9),
+        p50: Some(percentile(&waits, 0.5)),
+        p99: Some(percentile(&waits, 0.99)),
+        wait_max: waits.last().copied(),
+        handoff_p50: (!handoffs.is_empty()).then(|| percentile(&handoffs, 0.5)),
+        handoff_p99: (!handoffs.is_empty()).then(|| percentile(&handoffs, 0.99)),
+        other_share: Some(to_other as f64 / (n.max(2) - 1) as f64),
+        exact: Some(exact),
+        commands_per_acquire: Some(commands_per_acquire),
+        ..Row::default()
+    };
+    (row, waits)
+}
+
 /// W3: clients contend for one key; the body is a non-atomic increment.
 async fn w3(
     target: &Target,
@@ -748,50 +837,321 @@ async fn w3(
     }
     let elapsed = started.elapsed();
     let commands = stats.commands().await? - commands_before;
-    let mut sections = std::mem::take(
+    let sections = std::mem::take(
         &mut *log
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner),
     );
-    sections.sort_by_key(|s| s.acquired);
     let mut redis = connection(target).await?;
     let counted: u64 = redis.get(&counter).await?;
-    let mut waits: Vec<Duration> = sections.iter().map(|s| s.acquired - s.asked).collect();
-    waits.sort();
-    let mut handoffs = Vec::new();
-    let mut to_other = 0usize;
-    for pair in sections.windows(2) {
-        if pair[1].client != pair[0].client {
-            to_other += 1;
-            handoffs.push(pair[1].acquired.saturating_duration_since(pair[0].released));
+    let exact = counted == sections.len() as u64;
+    // The body's GET and SET are not the lock's: 2 per section.
+    #[allow(clippy::cast_precision_loss)]
+    let commands_per_acquire =
+        (commands.saturating_sub(1) as f64 / sections.len().max(1) as f64 - 2.0).max(0.0);
+    let (row, waits) = contended_row(
+        "W3 8 clients, one key",
+        mode.name(),
+        sections,
+        elapsed,
+        exact,
+        commands_per_acquire,
+    );
+    Ok((row, waits))
+}
+
+/// W4 "hot key": `W4_PROCESSES` OS processes (this program, re-run as `--w4-child`), each with
+/// one `Locker` and `waiters` tasks, all on ONE key; the body is W3's non-atomic increment.
+const W4_PROCESSES: usize = 4;
+
+/// How a W4 child is told what to do, on its command line.
+struct W4Child {
+    url: String,
+    prefix: String,
+    key: String,
+    counter: String,
+    waiters: usize,
+    sections: usize,
+    fair: bool,
+}
+
+impl W4Child {
+    fn args(&self) -> Vec<String> {
+        vec![
+            "--w4-child".to_owned(),
+            self.url.clone(),
+            self.prefix.clone(),
+            self.key.clone(),
+            self.counter.clone(),
+            self.waiters.to_string(),
+            self.sections.to_string(),
+            u8::from(self.fair).to_string(),
+        ]
+    }
+
+    fn parse(mut it: impl Iterator<Item = String>) -> Option<Self> {
+        Some(Self {
+            url: it.next()?,
+            prefix: it.next()?,
+            key: it.next()?,
+            counter: it.next()?,
+            waiters: it.next()?.parse().ok()?,
+            sections: it.next()?.parse().ok()?,
+            fair: it.next()? == "1",
+        })
+    }
+}
+
+/// Microseconds on the system clock, which all processes of one machine share.
+fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// One W4 process: warms up, says `ready`, waits for `go` on stdin, runs its waiters (each
+/// `sections` critical sections), and prints one `asked acquired released` line (µs) per section.
+async fn w4_child(child: W4Child) -> Result<(), Error> {
+    use std::io::{BufRead as _, Write as _};
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let locker = Locker::builder()
+        .url(child.url.as_str())
+        .key_prefix(child.prefix.as_str())
+        .timeout(Duration::from_secs(60))
+        .build()?;
+    let mut redis = Connection::open(&child.url).await?;
+    locker
+        .acquire(
+            &format!("{}:warm:{}", child.key, std::process::id()),
+            LockOptions::new(),
+        )
+        .await?
+        .release()
+        .await?;
+    let _: Option<u64> = redis.get(&child.counter).await?;
+    println!("ready");
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    let options = if child.fair {
+        LockOptions::new().fair()
+    } else {
+        LockOptions::new()
+    };
+    let tasks: Vec<_> = (0..child.waiters)
+        .map(|_| {
+            let (locker, mut redis, options) = (locker.clone(), redis.clone(), options.clone());
+            let (key, counter, sections) =
+                (child.key.clone(), child.counter.clone(), child.sections);
+            tokio::spawn(async move {
+                let mut log = Vec::with_capacity(sections);
+                for _ in 0..sections {
+                    let asked = wall_us();
+                    let guard = locker.acquire(&key, options.clone()).await?;
+                    let acquired = wall_us();
+                    let n: Option<u64> = redis.get(&counter).await?;
+                    let () = redis.set(&counter, n.unwrap_or(0) + 1).await?;
+                    let released = wall_us();
+                    guard.release().await?;
+                    log.push([asked, acquired, released]);
+                }
+                Ok::<_, Error>(log)
+            })
+        })
+        .collect();
+    let mut out = String::new();
+    for task in tasks {
+        for [asked, acquired, released] in task.await?? {
+            let _ = writeln!(out, "{asked} {acquired} {released}");
         }
     }
-    handoffs.sort();
-    #[allow(clippy::cast_precision_loss)]
-    let row = Row {
-        workload: "W3 8 clients, one key",
-        variant: mode.name(),
-        ops: sections.len(),
-        per_sec: sections.len() as f64 / elapsed.as_secs_f64(),
-        p50: Some(percentile(&waits, 0.5)),
-        p99: Some(percentile(&waits, 0.99)),
-        wait_max: waits.last().copied(),
-        handoff_p50: (!handoffs.is_empty()).then(|| percentile(&handoffs, 0.5)),
-        handoff_p99: (!handoffs.is_empty()).then(|| percentile(&handoffs, 0.99)),
-        other_share: Some(to_other as f64 / (sections.len().max(2) - 1) as f64),
-        exact: Some(counted == sections.len() as u64),
-        // The body's GET and SET are not the lock's: 2 per section.
-        commands_per_acquire: Some(
-            (commands.saturating_sub(1) as f64 / sections.len().max(1) as f64 - 2.0).max(0.0),
-        ),
-        ..Row::default()
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(out.as_bytes())?;
+    stdout.flush()?;
+    Ok(())
+}
+
+/// Commands the masters ran that a lock client sends itself (scripts, subscriptions), rather
+/// than those scripts run inside.
+async fn requests_so_far(stats: &mut Stats) -> Result<u64, Error> {
+    const REQUESTS: &[&str] = &[
+        "evalsha",
+        "evalsha_ro",
+        "eval",
+        "eval_ro",
+        "script",
+        "subscribe",
+        "unsubscribe",
+        "ssubscribe",
+        "sunsubscribe",
+        "psubscribe",
+        "punsubscribe",
+    ];
+    let mut sum = 0;
+    for redis in &mut stats.0 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(redis)
+            .await?;
+        sum += info
+            .lines()
+            .filter_map(|l| {
+                let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+                if !REQUESTS.contains(&name) {
+                    return None;
+                }
+                rest.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum::<u64>();
+    }
+    Ok(sum)
+}
+
+/// W4: `W4_PROCESSES` processes × `waiters` tasks on one key, in default or fair mode.
+async fn w4(
+    target: &Target,
+    waiters: usize,
+    fair: bool,
+    sizes: Sizes,
+    run: usize,
+) -> Result<Row, Error> {
+    use std::io::BufRead as _;
+    let prefix = Prefix::one_server(target);
+    let key = format!("w4:{run}");
+    let counter = format!("{}w4:{run}:counter", prefix.0);
+    let sections = (sizes.w4_sections / (W4_PROCESSES * waiters)).max(1);
+    let exe = std::env::current_exe()?;
+    let mut children = Vec::new();
+    for _ in 0..W4_PROCESSES {
+        let args = W4Child {
+            url: target.url.clone(),
+            prefix: prefix.0.to_owned(),
+            key: key.clone(),
+            counter: counter.clone(),
+            waiters,
+            sections,
+            fair,
+        }
+        .args();
+        let mut child = std::process::Command::new(&exe)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        let mut stdout = std::io::BufReader::new(child.stdout.take().ok_or("no stdout")?);
+        let mut ready = String::new();
+        stdout.read_line(&mut ready)?;
+        children.push((child, Some(ready.trim_end().to_owned()), stdout));
+    }
+    // Every process is connected and warm before any starts.
+    let mut stats = Stats::open(target).await?;
+    let (commands_before, requests_before) =
+        (stats.commands().await?, requests_so_far(&mut stats).await?);
+    for (child, ready, _) in &mut children {
+        if ready.as_deref() != Some("ready") {
+            let _ = child.kill();
+            return Err("a W4 process did not start".into());
+        }
+    }
+    for (child, _, _) in &mut children {
+        stdin_go(child.stdin.as_mut().ok_or("no stdin")?)?;
+    }
+    let mut sections_log: Vec<(usize, [u64; 3])> = Vec::new();
+    let readers: Vec<_> = children
+        .into_iter()
+        .map(|(mut child, _, stdout)| {
+            tokio::task::spawn_blocking(move || {
+                let lines: Vec<String> = stdout.lines().collect::<Result<_, _>>()?;
+                let status = child.wait()?;
+                Ok::<_, std::io::Error>((lines, status))
+            })
+        })
+        .collect();
+    for (p, reader) in readers.into_iter().enumerate() {
+        let (lines, status) = reader.await??;
+        if !status.success() {
+            return Err(format!("a W4 process failed: {status}").into());
+        }
+        for line in lines {
+            let v: Vec<u64> = line.split(' ').filter_map(|x| x.parse().ok()).collect();
+            if let [a, b, c] = v[..] {
+                sections_log.push((p, [a, b, c]));
+            }
+        }
+    }
+    let commands = stats.commands().await? - commands_before;
+    let requests = requests_so_far(&mut stats).await? - requests_before;
+    let mut redis = connection(target).await?;
+    let counted: u64 = redis.get(&counter).await?;
+    // The processes share the system clock: their µs become instants after one base.
+    let first = sections_log.iter().map(|(_, s)| s[0]).min().unwrap_or(0);
+    let last = sections_log
+        .iter()
+        .map(|(_, s)| s[2])
+        .max()
+        .unwrap_or(first);
+    let base = Instant::now();
+    let at = |us: u64| base + Duration::from_micros(us.saturating_sub(first));
+    let sections: Vec<Section> = sections_log
+        .iter()
+        .map(|&(client, [asked, acquired, released])| Section {
+            client,
+            asked: at(asked),
+            acquired: at(acquired),
+            released: at(released),
+        })
+        .collect();
+    let n = sections.len();
+    let workload = match waiters {
+        8 => "W4 4 processes × 8 waiters, one key",
+        16 => "W4 4 processes × 16 waiters, one key",
+        64 => "W4 4 processes × 64 waiters, one key",
+        256 => "W4 4 processes × 256 waiters, one key",
+        _ => "W4 4 processes, one key",
     };
-    Ok((row, waits))
+    let variant = if fair {
+        Mode::Fair.name()
+    } else {
+        Mode::Default.name()
+    };
+    // Stats' INFO calls are not the lock's, nor the body's GET and SET (2 per section).
+    #[allow(clippy::cast_precision_loss)]
+    let commands_per_acquire =
+        (commands.saturating_sub(2 * stats.0.len() as u64) as f64 / n.max(1) as f64 - 2.0).max(0.0);
+    let (mut row, _) = contended_row(
+        workload,
+        variant,
+        sections,
+        Duration::from_micros(last - first),
+        counted == n as u64,
+        commands_per_acquire,
+    );
+    #[allow(clippy::cast_precision_loss)]
+    {
+        row.requests_per_acquire = Some(requests as f64 / n.max(1) as f64);
+    }
+    Ok(row)
+}
+
+/// Tells a W4 process to start.
+fn stdin_go(stdin: &mut std::process::ChildStdin) -> std::io::Result<()> {
+    use std::io::Write as _;
+    stdin.write_all(b"go\n")?;
+    stdin.flush()
 }
 
 fn table(rows: &[Row], floors: &[(&'static str, f64)]) -> String {
     let mut out = String::from(
-        "| workload | variant | ops | per s | × floor | p50 ms | p99 ms | wait max ms | hand-off p50 ms | hand-off p99 ms | to another client | exact | cmds/acq | server CPU µs/op | client CPU µs/op |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n",
+        "| workload | variant | ops | per s | × floor | p50 ms | p99 ms | wait max ms | hand-off p50 ms | hand-off p99 ms | to another client | exact | cmds/acq | requests/acq | server CPU µs/op | client CPU µs/op |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n",
     );
     let cell = |d: Option<Duration>| d.map_or("–".to_owned(), |d| format!("{:.2}", ms(d)));
     let us = |d: Option<Duration>| {
@@ -819,7 +1179,7 @@ fn table(rows: &[Row], floors: &[(&'static str, f64)]) -> String {
             .map_or(1.0, |(_, f)| *f);
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.0} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.workload,
             r.variant,
             r.ops,
@@ -839,6 +1199,8 @@ fn table(rows: &[Row], floors: &[(&'static str, f64)]) -> String {
             }),
             r.commands_per_acquire
                 .map_or("–".to_owned(), |c| format!("{c:.1}")),
+            r.requests_per_acquire
+                .map_or("–".to_owned(), |c| format!("{c:.2}")),
             server_cpu(r),
             us(r.client_cpu),
         );
@@ -944,7 +1306,11 @@ fn median(mut rounds: Rounds) -> (Row, Vec<Duration>) {
 async fn bench(target: &Target, args: &Args) -> Result<bool, Error> {
     let sizes = args.sizes;
     let variants = [Variant::Floor, Variant::Api, Variant::Attribute];
-    let modes = [Mode::Floor, Mode::Default, Mode::Fair, Mode::NoNotify];
+    // RedLock has no fair mode (a `Config` error): its W3 runs without it.
+    let modes: Vec<Mode> = [Mode::Floor, Mode::Default, Mode::Fair, Mode::NoNotify]
+        .into_iter()
+        .filter(|&m| !(m == Mode::Fair && target.engine == Engine::RedLock))
+        .collect();
     // W2 on one server (on a Cluster: one master), and on a Cluster once more over its masters.
     let mut w2_sets = vec![("W2 16 clients, distinct keys", Prefix::one_server(target))];
     if target.engine == Engine::RedisCluster {
@@ -964,12 +1330,21 @@ async fn bench(target: &Target, args: &Args) -> Result<bool, Error> {
     let mut w1s: Vec<Rounds> = vec![Vec::new(); variants.len()];
     let mut w2s: Vec<Vec<Rounds>> = vec![vec![Vec::new(); variants.len()]; w2_sets.len()];
     let mut w3s: Vec<Rounds> = vec![Vec::new(); modes.len()];
+    let w4_runs: Vec<(usize, bool)> = sizes
+        .w4_waiters
+        .iter()
+        .flat_map(|&w| [(w, false), (w, true)])
+        .filter(|&(_, fair)| !fair || modes.contains(&Mode::Fair))
+        .collect();
+    let mut w4s: Vec<Rounds> = vec![Vec::new(); w4_runs.len()];
     for round in 0..args.rounds {
         eprint!(".");
-        for (i, row) in w1(target, sizes, round).await?.into_iter().enumerate() {
-            w1s[i].push((row, Vec::new()));
+        if args.runs("w1") {
+            for (i, row) in w1(target, sizes, round).await?.into_iter().enumerate() {
+                w1s[i].push((row, Vec::new()));
+            }
         }
-        for (set, &(workload, prefix)) in w2_sets.iter().enumerate() {
+        for (set, &(workload, prefix)) in w2_sets.iter().enumerate().filter(|_| args.runs("w2")) {
             for (i, variant) in variants.into_iter().enumerate() {
                 eprint!(".");
                 let run = round * 10 + set * variants.len() + i;
@@ -977,9 +1352,14 @@ async fn bench(target: &Target, args: &Args) -> Result<bool, Error> {
                 w2s[set][i].push((row, Vec::new()));
             }
         }
-        for (i, mode) in modes.into_iter().enumerate() {
+        for (i, &mode) in modes.iter().enumerate().filter(|_| args.runs("w3")) {
             eprint!(".");
             w3s[i].push(w3(target, mode, sizes, round * 10 + i).await?);
+        }
+        for (i, &(waiters, fair)) in w4_runs.iter().enumerate().filter(|_| args.runs("w4")) {
+            eprint!(".");
+            let row = w4(target, waiters, fair, sizes, round * 10 + i).await?;
+            w4s[i].push((row, Vec::new()));
         }
     }
     let mut rows = Vec::new();
@@ -988,6 +1368,9 @@ async fn bench(target: &Target, args: &Args) -> Result<bool, Error> {
     let groups = std::iter::once(w1s).chain(w2s).chain([w3s]);
     for group in groups {
         for (i, rounds) in group.into_iter().enumerate() {
+            if rounds.is_empty() {
+                continue;
+            }
             let (row, waits) = median(rounds);
             if i == 0 {
                 floors.push((row.workload, row.per_sec));
@@ -997,6 +1380,24 @@ async fn bench(target: &Target, args: &Args) -> Result<bool, Error> {
             }
             rows.push(row);
         }
+    }
+    // W4 has no floor of its own: its × column is against W3's floor (one process per client,
+    // retrying SET NX every 1ms), to compare the hot key with W3's contention.
+    let w3_floor = floors
+        .iter()
+        .find(|(w, _)| w.starts_with("W3"))
+        .map(|(_, f)| *f);
+    for rounds in w4s {
+        if rounds.is_empty() {
+            continue;
+        }
+        let (row, _) = median(rounds);
+        if let Some(floor) = w3_floor
+            && !floors.iter().any(|(w, _)| *w == row.workload)
+        {
+            floors.push((row.workload, floor));
+        }
+        rows.push(row);
     }
     eprintln!();
     println!("{}", table(&rows, &floors));
@@ -1066,6 +1467,20 @@ async fn target(engine: Engine) -> Result<(Target, Option<Deployment>), String> 
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    let mut argv = std::env::args().skip(1);
+    if argv.next().as_deref() == Some("--w4-child") {
+        let Some(child) = W4Child::parse(argv) else {
+            eprintln!("bench: --w4-child: bad arguments");
+            return std::process::ExitCode::from(2);
+        };
+        return match w4_child(child).await {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bench: W4 process: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let args = match parse_args() {
         Ok(args) => args,
         Err(e) => {
@@ -1073,8 +1488,13 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    if args.engine == Engine::Etcd {
-        return match etcd::bench(&args).await {
+    let own_floor = match args.engine {
+        Engine::Postgres => Some(postgres::bench(&args).await),
+        Engine::Etcd => Some(etcd::bench(&args).await),
+        _ => None,
+    };
+    if let Some(outcome) = own_floor {
+        return match outcome {
             Ok(true) => std::process::ExitCode::SUCCESS,
             Ok(false) => {
                 eprintln!("bench: a W3 counter is wrong: the lock let two clients overlap");

@@ -10,16 +10,20 @@
 //! cargo run --example oversell -- --embedded        # force the in-process backend
 //! cargo run --example oversell -- --engine redis-cluster   # on a throwaway Redis Cluster
 //! cargo run --example oversell -- --engine redis-sentinel  # on a throwaway Sentinel deployment
+//! cargo run --example oversell -- --engine redlock         # RedLock over 5 throwaway masters
+//! cargo run --example oversell -- --engine postgres        # on a throwaway PostgreSQL cluster
 //! cargo run --example oversell -- --engine etcd            # locks on a throwaway etcd
 //! ```
 //!
 //! Backend, said in the output:
 //! - `--engine redis-cluster`: a throwaway Redis Cluster (3 masters, 3 replicas; needs
 //!   `redis-server` and `redis-cli`); `--engine redis-sentinel`: a throwaway master with 2
-//!   replicas and 3 sentinels (needs `redis-sentinel` too). Both on free loopback ports, stopped
-//!   at the end, on error and on Ctrl-C ([`dlock_examples::throwaway`]). `--engine etcd`: the
-//!   locks on a throwaway etcd member (needs `etcd`), the stock on a throwaway `redis-server`
-//!   beside it.
+//!   replicas and 3 sentinels (needs `redis-sentinel` too); `--engine redlock`: RedLock over 5
+//!   independent throwaway masters (the stock lives on the first). All on free loopback ports,
+//!   stopped at the end, on error and on Ctrl-C ([`dlock_examples::throwaway`]). `--engine postgres`: a
+//!   throwaway PostgreSQL cluster (`initdb` into a temporary directory, needs the `postgresql`
+//!   package), whose database holds the locks and the stock alike. `--engine etcd`: the locks on
+//!   a throwaway etcd member (needs `etcd`), the stock on a throwaway `redis-server` beside it.
 //! - Else (`--engine redis`, the default): `DLOCK_REDIS_URL` (or `REDIS_URL`) when set: that
 //!   Redis;
 //! - else, with `redis-server` on `PATH`: a throwaway server on a free loopback port
@@ -27,7 +31,8 @@
 //! - else (or with `--embedded`, or `DLOCK_BACKEND=memory`): the embedded backend
 //!   (`Locker::memory()`), the instances being tasks of this one process.
 //!
-//! With Redis the stock lives in Redis (plain `GET` then `SET`, not atomic on purpose) and each
+//! With Redis the stock lives in Redis (plain `GET` then `SET`, not atomic on purpose; on
+//! PostgreSQL a row read with `SELECT` and written with `UPDATE`) and each
 //! instance is a separate OS process — this program started again with a hidden `--worker` mode —
 //! configured from the environment (`DLOCK_URL`, which names any engine) with its own
 //! connections, reporting every purchase and its lock wait on stdout.
@@ -59,7 +64,7 @@ use tokio::{
 
 const USAGE: &str = "\
 usage: oversell [--instances N] [--buyers N] [--stock N] [--embedded]
-                [--engine redis|redis-cluster|redis-sentinel]
+                [--engine redis|redis-cluster|redis-sentinel|redlock|postgres]
 
   --instances N   instances of the shop service (default 4)
   --buyers N      buyers, each trying to buy one item at the same moment (default 200)
@@ -68,7 +73,9 @@ usage: oversell [--instances N] [--buyers N] [--stock N] [--embedded]
                   (also: DLOCK_BACKEND=memory)
   --engine E      redis (default): see Backend below; redis-cluster: a throwaway Redis Cluster
                   (3 masters, 3 replicas); redis-sentinel: a throwaway master, 2 replicas and
-                  3 sentinels
+                  3 sentinels; redlock: RedLock over 5 throwaway independent masters;
+                  postgres: a throwaway PostgreSQL cluster (locks and stock in
+                  its database)
 
 Backend: DLOCK_REDIS_URL or REDIS_URL when set; else a throwaway redis-server when one is on
 PATH; else the embedded backend, instances as tasks of this process.";
@@ -127,6 +134,10 @@ struct Shop {
 enum Store {
     /// The stock in Redis, `GET`/`SET` on `oversell:<sku>:stock`, sales in a list.
     Redis(Connection),
+    /// The stock in PostgreSQL (`--engine postgres`), in the database of the locks: a row of
+    /// `oversell_stock` read with `SELECT` and written with `UPDATE` (not atomic on purpose),
+    /// sales in `oversell_sales`.
+    Postgres(tokio_postgres::Client),
     /// The stock in this process, read and written with separate loads and stores.
     Memory(Arc<MemoryStore>),
 }
@@ -145,7 +156,23 @@ fn sales_key(sku: &str) -> String {
     format!("oversell:{sku}:sales")
 }
 
+/// The demo's tables in PostgreSQL; created by the coordinator before any worker starts.
+const POSTGRES_TABLES: &str = "\
+CREATE TABLE IF NOT EXISTS oversell_stock (sku text PRIMARY KEY, stock bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS oversell_sales (sku text NOT NULL, buyer integer NOT NULL);";
+
 impl Store {
+    /// The store on the engine `url` names: its PostgreSQL database, or Redis.
+    async fn open(url: &str) -> Result<Self, ShopError> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+            tokio::spawn(connection);
+            Ok(Self::Postgres(client))
+        } else {
+            Ok(Self::Redis(Connection::open(url).await?))
+        }
+    }
+
     async fn stock(&self, sku: &str) -> Result<u64, ShopError> {
         Ok(match self {
             Self::Redis(redis) => redis
@@ -153,6 +180,10 @@ impl Store {
                 .get::<_, Option<u64>>(stock_key(sku))
                 .await?
                 .unwrap_or(0),
+            Self::Postgres(db) => db
+                .query_opt("SELECT stock FROM oversell_stock WHERE sku = $1", &[&sku])
+                .await?
+                .map_or(0, |row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0)),
             Self::Memory(m) => m.stock.load(Ordering::SeqCst),
         })
     }
@@ -160,6 +191,15 @@ impl Store {
     async fn set_stock(&self, sku: &str, n: u64) -> Result<(), ShopError> {
         match self {
             Self::Redis(redis) => redis.clone().set(stock_key(sku), n).await?,
+            Self::Postgres(db) => {
+                let n = i64::try_from(n).unwrap_or(i64::MAX);
+                db.execute(
+                    "INSERT INTO oversell_stock (sku, stock) VALUES ($1, $2)
+                     ON CONFLICT (sku) DO UPDATE SET stock = EXCLUDED.stock",
+                    &[&sku, &n],
+                )
+                .await?;
+            }
             Self::Memory(m) => m.stock.store(n, Ordering::SeqCst),
         }
         Ok(())
@@ -169,6 +209,14 @@ impl Store {
         match self {
             Self::Redis(redis) => {
                 let _: u64 = redis.clone().rpush(sales_key(sku), buyer).await?;
+            }
+            Self::Postgres(db) => {
+                let buyer = i32::try_from(buyer).unwrap_or(i32::MAX);
+                db.execute(
+                    "INSERT INTO oversell_sales (sku, buyer) VALUES ($1, $2)",
+                    &[&sku, &buyer],
+                )
+                .await?;
             }
             Self::Memory(m) => {
                 m.sales.fetch_add(1, Ordering::SeqCst);
@@ -180,23 +228,50 @@ impl Store {
     async fn sales(&self, sku: &str) -> Result<u64, ShopError> {
         Ok(match self {
             Self::Redis(redis) => redis.clone().llen(sales_key(sku)).await?,
+            Self::Postgres(db) => {
+                let n: i64 = db
+                    .query_one(
+                        "SELECT count(*) FROM oversell_sales WHERE sku = $1",
+                        &[&sku],
+                    )
+                    .await?
+                    .get(0);
+                u64::try_from(n).unwrap_or(0)
+            }
             Self::Memory(m) => m.sales.load(Ordering::SeqCst),
         })
     }
 
     async fn reset(&self, sku: &str, stock: u64) -> Result<(), ShopError> {
-        if let Self::Redis(redis) = self {
-            let _: u64 = redis.clone().del(sales_key(sku)).await?;
+        match self {
+            Self::Redis(redis) => {
+                let _: u64 = redis.clone().del(sales_key(sku)).await?;
+            }
+            Self::Postgres(db) => {
+                db.batch_execute(POSTGRES_TABLES).await?;
+                db.execute("DELETE FROM oversell_sales WHERE sku = $1", &[&sku])
+                    .await?;
+            }
+            Self::Memory(_) => {}
         }
         self.set_stock(sku, stock).await
     }
 
     async fn remove(&self, sku: &str) -> Result<(), ShopError> {
-        if let Self::Redis(redis) = self {
-            // One key per command: on a Cluster the two may live on different masters.
-            for key in [stock_key(sku), sales_key(sku)] {
-                let _: u64 = redis.clone().del(key).await?;
+        match self {
+            Self::Redis(redis) => {
+                // One key per command: on a Cluster the two may live on different masters.
+                for key in [stock_key(sku), sales_key(sku)] {
+                    let _: u64 = redis.clone().del(key).await?;
+                }
             }
+            Self::Postgres(db) => {
+                db.execute("DELETE FROM oversell_sales WHERE sku = $1", &[&sku])
+                    .await?;
+                db.execute("DELETE FROM oversell_stock WHERE sku = $1", &[&sku])
+                    .await?;
+            }
+            Self::Memory(_) => {}
         }
         Ok(())
     }
@@ -239,11 +314,18 @@ async fn purchase_locked(
 enum ShopError {
     Lock(LockError),
     Store(redis::RedisError),
+    Postgres(tokio_postgres::Error),
 }
 
 impl From<LockError> for ShopError {
     fn from(e: LockError) -> Self {
         Self::Lock(e)
+    }
+}
+
+impl From<tokio_postgres::Error> for ShopError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Self::Postgres(e)
     }
 }
 
@@ -258,6 +340,7 @@ impl fmt::Display for ShopError {
         match self {
             Self::Lock(e) => write!(f, "lock: {e}"),
             Self::Store(e) => write!(f, "stock store: {e}"),
+            Self::Postgres(e) => write!(f, "stock store (PostgreSQL): {e}"),
         }
     }
 }
@@ -394,7 +477,7 @@ async fn worker(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     let data_url = std::env::var(DATA_URL).unwrap_or(url);
 
     let locks = Locker::from_env()?;
-    let store = Connection::open(&data_url).await?;
+    let store = Store::open(&data_url).await.map_err(|e| e.to_string())?;
     if mode == Mode::Locked {
         // Connect the lock client now, so the first buyer's wait does not include it.
         let warm_up = format!("oversell-warm-up:{}", std::process::id());
@@ -404,7 +487,7 @@ async fn worker(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     }
     let shop = Arc::new(Shop {
         locks,
-        store: Store::Redis(store),
+        store,
         sku: sku.clone(),
     });
 
@@ -565,10 +648,14 @@ impl Backend {
             engine,
             url: deployment.url(),
             data_url: deployment.data_url(),
-            about: format!(
-                "{} (no persistence; stopped at exit)",
-                deployment.describe()
-            ),
+            about: match engine {
+                // A throwaway cluster: its directory goes with it.
+                Engine::Postgres => format!("{} (removed at exit)", deployment.describe()),
+                _ => format!(
+                    "{} (no persistence; stopped at exit)",
+                    deployment.describe()
+                ),
+            },
             _deployment: Some(Box::new(deployment)),
         })
     }
@@ -619,8 +706,13 @@ async fn demo(config: Config) -> Result<bool, String> {
             if *engine != Engine::Redis {
                 println!("         engine {engine}: DLOCK_URL={}", redact_url(url));
             }
+            let stock = if *engine == Engine::Postgres {
+                "stock in a PostgreSQL table (SELECT then UPDATE)"
+            } else {
+                "stock in Redis (GET then SET)"
+            };
             println!(
-                "         stock in Redis (GET then SET); {} worker processes, each with its own connections",
+                "         {stock}; {} worker processes, each with its own connections",
                 config.instances
             );
         }
@@ -654,10 +746,9 @@ async fn run(config: &Config, backend: &Backend, mode: Mode) -> Result<Report, S
     let mut embedded_go = None;
     let store = match backend {
         Backend::Redis { url, data_url, .. } => {
-            let conn = Connection::open(data_url)
+            let store = Store::open(data_url)
                 .await
-                .map_err(|e| format!("cannot reach Redis at {}: {e}", redact_url(data_url)))?;
-            let store = Store::Redis(conn);
+                .map_err(|e| format!("cannot reach the store at {}: {e}", redact_url(data_url)))?;
             store
                 .reset(&sku, config.stock)
                 .await

@@ -19,16 +19,6 @@ pub(crate) fn parse(lit: &LitStr, name: &str) -> syn::Result<Duration> {
             ),
         )
     })?;
-    if duration > MAX_DURATION {
-        return Err(syn::Error::new(
-            lit.span(),
-            format!(
-                "`{name}` = `{}` is longer than 365 days, the longest wait, lease or ceiling \
-                 dlock accepts; give at most `\"365days\"`",
-                lit.value()
-            ),
-        ));
-    }
     Ok(duration)
 }
 
@@ -56,22 +46,34 @@ fn parse_str(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|error| error.to_string())
 }
 
-/// The longest duration of any argument: the runtime's `dlock_runtime::MAX_LEASE` (365 days),
-/// which it enforces on every lease. The `ui/pass/limits.rs` and `ui/fail/duration-limits.rs`
-/// cases hold the two crates to the same numbers.
-const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The longest lease: the runtime's `dlock_runtime::MAX_LEASE` (365 days). The runtime limits
+/// leases only (a wait or a renewal ceiling of any length is accepted), so the attribute does too.
+/// A proc-macro crate cannot depend on the runtime: the `ui/pass/limits.rs` and
+/// `ui/fail/duration-limits.rs` cases hold the two copies to the same numbers.
+const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The shortest lease: the runtime's `dlock_runtime::MIN_LEASE` (Redis keeps leases in whole
 /// milliseconds).
-pub(crate) const MIN_LEASE: Duration = Duration::from_millis(1);
+const MIN_LEASE: Duration = Duration::from_millis(1);
 
-/// Like [`parse_positive`], for a lease: refuses one shorter than [`MIN_LEASE`].
+/// Like [`parse_positive`], for a lease: refuses one outside [`MIN_LEASE`]..=[`MAX_LEASE`], as
+/// the runtime would at every call.
 pub(crate) fn parse_lease(lit: &LitStr, why_not_zero: &str) -> syn::Result<Duration> {
     let lease = parse_positive(lit, "expire", why_not_zero)?;
     if lease < MIN_LEASE {
         return Err(syn::Error::new(
             lit.span(),
             "`expire` must be at least 1ms: leases are kept in whole milliseconds",
+        ));
+    }
+    if lease > MAX_LEASE {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!(
+                "`expire` = `{}` is longer than 365 days, the longest lease dlock accepts; give \
+                 at most `\"365days\"`, or `\"auto\"` for a lease renewed while the body runs",
+                lit.value()
+            ),
         ));
     }
     Ok(lease)
@@ -99,9 +101,9 @@ mod tests {
         assert_eq!(parse_str("2h"), Ok(Duration::from_secs(7200)));
         assert_eq!(parse_str("0s"), Ok(Duration::ZERO));
         assert_eq!(parse_str("1500us"), Ok(Duration::from_micros(1500)));
-        assert_eq!(parse_str("365days"), Ok(MAX_DURATION));
+        assert_eq!(parse_str("365days"), Ok(MAX_LEASE));
         assert!(
-            parse_str("1y").unwrap() > MAX_DURATION,
+            parse_str("1y").unwrap() > MAX_LEASE,
             "a calendar year is refused"
         );
     }

@@ -33,6 +33,12 @@ pub enum BackendKind {
     /// A Redis master found through these sentinels
     /// (`redis+sentinel://[user:password@]s1:p1,s2:p2/<master>`; feature `redis-sentinel`).
     RedisSentinel(RedisUrl),
+    /// RedLock over these independent Redis masters, an odd number of at least 3
+    /// (`redis+redlock://[user:password@]h1:p1,h2:p2,h3:p3`; feature `redlock`).
+    RedLock(RedisUrl),
+    /// A PostgreSQL database (`postgres://[user[:password]@]host[:port][/dbname][?param=value…]`,
+    /// or `postgresql://`; feature `postgres`): the lock table `dlock_locks`.
+    Postgres(PostgresUrl),
     /// An etcd cluster reached through these endpoints (`etcd://[user:password@]h1:p1,h2:p2`,
     /// `etcds://` for TLS; feature `etcd`).
     Etcd(RedisUrl),
@@ -46,6 +52,8 @@ impl fmt::Debug for BackendKind {
             Self::Redis(url) => f.debug_tuple("Redis").field(url).finish(),
             Self::RedisCluster(url) => f.debug_tuple("RedisCluster").field(url).finish(),
             Self::RedisSentinel(url) => f.debug_tuple("RedisSentinel").field(url).finish(),
+            Self::RedLock(url) => f.debug_tuple("RedLock").field(url).finish(),
+            Self::Postgres(url) => f.debug_tuple("Postgres").field(url).finish(),
             Self::Etcd(url) => f.debug_tuple("Etcd").field(url).finish(),
             Self::Memory => f.write_str("Memory"),
         }
@@ -153,6 +161,61 @@ impl fmt::Debug for RedisUrl {
 impl fmt::Display for RedisUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.redacted())
+    }
+}
+
+/// A PostgreSQL URL (libpq's URL form) whose `Debug` and `Display` hide the password, in the
+/// user-info part and in a `password=` parameter alike.
+///
+/// ```
+/// # #[cfg(feature = "postgres")] {
+/// use dlock_runtime::PostgresUrl;
+///
+/// let url: PostgresUrl = "postgres://app:s3cret@db:5432/shop?sslmode=disable".parse()?;
+/// assert_eq!(url.to_string(), "postgres://***@db:5432/shop?sslmode=disable");
+/// # }
+/// # Ok::<(), dlock_runtime::LockError>(())
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct PostgresUrl(String);
+
+impl std::str::FromStr for PostgresUrl {
+    type Err = LockError;
+
+    /// Checks the scheme (`postgres://` or `postgresql://`), and with the `postgres` feature the
+    /// whole URL as the driver reads it; without that feature every URL is refused.
+    fn from_str(url: &str) -> Result<Self, LockError> {
+        match crate::url::parse("postgres url", url)? {
+            BackendKind::Postgres(url) => Ok(url),
+            _ => Err(LockError::config(
+                "postgres url: expected `postgres://[user[:password]@]host[:port][/dbname]`",
+            )),
+        }
+    }
+}
+
+impl PostgresUrl {
+    /// A URL whose form [`crate::url::parse`] checked already.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn trusted(url: &str) -> Self {
+        Self(url.to_owned())
+    }
+
+    #[cfg(feature = "postgres")]
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for PostgresUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "\"{}\"", RedisUrl::redact(&self.0))
+    }
+}
+
+impl fmt::Display for PostgresUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&RedisUrl::redact(&self.0))
     }
 }
 

@@ -42,12 +42,11 @@ pub(crate) struct Hold {
     /// Extensions (watchdog and `extend`) one at a time, so the client applies them in the
     /// order the server ran them.
     extending: tokio::sync::Mutex<()>,
-    fair: bool,
 }
 
 /// The part of a lease the client does not count on: the clock-drift allowance of the Redlock
 /// analysis (1%) plus 2ms for the reply's travel.
-fn valid_until(sent_at: Instant, lease: Duration) -> Instant {
+pub(crate) fn valid_until(sent_at: Instant, lease: Duration) -> Instant {
     let margin = lease / 100 + Duration::from_millis(2);
     // Leases are capped when options are checked; saturate anyway rather than panic.
     sent_at
@@ -68,7 +67,6 @@ impl Hold {
         fence: u64,
         sent_at: Instant,
         lease: Duration,
-        fair: bool,
     ) -> Arc<Self> {
         let (state, _) = watch::channel(State::Held {
             valid_until: valid_until(sent_at, lease),
@@ -85,7 +83,6 @@ impl Hold {
             watchdog: Mutex::new(None),
             runtime: tokio::runtime::Handle::try_current().ok(),
             extending: tokio::sync::Mutex::new(()),
-            fair,
         })
     }
 
@@ -123,7 +120,6 @@ impl Hold {
             self.locker.clone(),
             self.key.clone(),
             self.token.clone(),
-            self.fair,
         );
     }
 
@@ -422,11 +418,7 @@ impl LockGuard {
         // If this future is dropped before the reply, the request may never have been written:
         // hand the release to the runtime then.
         let mut in_flight = ReleaseInFlight(Some(hold));
-        let outcome = hold
-            .locker
-            .backend()
-            .release(&hold.key, &hold.token, hold.fair)
-            .await;
+        let outcome = hold.locker.backend().release(&hold.key, &hold.token).await;
         in_flight.0 = None;
         match outcome {
             Ok(true) => {
@@ -471,5 +463,25 @@ impl Drop for ReleaseInFlight<'_> {
         if let Some(hold) = self.0.take() {
             hold.release_in_background();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::valid_until;
+
+    /// The client counts on the lease less 1% and 2ms (RedLock's validity is the same clock).
+    #[test]
+    fn the_lease_clock_leaves_the_drift_out() {
+        let t0 = Instant::now();
+        assert_eq!(
+            valid_until(t0, Duration::from_secs(10)),
+            t0 + Duration::from_millis(9898)
+        );
+        assert_eq!(valid_until(t0, Duration::from_millis(2)), t0);
     }
 }

@@ -2,7 +2,10 @@
 
 use std::{
     fmt,
-    sync::{Arc, OnceLock},
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+    },
     time::Duration,
 };
 
@@ -12,7 +15,7 @@ use tracing::Instrument as _;
 use crate::{
     LockError, LockGuard, LockOptions,
     backend::{
-        Attempt, Backend, FAIR_PREFIX, FENCE_PREFIX, FairOrder, Request, Token,
+        Attempt, Backend, FAIR_PREFIX, FENCE_PREFIX, FairOrder, Queued, Request, Token,
         memory::MemoryBackend,
     },
     config::{BackendKind, Settings},
@@ -52,7 +55,12 @@ use crate::{
 ///   permission the server's ACL denies, a lock key holding another type) fails at once.
 /// - **Notifications**: a waiter refused once subscribes to the key's release channel (one
 ///   pub/sub connection per locker; a channel stays subscribed 2s after its last waiter) and is
-///   woken by releases; the pause is the fallback. Woken waiters race, unless `fair`.
+///   woken by releases; the pause is the fallback.
+/// - **Hot keys**: waiters of one key on one locker queue in-process (first come, first served)
+///   and only the first asks the engine. On Redis and the embedded engine that first waiter holds
+///   the process's place in the key's queue, kept for the waiters behind it: a release names the
+///   place first in line, so it wakes one waiter of one process. In the default mode a free lock
+///   still goes to whoever asks first; `fair` takes it only at the head of the queue.
 /// - **Re-entry**: inside a `#[dlock]` body or [`LockGuard::scope`], acquiring a key that scope
 ///   holds through this locker (or a clone) returns at once; nowhere else.
 #[derive(Clone)]
@@ -64,75 +72,176 @@ struct Inner {
     settings: Settings,
     backend: Arc<dyn Backend>,
     lines: Lines,
+    /// The engine keeps a queue of places ([`FairOrder::Queue`]): waiters wait in it.
+    queue_engine: bool,
+    /// Every attempt takes a place in the engine's own line ([`FairOrder::Native`]: etcd,
+    /// ZooKeeper): a waiter holding one there must never also wait behind this process's other
+    /// waiters here, or they would wait for each other. So every waiter joins the in-process
+    /// line before its first attempt there, as a fair one does everywhere.
+    native_line: bool,
 }
 
 /// The in-process lines of waiters, one per contended key: the waiters of a key on one locker
 /// queue here first come, first served, and only the first of them asks the engine, so a
-/// release wakes one waiter per process instead of every one of them.
+/// release wakes one waiter per process instead of every one of them. On an engine with a queue
+/// ([`FairOrder::Queue`]) a line also holds one place in the engine's queue for all its waiters
+/// in turn: releases name the place first in line, so only that process's first waiter wakes.
 #[derive(Default)]
-struct Lines(std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>);
+struct Lines {
+    map: std::sync::Mutex<std::collections::HashMap<String, Arc<Line>>>,
+    /// How many lines there are: an uncontended acquisition reads this, not the map.
+    open: AtomicUsize,
+}
+
+/// The waiters of one key on one locker.
+struct Line {
+    turns: tokio::sync::Semaphore,
+    /// This line's place in the engine's queue, held for its waiters in turn.
+    place: Token,
+    /// The place may be in the engine's queue: set before every request that may queue it, and
+    /// cleared only by a grant that gave it up.
+    queued: AtomicBool,
+    /// How the last waiter left: [`NOT_HANDED_ON`] (it gave up, or nobody left yet), or holding
+    /// the lock, when it had heard this many release wake-ups plus one (see [`Turn::handed_on`]).
+    handed_on: AtomicU64,
+    /// Waiters in the line (the first one included); changed under the map's lock.
+    members: AtomicUsize,
+}
+
+/// [`Line::handed_on`] when the last waiter did not leave holding the lock, or its wake-ups were
+/// not counted (it had no watch).
+const NOT_HANDED_ON: u64 = 0;
 
 impl Lines {
+    fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<Line>>> {
+        self.map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Whether `key` has waiters in this process already (then it is hot: a new waiter goes
     /// behind them without asking the engine first).
     fn busy(&self, key: &str) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .contains_key(key)
+        self.open.load(Ordering::Relaxed) > 0 && self.map().contains_key(key)
     }
 
     /// Waits (until `deadline`) to be first in `key`'s line; `None` when the deadline came first.
     /// Dropping the future, or the turn, gives the place up at once. The turn says whether it
     /// had to wait for it.
-    async fn turn<'a>(&'a self, key: &str, deadline: Instant) -> Option<Turn<'a>> {
-        let line = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .entry(key.to_owned())
-            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(1)))
-            .clone();
+    async fn turn<'a>(
+        &self,
+        locker: &'a Locker,
+        key: &str,
+        deadline: Instant,
+    ) -> Result<Option<Turn<'a>>, LockError> {
+        let line = {
+            let mut lines = self.map();
+            let line = match lines.get(key) {
+                Some(line) => line.clone(),
+                None => {
+                    let line = Arc::new(Line {
+                        turns: tokio::sync::Semaphore::new(1),
+                        place: Token::generate()?,
+                        queued: AtomicBool::new(false),
+                        handed_on: AtomicU64::new(NOT_HANDED_ON),
+                        members: AtomicUsize::new(0),
+                    });
+                    lines.insert(key.to_owned(), line.clone());
+                    self.open.store(lines.len(), Ordering::Relaxed);
+                    line
+                }
+            };
+            line.members.fetch_add(1, Ordering::Relaxed);
+            line
+        };
         let mut turn = Turn {
-            lines: self,
+            locker,
             key: key.to_owned(),
             line,
-            permit: None,
+            permit: false,
             waited: false,
+            leaving_holder: None,
         };
-        if let Ok(permit) = turn.line.clone().try_acquire_owned() {
-            turn.permit = Some(permit);
-            return Some(turn);
+        // The permit is given back by hand when the turn is dropped.
+        turn.permit = turn.line.turns.try_acquire().map(|p| p.forget()).is_ok();
+        if turn.permit {
+            return Ok(Some(turn));
         }
-        let permit = tokio::time::timeout_at(deadline, turn.line.clone().acquire_owned()).await;
-        turn.permit = Some(permit.ok()?.ok()?);
+        match tokio::time::timeout_at(deadline, turn.line.turns.acquire()).await {
+            Ok(Ok(permit)) => permit.forget(),
+            _ => return Ok(None),
+        }
+        turn.permit = true;
         turn.waited = true;
-        Some(turn)
+        Ok(Some(turn))
     }
 }
 
 /// Being first in a key's line; the next waiter's turn comes when it is dropped. The last one to
-/// leave removes the line.
+/// leave removes the line, and its place in the engine's queue.
 struct Turn<'a> {
-    lines: &'a Lines,
+    locker: &'a Locker,
     key: String,
-    line: Arc<tokio::sync::Semaphore>,
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    line: Arc<Line>,
+    /// Holds the line's one permit (forgotten when taken, given back on drop).
+    permit: bool,
     /// Others were ahead: the lock may have changed hands meanwhile.
     waited: bool,
+    /// Leaves holding the lock, having heard this many release wake-ups (`Some(None)`: it had
+    /// no watch to count them).
+    leaving_holder: Option<Option<u64>>,
+}
+
+impl Turn<'_> {
+    /// Others wait behind this one in the line (the place is worth keeping).
+    fn others_waiting(&self) -> bool {
+        self.line.members.load(Ordering::Relaxed) > 1
+    }
+
+    /// When the waiter before this one took the lock and kept the line's place in the engine's
+    /// queue: how many release wake-ups it had heard then. Until this process hears another,
+    /// there is nothing to ask (the lock is held here, and the place waits in the queue).
+    fn handed_on(&self) -> Option<u64> {
+        let heard = self.line.handed_on.load(Ordering::Acquire);
+        (self.waited && heard != NOT_HANDED_ON && self.line.queued.load(Ordering::Acquire))
+            .then(|| heard - 1)
+    }
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        drop(self.permit.take());
-        let mut lines = self
-            .lines
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Only the map and this turn hold the line: nobody else waits in it.
-        if Arc::strong_count(&self.line) == 2 {
-            lines.remove(&self.key);
+        if std::mem::take(&mut self.permit) {
+            let handed_on = match self.leaving_holder {
+                Some(Some(heard)) => heard.saturating_add(1),
+                _ => NOT_HANDED_ON,
+            };
+            self.line.handed_on.store(handed_on, Ordering::Release);
+            self.line.turns.add_permits(1);
+        }
+        let lines = &self.locker.inner.lines;
+        let last = {
+            let mut map = lines.map();
+            let last = self.line.members.fetch_sub(1, Ordering::Relaxed) == 1;
+            if last {
+                map.remove(&self.key);
+                lines.open.store(map.len(), Ordering::Relaxed);
+            }
+            last
+        };
+        if last && self.line.queued.load(Ordering::Acquire) {
+            // Nobody here waits any more: the place leaves the engine's queue.
+            let (locker, key, place) = (
+                self.locker.clone(),
+                std::mem::take(&mut self.key),
+                self.line.place.clone(),
+            );
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    if let Err(error) = locker.backend().leave_queue(&key, &place).await {
+                        tracing::debug!(key = %key, error = %error, "leaving the queue failed; the place lapses on its own");
+                    }
+                });
+            }
         }
     }
 }
@@ -181,6 +290,8 @@ impl Locker {
         Self {
             inner: Arc::new(Inner {
                 settings,
+                queue_engine: backend.fair_order() == FairOrder::Queue,
+                native_line: backend.fair_order() == FairOrder::Native,
                 backend,
                 lines: Lines::default(),
             }),
@@ -274,7 +385,7 @@ impl Locker {
             key: &key,
             token: &token,
             lease,
-            fair: None,
+            queue: None,
         };
         let Attempt::Acquired { fence: first, .. } = self.backend().acquire(request).await? else {
             return Err(LockError::Timeout {
@@ -292,7 +403,7 @@ impl Locker {
             return Err(LockError::Lost { key });
         };
         let lease = granted.unwrap_or(lease);
-        let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease, false);
+        let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease);
         hold.follow_engine(lost);
         Ok((first, LockGuard::new(hold, Lease::Fixed(lease), None)))
     }
@@ -341,7 +452,11 @@ impl Locker {
                 ),
             ));
         }
-        Ok(format!("{}{key}", settings.key_prefix))
+        let full = format!("{}{key}", settings.key_prefix);
+        if let Some(reason) = self.backend().key_error(&full) {
+            return Err(LockError::invalid_key(key, reason));
+        }
+        Ok(full)
     }
 
     async fn wait_for(
@@ -362,118 +477,170 @@ impl Locker {
             locker: self,
             key,
             token,
-            fair,
             armed: false,
         };
         let (key, token) = (&orphan.key, &orphan.token);
-        let request = Request {
-            key,
-            token,
-            lease: lease_len,
-            fair: fair.then(|| waiter_liveness(settings)),
-        };
-        // A subscription already up (another waiter's, or a recent one's) covers the first
-        // attempt; otherwise the first refusal asks for one. A single attempt needs neither.
-        let mut watch = if settings.notify && !timeout.is_zero() {
-            self.backend().watching(key, &orphan.token)
-        } else {
-            None
-        };
-        let mut watch_asked = !settings.notify || watch.is_some();
-        // The in-process line (see `Lines`): a fair waiter joins it before its first attempt, so
-        // that it never holds the engine's queue while it waits here, and so does any waiter of
-        // a key that has waiters here already; otherwise a waiter joins after its first refusal,
-        // so an uncontended acquisition pays one map lookup for it.
+        // On an engine with a queue, a waiter first in its line waits in the queue through the
+        // line's place; a fair waiter takes the lock only at the head of the queue.
+        let queue_engine = self.inner.queue_engine;
+        let liveness = waiter_liveness(settings);
+        // A waiter's release wake-up: armed before its first attempt when it waits in line from
+        // the start, else after its first refusal (then it tries again at once: the release may
+        // have come before the wake-up was armed). An uncontended acquisition asks for none, and
+        // a single attempt needs none.
+        let mut watch = None;
+        let mut watch_asked = !settings.notify || timeout.is_zero();
+        // The in-process line (see `Lines`): a fair waiter joins it before its first attempt
+        // (even a single attempt: it asks from the line's place, so it never passes the queue),
+        // and so does any waiter on an engine with its own line (`native_line`) or of a key that
+        // has waiters here already; otherwise a waiter joins after its first refusal, so an
+        // uncontended acquisition pays one atomic read for it.
         let lines = &self.inner.lines;
         let mut turn = None;
-        // On an engine whose every attempt takes a place in its line (etcd), a waiter holding
-        // one there must never wait behind this process's others here: they would wait for each
-        // other. So every waiter joins the in-process line first there, as a fair one does.
-        let native_line = self.backend().fair_order() == FairOrder::Native;
-        if !timeout.is_zero() && (fair || native_line || lines.busy(key)) {
-            match lines.turn(key, deadline).await {
-                Some(first) => turn = Some(first),
+        // The waiter before this one took the lock, having heard this many release wake-ups:
+        // nothing to ask until another comes.
+        let mut handed_on = None;
+        let native_line = self.inner.native_line;
+        if fair || (!timeout.is_zero() && (native_line || lines.busy(key))) {
+            match lines.turn(self, key, deadline).await? {
+                Some(first) => {
+                    handed_on = first.handed_on().filter(|_| queue_engine);
+                    // The waiters ahead subscribed, most likely: arm from that (no I/O).
+                    if !watch_asked {
+                        watch = self.backend().watching(key, token);
+                        watch_asked = watch.is_some();
+                    }
+                    turn = Some(first);
+                }
                 None => return Err(orphan.timed_out(started)),
             }
         }
         let mut attempts: u32 = 0;
         let mut last_error = None;
         loop {
-            attempts += 1;
             // Armed before the request, so a release published while it is in flight still wakes us.
             let notify = watch.as_ref().map(crate::backend::Watch::notify);
             let mut notified = std::pin::pin!(notify.as_deref().map(tokio::sync::Notify::notified));
             if let Some(notified) = notified.as_mut().as_pin_mut() {
                 notified.enable();
             }
-            let sent_at = Instant::now();
-            // Until a definite answer arrives, the request may have set the key. A fair waiter
-            // may also have joined the queue: it always leaves it when it gives up.
-            let was_armed = orphan.armed;
-            orphan.armed = true;
-            let holder_ttl = match self.backend().acquire(request).await {
-                Ok(Attempt::Acquired {
-                    fence,
-                    granted,
-                    lost,
-                }) => {
-                    let waited = started.elapsed();
-                    tracing::debug!(attempts, ?waited, fencing_token = fence, "lock acquired");
-                    let (key, token) = orphan.disarm();
-                    let lease_len = granted.unwrap_or(lease_len);
-                    let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease_len, fair);
-                    hold.follow_engine(lost);
-                    return Ok(LockGuard::new(hold, lease, options.max_hold));
+            // Quiet only while no release was heard since the hand-off (read after arming, so a
+            // release from now on wakes this waiter).
+            let quiet = handed_on
+                .take()
+                .zip(watch.as_ref())
+                .is_some_and(|(at, watch)| watch.heard() == at);
+            let holder_ttl = if quiet {
+                None
+            } else {
+                attempts += 1;
+                let queue = turn.as_ref().filter(|_| queue_engine).map(|t| Queued {
+                    place: &t.line.place,
+                    liveness,
+                    keep: t.others_waiting(),
+                    strict: fair,
+                });
+                if let (Some(t), Some(_)) = (&turn, queue) {
+                    t.line.queued.store(true, Ordering::Release);
                 }
-                Ok(Attempt::Held { ttl, queued }) => {
-                    // A definite "not ours" clears nothing an earlier lost reply may have set;
-                    // a place in line is given up with the wait.
-                    orphan.armed = was_armed || queued;
-                    last_error = None;
-                    if turn.is_none() && !timeout.is_zero() {
-                        // Wait behind this process's other waiters of the key, then try at
-                        // once: the lock may have changed hands meanwhile.
-                        match lines.turn(key, deadline).await {
-                            Some(first) if first.waited => {
-                                turn = Some(first);
-                                // The waiters ahead subscribed already: arm from that (no I/O)
-                                // and skip the subscription's covering attempt.
-                                if !watch_asked {
-                                    watch = self.backend().watching(key, token);
-                                    watch_asked = watch.is_some();
+                let (in_queue, gives_up_place) = (queue.is_some(), queue.is_some_and(|q| !q.keep));
+                let request = Request {
+                    key,
+                    token,
+                    lease: lease_len,
+                    queue,
+                };
+                let sent_at = Instant::now();
+                // Until a definite answer arrives, the request may have set the key. A waiter
+                // whose own token holds a place in line (an engine with a line) always leaves it
+                // when it gives up.
+                let was_armed = orphan.armed;
+                orphan.armed = true;
+                match self.backend().acquire(request).await {
+                    Ok(Attempt::Acquired {
+                        fence,
+                        granted,
+                        lost,
+                    }) => {
+                        let waited = started.elapsed();
+                        tracing::debug!(attempts, ?waited, fencing_token = fence, "lock acquired");
+                        if let Some(t) = turn.as_mut() {
+                            t.leaving_holder =
+                                Some(watch.as_ref().map(crate::backend::Watch::heard));
+                            if gives_up_place {
+                                t.line.queued.store(false, Ordering::Release);
+                            }
+                        }
+                        drop(turn);
+                        let (key, token) = orphan.disarm();
+                        let lease_len = granted.unwrap_or(lease_len);
+                        let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease_len);
+                        hold.follow_engine(lost);
+                        return Ok(LockGuard::new(hold, lease, options.max_hold));
+                    }
+                    Ok(Attempt::Held { ttl, queued }) => {
+                        // A definite "not ours" clears nothing an earlier lost reply may have
+                        // set; a place in line of this token is given up with the wait.
+                        orphan.armed = was_armed || (queued && !in_queue);
+                        last_error = None;
+                        if turn.is_none() && !timeout.is_zero() {
+                            // Wait behind this process's other waiters of the key, then try at
+                            // once: the lock may have changed hands meanwhile.
+                            match lines.turn(self, key, deadline).await? {
+                                Some(first) if first.waited => {
+                                    handed_on = first.handed_on().filter(|_| queue_engine);
+                                    turn = Some(first);
+                                    // The waiters ahead subscribed already: arm from that (no
+                                    // I/O) and skip the subscription's covering attempt.
+                                    if !watch_asked {
+                                        watch = self.backend().watching(key, token);
+                                        watch_asked = watch.is_some();
+                                    }
+                                    continue;
                                 }
+                                Some(first) => {
+                                    turn = Some(first);
+                                    if queue_engine {
+                                        // Not in the engine's queue yet: arm the wake-up, then
+                                        // join the queue with the next attempt.
+                                        if !watch_asked {
+                                            watch_asked = true;
+                                            watch = self.wake_up(key, token).await;
+                                        }
+                                        continue;
+                                    }
+                                    // First in line at once: this refusal stands; wait as usual.
+                                }
+                                None => break,
+                            }
+                        }
+                        if !watch_asked && Instant::now() < deadline {
+                            // Arm the wake-up on the first refusal, then try again at once: the
+                            // release may have come before it was armed.
+                            watch_asked = true;
+                            watch = self.wake_up(key, token).await;
+                            if watch.is_some() {
                                 continue;
                             }
-                            // First in line at once: this refusal stands; wait as usual.
-                            Some(first) => turn = Some(first),
-                            None => break,
                         }
+                        ttl
                     }
-                    if !watch_asked && Instant::now() < deadline {
-                        // Subscribe on the first refusal, then try again at once: the release
-                        // may have come before the subscription did.
-                        watch_asked = true;
-                        watch = self.backend().watch(key, token).await;
-                        if watch.is_some() {
-                            continue;
+                    Err(error) if error.is_refused() => {
+                        // Asking again cannot help (a permission, a key of another type): say so
+                        // now. The cleanup stays armed: a script refused half-way may have set
+                        // the key.
+                        last_error = Some(error);
+                        break;
+                    }
+                    Err(error) => {
+                        if last_error.is_none() {
+                            tracing::error!(error = %error, "lock backend error; retrying until the deadline");
+                        } else {
+                            tracing::debug!(error = %error, "lock backend error");
                         }
+                        last_error = Some(error);
+                        None
                     }
-                    ttl
-                }
-                Err(error) if error.is_refused() => {
-                    // Asking again cannot help (a permission, a key of another type): say so
-                    // now. The cleanup stays armed: a script refused half-way may have set the key.
-                    last_error = Some(error);
-                    break;
-                }
-                Err(error) => {
-                    if last_error.is_none() {
-                        tracing::error!(error = %error, "lock backend error; retrying until the deadline");
-                    } else {
-                        tracing::debug!(error = %error, "lock backend error");
-                    }
-                    last_error = Some(error);
-                    None
                 }
             };
             let now = Instant::now();
@@ -493,18 +660,27 @@ impl Locker {
             // A release wakes us at once; the pause is the fallback (an expired lease publishes
             // nothing) and never outlasts the holder's lease nor the deadline.
             let wake_at = Instant::now() + pause;
+            // Who a release must name for this waiter to look: its line's place in the queue;
+            // anyone, on an engine without one.
+            let me = turn
+                .as_ref()
+                .filter(|_| queue_engine)
+                .map(|t| &t.line.place);
             match (notified.as_mut().as_pin_mut(), &watch, &notify) {
                 (Some(first), Some(watch), Some(notify)) => {
                     let mut woken = tokio::select! {
                         () = tokio::time::sleep_until(wake_at) => false,
                         () = first => true,
                     };
-                    // In fair mode a release names the waiter first in line: the others keep
-                    // waiting instead of all asking at once.
-                    while woken && fair && !watch.may_be_for(token) {
+                    // A release names the place first in line: the others keep waiting instead
+                    // of all asking at once.
+                    while woken
+                        && let Some(me) = me
+                        && !watch.may_be_for(me)
+                    {
                         let mut again = std::pin::pin!(notify.notified());
                         again.as_mut().enable();
-                        if watch.may_be_for(token) {
+                        if watch.may_be_for(me) {
                             break;
                         }
                         woken = tokio::select! {
@@ -516,6 +692,7 @@ impl Locker {
                 _ => tokio::time::sleep_until(wake_at).await,
             }
         }
+        drop(turn);
         orphan.cleanup_now();
         let (key, _) = orphan.disarm();
         let waited = started.elapsed();
@@ -536,6 +713,16 @@ impl Locker {
     }
 }
 
+impl Locker {
+    /// A release wake-up for `key`: a subscription already up (no I/O), or else a new one.
+    async fn wake_up(&self, key: &str, token: &Token) -> Option<crate::backend::Watch> {
+        match self.backend().watching(key, token) {
+            Some(watch) => Some(watch),
+            None => self.backend().watch(key, token).await,
+        }
+    }
+}
+
 /// Removes a lock that an attempt with a lost reply may have set, when the wait gives up or is
 /// dropped. Compare-and-delete by token, so it never touches another holder's lock.
 struct OrphanCleanup<'a> {
@@ -544,7 +731,6 @@ struct OrphanCleanup<'a> {
     locker: &'a Locker,
     key: String,
     token: Token,
-    fair: bool,
     armed: bool,
 }
 
@@ -556,7 +742,6 @@ impl OrphanCleanup<'_> {
                 self.locker.clone(),
                 self.key.clone(),
                 self.token.clone(),
-                self.fair,
             );
         }
     }
@@ -595,7 +780,6 @@ pub(crate) fn spawn_release(
     locker: Locker,
     key: String,
     token: Token,
-    fair: bool,
 ) {
     let Some(runtime) = runtime
         .cloned()
@@ -605,7 +789,7 @@ pub(crate) fn spawn_release(
         return;
     };
     runtime.spawn(async move {
-        if let Err(error) = locker.backend().release(&key, &token, fair).await {
+        if let Err(error) = locker.backend().release(&key, &token).await {
             tracing::error!(key = %key, error = %error, "lock release after drop failed; the lease will free it");
         }
     });
@@ -680,7 +864,11 @@ impl LockerBuilder {
     /// The engine and its address, chosen by the URL's scheme (as `DLOCK_URL`):
     /// `redis://[user[:password]@]host[:port][/db]`, `rediss://…` (feature `tls`),
     /// `redis+cluster://[user:password@]h1:p1,h2:p2` (feature `redis-cluster`),
-    /// `redis+sentinel://[user:password@]s1:p1,s2:p2/<master>` (feature `redis-sentinel`), or
+    /// `redis+sentinel://[user:password@]s1:p1,s2:p2/<master>` (feature `redis-sentinel`),
+    /// `redis+redlock://[user:password@]h1:p1,h2:p2,h3:p3` (`rediss+redlock`; feature `redlock`:
+    /// an odd number of at least 3 independent masters, and a request timeout at most a fifth
+    /// of the lease), `postgres://[user[:password]@]host[:port]/dbname` or `postgresql://…`
+    /// (feature `postgres`), or
     /// `memory://` (the process's shared embedded table). Checked by [`build`](Self::build).
     /// Default: `redis://127.0.0.1:6379`.
     pub fn url(mut self, url: impl Into<String>) -> Self {
@@ -768,6 +956,14 @@ impl LockerBuilder {
         let backend: Arc<dyn Backend> = match &self.settings.backend {
             BackendKind::Memory if self.private_memory => Arc::new(MemoryBackend::default()),
             BackendKind::Memory => Arc::new(MemoryBackend::shared()),
+            #[cfg(feature = "redlock")]
+            BackendKind::RedLock(_) => Arc::new(
+                crate::backend::redlock::RedLockBackend::from_settings(&self.settings)?,
+            ),
+            #[cfg(feature = "postgres")]
+            BackendKind::Postgres(_) => Arc::new(
+                crate::backend::postgres::PostgresBackend::from_settings(&self.settings)?,
+            ),
             #[cfg(feature = "etcd")]
             BackendKind::Etcd(_) => Arc::new(crate::backend::etcd::EtcdBackend::from_settings(
                 &self.settings,

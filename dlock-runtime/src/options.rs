@@ -68,8 +68,11 @@ impl LockOptions {
         self
     }
 
-    /// Fair mode: waiters are served first come, first served across all processes (a queue
-    /// next to the lock key), instead of whoever retries first. A waiter that gives up or is
+    /// Fair mode: waiters are served in turn instead of whoever retries first. A queue next to
+    /// the lock key holds one place per waiting process (per locker), in the order they came;
+    /// the lock goes to the process whose place is first, and that process's waiters take it in
+    /// the order they came, one per turn of its place: with waiters p1 and p2 of one process
+    /// and q1 of another, arriving in that order, the lock goes to p1, q1, p2. A waiter that gives up or is
     /// dropped leaves the queue at once; one that vanishes (a crashed process) is dropped from it
     /// once it has not tried again for a while (see the crate docs). Use it for every
     /// acquisition of a key or for none: a non-fair acquisition does not look at the queue.
@@ -90,8 +93,8 @@ impl LockOptions {
 }
 
 /// The longest lease accepted: 365 days. Longer ones are surely a mistake (and would overflow the
-/// clocks they are added to). `#[dlock]` refuses any duration argument longer than this at
-/// compile time.
+/// clocks they are added to). `#[dlock]` refuses a longer `expire` at compile time. Waits and
+/// renewal ceilings are not limited (one past any clock means "never").
 pub const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The shortest lease accepted: 1ms (Redis keeps leases in whole milliseconds). `#[dlock]`

@@ -2,11 +2,15 @@
 //! picks the engine, and multi-host forms list their hosts with commas the way libpq and MongoDB
 //! URLs do. Parsing only: no I/O, and no password in any error.
 
-use crate::{LockError, config::BackendKind, config::RedisUrl};
+use crate::{
+    LockError,
+    config::{BackendKind, PostgresUrl, RedisUrl},
+};
 
 /// What the recognised schemes are, for error messages.
 const EXPECTED: &str = "a URL like `redis://host:port`, `redis+cluster://h1:p1,h2:p2`, \
-    `redis+sentinel://s1:p1,s2:p2/<master>` or `memory://`";
+    `redis+sentinel://s1:p1,s2:p2/<master>`, `redis+redlock://h1:p1,h2:p2,h3:p3`, \
+    `postgres://user@host/db` or `memory://`";
 
 /// Reads an engine URL. `var` names where it came from (`DLOCK_URL`, …) for the error.
 pub(crate) fn parse(var: &str, url: &str) -> Result<BackendKind, LockError> {
@@ -43,7 +47,13 @@ pub(crate) fn parse(var: &str, url: &str) -> Result<BackendKind, LockError> {
             Ok(BackendKind::RedisSentinel(RedisUrl::trusted(url)))
         }
         "memory" => Ok(BackendKind::Memory),
-        "redis+redlock" | "rediss+redlock" => Err(not_yet(var, scheme, "redlock")),
+        "redis+redlock" | "rediss+redlock" => {
+            needs(var, scheme, "redlock", cfg!(feature = "redlock"))?;
+            tls_needs(var, scheme)?;
+            let form = "redis+redlock://[user:password@]h1:p1,h2:p2,h3:p3";
+            HostList::parse(var, url, form)?.redlock_nodes(var)?;
+            Ok(BackendKind::RedLock(RedisUrl::trusted(url)))
+        }
         "etcd" | "etcds" => {
             needs(var, scheme, "etcd", cfg!(feature = "etcd"))?;
             needs(
@@ -56,7 +66,12 @@ pub(crate) fn parse(var: &str, url: &str) -> Result<BackendKind, LockError> {
             Ok(BackendKind::Etcd(RedisUrl::trusted(url)))
         }
         "zk" => Err(not_yet(var, scheme, "zookeeper")),
-        "postgres" | "postgresql" => Err(not_yet(var, scheme, "postgres")),
+        "postgres" | "postgresql" => {
+            needs(var, scheme, "postgres", cfg!(feature = "postgres"))?;
+            #[cfg(feature = "postgres")]
+            crate::backend::postgres::check_url(var, url)?;
+            Ok(BackendKind::Postgres(PostgresUrl::trusted(url)))
+        }
         _ => Err(LockError::config(format!(
             "{var}: unknown scheme `{scheme}://`; expected {EXPECTED}"
         ))),
@@ -158,14 +173,51 @@ impl<'a> HostList<'a> {
         Ok(name)
     }
 
-    /// `redis://[userinfo@]host:port` (or `rediss://`) for each host, with `path` after it.
-    #[cfg(any(feature = "redis-cluster", feature = "redis-sentinel"))]
+    /// RedLock's masters: an odd number, at least 3. A majority of 2 nodes is both, so losing
+    /// either stops every lock; an even count adds a node without adding a failure the
+    /// deployment survives (4 nodes need 3, like 5 do, and survive one loss, like 3 do).
+    pub(crate) fn redlock_nodes(&self, var: &str) -> Result<usize, LockError> {
+        let n = self.hosts.len();
+        if n < 3 {
+            return Err(LockError::config(format!(
+                "{var}: RedLock needs at least 3 independent masters, got {n}: with fewer, a \
+                 majority is every node and losing any one of them stops every lock"
+            )));
+        }
+        if n.is_multiple_of(2) {
+            return Err(LockError::config(format!(
+                "{var}: RedLock needs an odd number of masters, got {n}: a majority of {n} is \
+                 {}, as of {}, so the extra node survives no further failure; use {} or {}",
+                n / 2 + 1,
+                n + 1,
+                n - 1,
+                n + 1
+            )));
+        }
+        let mut seen = std::collections::HashSet::new();
+        if let Some((host, port)) = self.hosts.iter().find(|h| !seen.insert(**h)) {
+            return Err(LockError::config(format!(
+                "{var}: RedLock lists {host}:{port} twice: every master must be a different \
+                 server, or one server would count as two votes"
+            )));
+        }
+        Ok(n)
+    }
+
+    /// `redis://[userinfo@]host:port` (or `rediss://`) for each host, with `path` after it and
+    /// the URL's query (`?protocol=resp3`, …), which every node's connection then reads.
+    #[cfg(any(
+        feature = "redis-cluster",
+        feature = "redis-sentinel",
+        feature = "redlock"
+    ))]
     pub(crate) fn node_urls(&self, path: &str) -> Vec<String> {
         let scheme = if self.tls { "rediss" } else { "redis" };
         let userinfo = self.userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+        let query = self.query.map(|q| format!("?{q}")).unwrap_or_default();
         self.hosts
             .iter()
-            .map(|(host, port)| format!("{scheme}://{userinfo}{host}:{port}{path}"))
+            .map(|(host, port)| format!("{scheme}://{userinfo}{host}:{port}{path}{query}"))
             .collect()
     }
 }
@@ -206,6 +258,17 @@ mod tests {
                     .contains("`redis-sentinel` feature")
             );
         }
+        let redlock = parse("DLOCK_URL", "redis+redlock://a:1,b:2,c:3");
+        if cfg!(feature = "redlock") {
+            assert!(matches!(redlock, Ok(BackendKind::RedLock(_))));
+        } else {
+            assert!(
+                redlock
+                    .unwrap_err()
+                    .to_string()
+                    .contains("`redlock` feature")
+            );
+        }
         let etcd = parse("DLOCK_URL", "etcd://u:pw@a:2379,b:2379");
         if cfg!(feature = "etcd") {
             assert!(matches!(etcd, Ok(BackendKind::Etcd(_))));
@@ -215,19 +278,27 @@ mod tests {
         } else {
             assert!(etcd.unwrap_err().to_string().contains("`etcd` feature"));
         }
-        for (url, feature) in [
-            ("redis+redlock://a:1,b:2,c:3", "`redlock`"),
-            ("rediss+redlock://a:1,b:2,c:3", "`redlock`"),
-            ("zk://a:2181/app", "`zookeeper`"),
-            ("postgres://u:pw@db/app", "`postgres`"),
-            ("postgresql://u:pw@db/app", "`postgres`"),
-        ] {
-            let err = parse("DLOCK_URL", url).unwrap_err().to_string();
-            assert!(
-                err.contains(feature) && err.contains("DLOCK_URL"),
-                "{url}: {err}"
-            );
-            assert!(!err.contains("pw"), "{err}");
+        let err = parse("DLOCK_URL", "zk://u:pw@a:2181/app")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`zookeeper`") && err.contains("DLOCK_URL"),
+            "{err}"
+        );
+        assert!(!err.contains("pw"), "{err}");
+    }
+
+    #[test]
+    fn postgres_urls_need_their_feature() {
+        for url in ["postgres://u:pw@db/app", "postgresql://u:pw@db:5433/app"] {
+            let parsed = parse("DLOCK_URL", url);
+            if cfg!(feature = "postgres") {
+                assert!(matches!(parsed, Ok(BackendKind::Postgres(_))), "{url}");
+            } else {
+                let err = parsed.unwrap_err().to_string();
+                assert!(err.contains("`postgres` feature"), "{url}: {err}");
+                assert!(!err.contains("pw"), "{err}");
+            }
         }
     }
 
@@ -258,6 +329,44 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "redlock")]
+    #[test]
+    fn redlock_needs_an_odd_number_of_distinct_masters() {
+        for (url, why) in [
+            ("redis+redlock://u:s3cret@a:1", "at least 3"),
+            ("redis+redlock://u:s3cret@a:1,b:2", "at least 3"),
+            ("redis+redlock://u:s3cret@a:1,b:2,c:3,d:4", "odd number"),
+            (
+                "redis+redlock://u:s3cret@a:1,b:2,c:3,d:4,e:5,f:6",
+                "odd number",
+            ),
+            ("redis+redlock://u:s3cret@a:1,b:2,a:1", "twice"),
+            ("redis+redlock://u:s3cret@a:1,b:2,", "needs a port"),
+            ("redis+redlock://u:s3cret@a:1,b:2,:3", "host name is empty"),
+            ("redis+redlock://u:s3cret@", "no host"),
+        ] {
+            let err = parse("DLOCK_URL", url).unwrap_err();
+            assert!(err.is_config(), "{url}: {err:?}");
+            let text = err.to_string();
+            assert!(
+                text.contains(why) && text.contains("DLOCK_URL"),
+                "{url}: {text}"
+            );
+            assert!(!text.contains("s3cret"), "{url}: {text}");
+        }
+        for url in [
+            "redis+redlock://a:1,b:2,c:3",
+            "redis+redlock://u:pw@a:1,b:2,c:3,d:4,e:5",
+        ] {
+            assert!(
+                matches!(parse("X", url), Ok(BackendKind::RedLock(_))),
+                "{url}"
+            );
+        }
+        let tls = parse("X", "rediss+redlock://a:1,b:2,c:3");
+        assert_eq!(tls.is_ok(), cfg!(feature = "tls"), "{tls:?}");
+    }
+
     #[test]
     fn host_lists_keep_passwords_with_separators() {
         let url = "rediss+cluster://app:p@ss/w,rd@h1:7000,h2:7001/?x=1";
@@ -266,6 +375,15 @@ mod tests {
         assert_eq!(hosts.userinfo, Some("app:p@ss/w,rd"));
         assert_eq!(hosts.hosts, vec![("h1", 7000), ("h2", 7001)]);
         assert_eq!(hosts.query, Some("x=1"));
+        #[cfg(feature = "redis-cluster")]
+        assert!(
+            hosts
+                .node_urls("/0")
+                .iter()
+                .all(|node| node.ends_with("/0?x=1")),
+            "the query reaches every node: {:?}",
+            hosts.node_urls("/0")
+        );
         let sentinel = HostList::parse("X", "redis+sentinel://s1:1,s2:2/mymaster/2", "").unwrap();
         assert_eq!(sentinel.master_name("X", "").unwrap(), "mymaster");
     }

@@ -13,7 +13,12 @@ use redis::{
 };
 
 use crate::throwaway::{
-    RedisServer, cluster::RedisCluster, etcd::EtcdCluster, sentinel::INSTALL_SENTINEL,
+    RedisServer,
+    cluster::RedisCluster,
+    etcd::EtcdCluster,
+    postgres::{INSTALL_POSTGRES, PostgresServer},
+    redlock::RedLockServers,
+    sentinel::INSTALL_SENTINEL,
     sentinel::RedisSentinels,
 };
 
@@ -29,19 +34,26 @@ pub enum Engine {
     RedisSentinel,
     /// One etcd member (`etcd://`).
     Etcd,
+    /// RedLock over 5 independent masters (`redis+redlock://`).
+    RedLock,
+    /// A PostgreSQL cluster (`postgres://`): the lock table in its database.
+    Postgres,
 }
 
 impl Engine {
     /// The names [`FromStr`](std::str::FromStr) takes, for a usage text.
-    pub const NAMES: &str = "redis|redis-cluster|redis-sentinel|etcd";
+    pub const NAMES: &str = "redis|redis-cluster|redis-sentinel|redlock|postgres|etcd";
 
-    /// `redis`, `redis-cluster`, `redis-sentinel` or `etcd`: the flag's value.
+    /// `redis`, `redis-cluster`, `redis-sentinel`, `redlock`, `postgres` or `etcd`: the flag's
+    /// value.
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
             Self::Redis => "redis",
             Self::RedisCluster => "redis-cluster",
             Self::RedisSentinel => "redis-sentinel",
+            Self::RedLock => "redlock",
+            Self::Postgres => "postgres",
             Self::Etcd => "etcd",
         }
     }
@@ -68,6 +80,8 @@ impl std::str::FromStr for Engine {
             "redis" => Ok(Self::Redis),
             "redis-cluster" => Ok(Self::RedisCluster),
             "redis-sentinel" => Ok(Self::RedisSentinel),
+            "redlock" => Ok(Self::RedLock),
+            "postgres" => Ok(Self::Postgres),
             "etcd" => Ok(Self::Etcd),
             other => Err(format!(
                 "unknown engine `{other}`; expected one of {}",
@@ -93,6 +107,10 @@ pub enum Deployment {
     Cluster(RedisCluster),
     /// A master, its replicas and the sentinels.
     Sentinels(RedisSentinels),
+    /// RedLock's independent masters.
+    RedLock(RedLockServers),
+    /// A PostgreSQL cluster.
+    Postgres(PostgresServer),
     /// One etcd member for the locks, and a `redis-server` for the data.
     Etcd {
         /// The locks' engine.
@@ -110,11 +128,14 @@ impl Deployment {
     /// up healthy in time.
     pub async fn start(engine: Engine) -> Result<Self, String> {
         let missing = match engine {
-            Engine::Redis if !RedisServer::available() => Some(crate::throwaway::INSTALL_REDIS),
+            Engine::Redis | Engine::RedLock if !RedisServer::available() => {
+                Some(crate::throwaway::INSTALL_REDIS)
+            }
             Engine::RedisCluster if !RedisCluster::available() => Some(
                 "redis-server or redis-cli not found on PATH: install them with `sudo apt-get install -y redis-server`",
             ),
             Engine::RedisSentinel if !RedisSentinels::available() => Some(INSTALL_SENTINEL),
+            Engine::Postgres if !PostgresServer::available() => Some(INSTALL_POSTGRES),
             Engine::Etcd if !EtcdCluster::available() => Some(crate::throwaway::etcd::INSTALL_ETCD),
             Engine::Etcd if !RedisServer::available() => Some(crate::throwaway::INSTALL_REDIS),
             _ => None,
@@ -129,6 +150,12 @@ impl Deployment {
                 .map_err(|e| e.to_string()),
             Engine::RedisCluster => Ok(Self::Cluster(RedisCluster::start())),
             Engine::RedisSentinel => Ok(Self::Sentinels(RedisSentinels::start())),
+            Engine::RedLock => RedLockServers::try_start_n(5)
+                .map(Self::RedLock)
+                .map_err(|e| e.to_string()),
+            Engine::Postgres => PostgresServer::try_start()
+                .map(Self::Postgres)
+                .map_err(|e| e.to_string()),
             Engine::Etcd => RedisServer::try_start()
                 .map(|data| Self::Etcd {
                     etcd: EtcdCluster::single(),
@@ -158,24 +185,29 @@ impl Deployment {
             Self::Server(_) => Engine::Redis,
             Self::Cluster(_) => Engine::RedisCluster,
             Self::Sentinels(_) => Engine::RedisSentinel,
+            Self::RedLock(_) => Engine::RedLock,
+            Self::Postgres(_) => Engine::Postgres,
             Self::Etcd { .. } => Engine::Etcd,
         }
     }
 
     /// The URL lockers (and [`Connection::open`]) take: `redis://127.0.0.1:p`,
-    /// `redis+cluster://127.0.0.1:p1,…` (the masters) or `redis+sentinel://127.0.0.1:s1,…/mymaster`.
+    /// `redis+cluster://127.0.0.1:p1,…` (the masters), `redis+sentinel://127.0.0.1:s1,…/mymaster`
+    /// `redis+redlock://127.0.0.1:p1,…` (the 5 masters) or `postgres://dlock@127.0.0.1:p/postgres`.
     #[must_use]
     pub fn url(&self) -> String {
         match self {
             Self::Server(server) => server.url(),
             Self::Cluster(cluster) => cluster.url(),
             Self::Sentinels(sentinels) => sentinels.url(),
+            Self::RedLock(masters) => masters.url(),
+            Self::Postgres(server) => server.url(),
             Self::Etcd { etcd, .. } => etcd.url(),
         }
     }
 
-    /// The URL of the Redis data: [`url`](Self::url), except on etcd, whose data stays on a
-    /// `redis-server` beside it.
+    /// The URL of the data (the demo's stock, the benchmark's counter): [`url`](Self::url),
+    /// except on etcd, whose data stays on a `redis-server` beside it.
     #[must_use]
     pub fn data_url(&self) -> String {
         match self {
@@ -184,24 +216,32 @@ impl Deployment {
         }
     }
 
-    /// The ports of the Redis servers that take writes: the server, the Cluster's masters
-    /// (sorted), the master the sentinels name, or etcd's data server.
+    /// The ports of the servers that take writes: the server, the Cluster's masters (sorted),
+    /// the master the sentinels name, RedLock's masters, the PostgreSQL server, or etcd's data
+    /// server.
     #[must_use]
     pub fn masters(&self) -> Vec<u16> {
         match self {
             Self::Server(server) => vec![server.port()],
             Self::Cluster(cluster) => cluster.masters(),
             Self::Sentinels(sentinels) => vec![sentinels.master_port()],
+            Self::RedLock(masters) => masters.ports(),
+            Self::Postgres(server) => vec![server.port()],
             Self::Etcd { data, .. } => vec![data.port()],
         }
     }
 
     /// One line on what runs, for the output:
     /// `throwaway redis-server 7.0.15 on 127.0.0.1:40793`,
-    /// `throwaway Redis Cluster (redis-server 7.0.15): 3 masters on 127.0.0.1:p1,p2,p3, 3 replicas`.
+    /// `throwaway Redis Cluster (redis-server 7.0.15): 3 masters on 127.0.0.1:p1,p2,p3, 3 replicas`,
+    /// `throwaway PostgreSQL 15.14 on 127.0.0.1:40795 (…)`.
     #[must_use]
     pub fn describe(&self) -> String {
-        let version = RedisServer::version().map_or_else(String::new, |v| format!(" {v}"));
+        let version = match self {
+            Self::Postgres(_) => PostgresServer::version(),
+            _ => RedisServer::version(),
+        }
+        .map_or_else(String::new, |v| format!(" {v}"));
         let ports = |ports: &[u16]| {
             ports
                 .iter()
@@ -220,11 +260,21 @@ impl Deployment {
                 "throwaway Redis Cluster (redis-server{version}): 3 masters on 127.0.0.1:{}, 3 replicas",
                 ports(&cluster.masters())
             ),
+            Self::Postgres(server) => format!(
+                "throwaway PostgreSQL{version} on 127.0.0.1:{} (initdb in a temporary directory, \
+                 fsync off)",
+                server.port()
+            ),
             Self::Sentinels(sentinels) => format!(
                 "throwaway Redis Sentinel (redis-server{version}): master 127.0.0.1:{}, 2 replicas, \
                  3 sentinels on 127.0.0.1:{}",
                 sentinels.master_port(),
                 ports(&sentinels.sentinel_ports())
+            ),
+            Self::RedLock(masters) => format!(
+                "{} throwaway redis-server{version} as independent RedLock masters on 127.0.0.1:{}",
+                masters.len(),
+                ports(&masters.ports())
             ),
             Self::Etcd { etcd, data } => format!(
                 "throwaway etcd{} (one member) on {}; the data on a throwaway redis-server{version} on 127.0.0.1:{}",
@@ -248,8 +298,10 @@ fn etcd_version() -> Option<String> {
 }
 
 /// A redis-rs connection for data on any engine URL: `redis://` (one server),
-/// `redis+cluster://h1:p1,h2:p2` (each command goes to the master of its key's slot) or
-/// `redis+sentinel://s1:p1,s2:p2/<master>` (the master the sentinels name when it connects).
+/// `redis+cluster://h1:p1,h2:p2` (each command goes to the master of its key's slot),
+/// `redis+sentinel://s1:p1,s2:p2/<master>` (the master the sentinels name when it connects) or
+/// `redis+redlock://h1:p1,h2:p2,h3:p3` (the first master: RedLock's masters share no data, and
+/// data that is not a lock lives on one server).
 /// It implements redis-rs's [`ConnectionLike`], so [`redis::AsyncCommands`], [`redis::Cmd`] and
 /// [`redis::Script`] work on it as on a [`MultiplexedConnection`].
 ///
@@ -272,7 +324,7 @@ impl Connection {
     /// Connects to the engine `url` names.
     ///
     /// # Errors
-    /// When the URL is not one of the three forms, or the connection fails.
+    /// When the URL is not one of the four forms, or the connection fails.
     pub async fn open(url: &str) -> RedisResult<Self> {
         let invalid = |why: &'static str| {
             redis::RedisError::from((redis::ErrorKind::InvalidClientConfig, why))
@@ -318,6 +370,21 @@ impl Connection {
                     redis::sentinel::SentinelServerType::Master,
                 )?;
                 Ok(Self::Server(client.get_async_connection().await?))
+            }
+            "redis+redlock" | "rediss+redlock" => {
+                let hosts = HostList::parse(scheme, rest).ok_or_else(|| {
+                    invalid("expected redis+redlock://[user:password@]h1:p1,h2:p2,h3:p3")
+                })?;
+                let first = HostList {
+                    hosts: hosts.hosts[..1].to_vec(),
+                    ..hosts.clone()
+                };
+                let url = &first.node_urls(true, "")[0];
+                Ok(Self::Server(
+                    redis::Client::open(url.as_str())?
+                        .get_multiplexed_async_connection()
+                        .await?,
+                ))
             }
             _ => Ok(Self::Server(
                 redis::Client::open(url)?

@@ -21,7 +21,9 @@ pub mod throwaway;
 
 /// A Redis URL fit for printing: any `user:password@` part is replaced by `***@`
 /// ([`dlock_runtime::RedisUrl`]'s `Display`, and the same for the multi-host
-/// `redis+cluster://` and `redis+sentinel://` forms); a URL that is not a Redis URL is not shown
+/// `redis+cluster://`, `redis+sentinel://` and `redis+redlock://` forms, and
+/// [`dlock_runtime::PostgresUrl`]'s for
+/// `postgres://`); a URL that is none of these is not shown
 /// at all.
 ///
 /// ```
@@ -34,13 +36,24 @@ pub mod throwaway;
 ///     dlock_examples::redact_url("redis+cluster://app:s3cret@h1:7000,h2:7001"),
 ///     "redis+cluster://***@h1:7000,h2:7001"
 /// );
+/// assert_eq!(
+///     dlock_examples::redact_url("postgres://app:s3cret@db/shop"),
+///     "postgres://***@db/shop"
+/// );
 /// assert_eq!(dlock_examples::redact_url("http://app:s3cret@h1"), "***");
 /// ```
 #[must_use]
 pub fn redact_url(url: &str) -> String {
-    let multi_host = ["redis+cluster://", "redis+sentinel://"]
-        .iter()
-        .find_map(|scheme| Some((*scheme, url.strip_prefix(scheme)?)));
+    let multi_host = [
+        "redis+cluster://",
+        "redis+sentinel://",
+        "redis+redlock://",
+        "rediss+cluster://",
+        "rediss+sentinel://",
+        "rediss+redlock://",
+    ]
+    .iter()
+    .find_map(|scheme| Some((*scheme, url.strip_prefix(scheme)?)));
     match multi_host {
         // The password may hold `@`: the hosts start after the last one. A query may hold
         // credentials too: it is left out.
@@ -54,6 +67,11 @@ pub fn redact_url(url: &str) -> String {
         }
         None => url
             .parse::<dlock_runtime::RedisUrl>()
-            .map_or_else(|_| "***".to_owned(), |url| url.to_string()),
+            .map(|url| url.to_string())
+            .or_else(|_| {
+                url.parse::<dlock_runtime::PostgresUrl>()
+                    .map(|url| url.to_string())
+            })
+            .unwrap_or_else(|_| "***".to_owned()),
     }
 }

@@ -9,7 +9,10 @@ use std::{
 
 use dlock_runtime::{LockError, LockGuard, LockOptions, Locker};
 
-use crate::{RedisServer, cluster::RedisCluster, etcd::EtcdCluster, sentinel::RedisSentinels};
+use crate::{
+    PostgresServer, RedisServer, cluster::RedisCluster, etcd::EtcdCluster, redlock::RedLockServers,
+    sentinel::RedisSentinels,
+};
 
 /// The names of the engines the shared suite runs on; [`engine_suite!`](crate::engine_suite)
 /// makes one test module of each.
@@ -20,6 +23,9 @@ use crate::{RedisServer, cluster::RedisCluster, etcd::EtcdCluster, sentinel::Red
 ///   succeed, and waiters poll.
 /// - `redis_cluster`: a 3-master, 3-replica Redis Cluster (one per test binary, shared).
 /// - `redis_sentinel`: a master, 2 replicas and 3 sentinels (one per test binary, shared).
+/// - `redlock`: RedLock over 5 independent `redis-server`s (one set per test binary, shared).
+/// - `postgres`: a throwaway PostgreSQL cluster (one per test binary, shared; `initdb` takes a
+///   second or two).
 /// - `etcd`: one etcd member (one per test binary, shared).
 /// - `etcd_cluster`: 3 etcd members of one cluster, local processes (one per test binary,
 ///   shared).
@@ -30,6 +36,8 @@ pub const ENGINES: &[&str] = &[
     "redis_acl_no_channels",
     "redis_cluster",
     "redis_sentinel",
+    "redlock",
+    "postgres",
     "etcd",
     "etcd_cluster",
     "memory",
@@ -45,7 +53,7 @@ pub const ENGINES: &[&str] = &[
 macro_rules! engine_suite {
     ($($case:ident),* $(,)?) => {
         $crate::engine_suite!(
-            @engines [redis, redis_acl, redis_acl_no_channels, redis_cluster, redis_sentinel, etcd, etcd_cluster, memory]
+            @engines [redis, redis_acl, redis_acl_no_channels, redis_cluster, redis_sentinel, redlock, postgres, etcd, etcd_cluster, memory]
             [$($case),*]
         );
     };
@@ -153,6 +161,15 @@ impl Engine {
                     url,
                 }
             }
+            "redlock" => {
+                static MASTERS: Mutex<Weak<RedLockServers>> = Mutex::new(Weak::new());
+                let masters = shared(&MASTERS, RedLockServers::start);
+                let url = masters.url();
+                Self::Shared {
+                    deployment: masters,
+                    url,
+                }
+            }
             "etcd" | "etcd_cluster" => {
                 static SINGLE: Mutex<Weak<EtcdCluster>> = Mutex::new(Weak::new());
                 static THREE: Mutex<Weak<EtcdCluster>> = Mutex::new(Weak::new());
@@ -164,6 +181,15 @@ impl Engine {
                 let url = etcd.url();
                 Self::Shared {
                     deployment: etcd,
+                    url,
+                }
+            }
+            "postgres" => {
+                static POSTGRES: Mutex<Weak<PostgresServer>> = Mutex::new(Weak::new());
+                let server = shared(&POSTGRES, PostgresServer::start);
+                let url = server.url();
+                Self::Shared {
+                    deployment: server,
                     url,
                 }
             }
@@ -194,12 +220,17 @@ impl Engine {
     #[must_use]
     pub fn locker_with_expire(&self, expire: Duration) -> Locker {
         match self {
-            Self::Redis { url, .. } | Self::Shared { url, .. } => Locker::builder()
-                .url(url.as_str())
-                .timeout(Duration::from_secs(5))
-                .expire(expire)
-                .build()
-                .expect("valid test locker"),
+            Self::Redis { url, .. } | Self::Shared { url, .. } => {
+                let mut builder = Locker::builder()
+                    .url(url.as_str())
+                    .timeout(Duration::from_secs(5))
+                    .expire(expire);
+                if url.starts_with("redis+redlock") {
+                    // RedLock refuses a request timeout above a fifth of the lease.
+                    builder = builder.request_timeout((expire / 5).min(Duration::from_millis(500)));
+                }
+                builder.build().expect("valid test locker")
+            }
             Self::Memory(locker) if expire == Duration::from_secs(10) => locker.clone(),
             Self::Memory(_) => Locker::builder()
                 .memory()

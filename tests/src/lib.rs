@@ -16,8 +16,11 @@ use std::{
 use dlock_runtime::Locker;
 
 pub mod engines;
+pub mod pg;
+pub mod proxy;
+pub use dlock_examples::throwaway::postgres::{self, PostgresServer};
 pub use dlock_examples::throwaway::{
-    INSTALL_REDIS, RedisServer, cluster, etcd, free_port, sentinel,
+    INSTALL_REDIS, RedisServer, cluster, etcd, free_port, redlock, sentinel,
 };
 pub use engines::Engine;
 
@@ -37,6 +40,29 @@ pub async fn acquire_and_release(locker: &Locker, key: &str) {
         .unwrap_or_else(|e| panic!("release `{key}`: {e}"));
 }
 
+/// Runs the `dlock-env-check` binary (`exe`: its `CARGO_BIN_EXE_dlock-env-check`) with none of
+/// this process's `DLOCK_*`, `REDIS_URL` or `SSL_CERT*` variables, but `env` and, when given,
+/// `SSL_CERT_FILE=ca` (how rustls' native roots learn of a private CA); returns what it printed.
+///
+/// # Panics
+/// When it cannot be run or fails.
+#[must_use]
+pub fn env_check(exe: &str, env: &[(&str, &str)], ca: Option<&std::path::Path>) -> String {
+    let mut command = std::process::Command::new(exe);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("DLOCK_") || name == "REDIS_URL" || name.starts_with("SSL_CERT") {
+            command.env_remove(name);
+        }
+    }
+    command.envs(env.iter().copied());
+    if let Some(ca) = ca {
+        command.env("SSL_CERT_FILE", ca);
+    }
+    let output = command.output().expect("run dlock-env-check");
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8(output.stdout).expect("UTF-8 output")
+}
+
 /// A key no other test in this process uses.
 #[must_use]
 pub fn unique_key(name: &str) -> String {
@@ -54,6 +80,40 @@ pub async fn racy_increment(counter: &AtomicU64) {
     let seen = counter.load(Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(10)).await;
     counter.store(seen + 1, Ordering::SeqCst);
+}
+
+/// `waiters` tasks of `locker` contend for `key` at once, each taking it once (with `options`)
+/// to run [`racy_increment`] on one counter; returns the counter, which is `waiters` unless
+/// holders overlapped.
+///
+/// # Panics
+/// When an acquisition or a release fails.
+pub async fn contend(
+    locker: &Locker,
+    key: &str,
+    options: &dlock_runtime::LockOptions,
+    waiters: u64,
+) -> u64 {
+    let counter = std::sync::Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..waiters)
+        .map(|_| {
+            let (locker, key, counter, options) = (
+                locker.clone(),
+                key.to_owned(),
+                counter.clone(),
+                options.clone(),
+            );
+            tokio::spawn(async move {
+                let guard = locker.acquire(&key, options).await.unwrap();
+                racy_increment(&counter).await;
+                guard.release().await.unwrap();
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    counter.load(Ordering::SeqCst)
 }
 
 /// A `tracing` writer that keeps what is written, for tests that read the events dlock emitted.

@@ -3,27 +3,18 @@
 //! rustls' native roots learn of a private CA — and the `DLOCK_*` variables are its own.
 #![cfg(feature = "tls")]
 
-use std::process::Command;
-
 use dlock_tests::RedisServer;
 
 fn env_check(url: &str, ca: Option<&std::path::Path>) -> String {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_dlock-env-check"));
-    for (name, _) in std::env::vars() {
-        if name.starts_with("DLOCK_") || name == "REDIS_URL" || name.starts_with("SSL_CERT") {
-            command.env_remove(name);
-        }
-    }
-    command
-        .env("DLOCK_REDIS_URL", url)
-        .env("DLOCK_TIMEOUT", "2s")
-        .env("DLOCK_REQUEST_TIMEOUT", "500ms");
-    if let Some(ca) = ca {
-        command.env("SSL_CERT_FILE", ca);
-    }
-    let output = command.output().expect("run dlock-env-check");
-    assert!(output.status.success(), "{output:?}");
-    String::from_utf8(output.stdout).unwrap()
+    dlock_tests::env_check(
+        env!("CARGO_BIN_EXE_dlock-env-check"),
+        &[
+            ("DLOCK_REDIS_URL", url),
+            ("DLOCK_TIMEOUT", "2s"),
+            ("DLOCK_REQUEST_TIMEOUT", "500ms"),
+        ],
+        ca,
+    )
 }
 
 #[test]

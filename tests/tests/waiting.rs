@@ -152,11 +152,11 @@ async fn a_channel_lingers_after_its_last_waiter_then_goes() {
     }
 }
 
-/// A waiter that finds its key's channel still subscribed is covered from its first attempt:
-/// no SUBSCRIBE, and no second attempt (to cover a release before the subscription) until the
-/// release wakes it.
+/// A waiter that finds its key's channel still subscribed arms from it: no SUBSCRIBE, and after
+/// the refusal only the attempt that puts its place in the key's queue (so that the release
+/// names it, and covering a release before the wake-up was armed), until the release wakes it.
 #[tokio::test]
-async fn a_lingering_subscription_covers_the_next_waiter_from_its_first_attempt() {
+async fn a_lingering_subscription_covers_the_next_waiter() {
     let server = RedisServer::start();
     let (holder, waiter) = (server.locker(), slow_poller(Some(&server.url()), true));
     let key = unique_key("covered");
@@ -170,7 +170,7 @@ async fn a_lingering_subscription_covers_the_next_waiter_from_its_first_attempt(
         0,
         "subscribed again"
     );
-    assert_eq!(server.calls("evalsha") - attempts, 1, "attempts while held");
+    assert_eq!(server.calls("evalsha") - attempts, 2, "attempts while held");
     let released_at = Instant::now();
     held.release().await.unwrap();
     let woke = waiting.await.unwrap() - released_at;
@@ -422,4 +422,77 @@ fn notifications_survive_the_end_of_the_runtime_they_started_on() {
             "round {round}: woken after {woke:?}, by the 3s poll rather than a notification"
         );
     }
+}
+
+/// A fair single attempt (`timeout` zero) asks from a place in line too: with another process's
+/// place first in the queue it does not take the free lock, and it takes its own place out of
+/// the queue again. A non-fair attempt may pass the queue.
+#[tokio::test]
+async fn a_fair_single_attempt_does_not_pass_the_queue() {
+    let server = RedisServer::start();
+    let locker = server.locker();
+    let key = unique_key("fair-try");
+    let mut redis = server.client().get_connection().unwrap();
+    // Another process's place, alive for 10s by the server's clock, first in line.
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut redis).unwrap();
+    let other = "f".repeat(32);
+    let () = redis
+        .rpush(format!("dlock:__fair:{{dlock:{key}}}:queue"), &other)
+        .unwrap();
+    let () = redis
+        .zadd(
+            format!("dlock:__fair:{{dlock:{key}}}:waiters"),
+            &other,
+            secs * 1000 + micros / 1000 + 10_000,
+        )
+        .unwrap();
+    let tried = locker
+        .acquire(&key, LockOptions::new().fair().timeout(Duration::ZERO))
+        .await;
+    assert!(
+        matches!(tried, Err(dlock_runtime::LockError::Timeout { .. })),
+        "{tried:?}"
+    );
+    assert!(!server.exists(&format!("dlock:{key}")), "took the lock");
+    wait_for_queue(&mut redis, &key, 1).await;
+    let passed = locker
+        .try_acquire(&key, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(passed.is_some(), "a non-fair attempt waits for the queue");
+}
+
+/// Fair mode serves processes in turn, each process's waiters in their order: p1 and p2 of one
+/// locker and q1 of another (two lockers on one embedded table stand for two processes), arriving
+/// in that order behind a holder, get the lock as p1, q1, p2.
+#[tokio::test]
+async fn fair_mode_serves_processes_in_turn() {
+    let p = Locker::builder().url("memory://").build().unwrap();
+    let q = Locker::builder().url("memory://").build().unwrap();
+    let key = unique_key("turns");
+    let holder = p.acquire(&key, LockOptions::new().fair()).await.unwrap();
+    let served = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for (name, locker) in [("p1", &p), ("p2", &p), ("q1", &q)] {
+        let (locker, key, served) = (locker.clone(), key.clone(), served.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = locker
+                .acquire(
+                    &key,
+                    LockOptions::new().fair().timeout(Duration::from_secs(10)),
+                )
+                .await
+                .unwrap();
+            served.lock().unwrap().push(name);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            guard.release().await.unwrap();
+        }));
+        // Each waits (in its line, its process's place in the queue) before the next comes.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    holder.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    assert_eq!(*served.lock().unwrap(), ["p1", "q1", "p2"]);
 }

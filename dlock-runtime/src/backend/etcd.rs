@@ -31,7 +31,9 @@ use etcd_client::{
 };
 use tokio::{sync::Notify, task::JoinHandle};
 
-use super::{Attempt, Backend, BoxFuture, FairOrder, LossSignal, Request, Token, Watch};
+use super::{
+    Attempt, Backend, BoxFuture, FairOrder, LossSignal, NextInLine, Request, Token, Watch,
+};
 use crate::{
     LockError,
     config::{BackendKind, Settings},
@@ -714,7 +716,6 @@ impl Backend for EtcdBackend {
         &'a self,
         _key: &'a str,
         token: &'a Token,
-        _fair: bool,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
             let Some(entry) = self.entries().remove(&token.0) else {
@@ -762,7 +763,7 @@ impl Backend for EtcdBackend {
             };
             let notify = Arc::new(Notify::new());
             let task = tokio::spawn(self.conn.clone().wait_turn(line, rev, notify.clone()));
-            Some(Watch::new(notify, Arc::default(), AbortOnDrop(task)).reliable())
+            Some(Watch::new(notify, NextInLine::default(), AbortOnDrop(task)).reliable())
         })
     }
 

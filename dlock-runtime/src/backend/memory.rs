@@ -2,13 +2,13 @@
 
 use std::{
     collections::{HashMap, VecDeque},
-    sync::{Arc, Mutex, OnceLock, Weak},
+    sync::{Arc, Mutex, OnceLock},
     time::Duration,
 };
 
-use tokio::{sync::Notify, time::Instant};
+use tokio::time::Instant;
 
-use super::{Attempt, Backend, BoxFuture, NextInLine, Request, Token, Watch};
+use super::{Attempt, Backend, BoxFuture, Request, Token, Watch, Watchers};
 use crate::error::BackendError;
 
 #[derive(Debug)]
@@ -23,8 +23,6 @@ struct Table {
     /// Fair-mode waiters per key, first come first served, each with the instant it counts as
     /// gone unless it tries again.
     queues: HashMap<String, VecDeque<(Token, Instant)>>,
-    /// Release wake-ups per key, alive while a waiter holds the `Arc`.
-    watchers: HashMap<String, Weak<Notify>>,
     /// One counter for every key: strictly increasing per key as a consequence.
     fence: u64,
 }
@@ -33,6 +31,9 @@ struct Table {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct MemoryBackend {
     table: Arc<Mutex<Table>>,
+    /// Release wake-ups per key. In-process wake-ups are cheap: they name no one and every
+    /// waiter looks.
+    watchers: Arc<Watchers>,
 }
 
 impl MemoryBackend {
@@ -67,9 +68,6 @@ impl Table {
     fn sweep(&mut self, now: Instant) {
         if self.held.len() >= 1024 && self.held.len().is_power_of_two() {
             self.held.retain(|_, e| e.expires_at > now);
-        }
-        if self.watchers.len() >= 1024 && self.watchers.len().is_power_of_two() {
-            self.watchers.retain(|_, w| w.strong_count() > 0);
         }
     }
 
@@ -107,12 +105,6 @@ impl Table {
         }
         left
     }
-
-    fn wake(&self, key: &str) {
-        if let Some(notify) = self.watchers.get(key).and_then(Weak::upgrade) {
-            notify.notify_waiters();
-        }
-    }
 }
 
 impl Backend for MemoryBackend {
@@ -121,13 +113,9 @@ impl Backend for MemoryBackend {
             key,
             token,
             lease,
-            fair,
+            queue,
         } = request;
         let attempt = self.with_table(|table, now| {
-            let head_is_other = match fair {
-                Some(_) => table.queue_head(key, now).is_some_and(|head| head != token),
-                None => false,
-            };
             let next_fence = table.fence + 1;
             let held_ttl = match table.live(key, now) {
                 // Ours already (an earlier attempt's reply was lost): a new fence, as on every
@@ -140,17 +128,26 @@ impl Backend for MemoryBackend {
                 Some(entry) => Some(entry.expires_at - now),
                 None => None,
             };
+            let head_is_other = match queue {
+                Some(q) if q.strict => table
+                    .queue_head(key, now)
+                    .is_some_and(|head| head != q.place),
+                _ => false,
+            };
             if held_ttl.is_some() || head_is_other {
-                if let Some(live) = fair {
-                    table.wait_in_line(key, token, now + live);
+                if let Some(q) = queue {
+                    table.wait_in_line(key, q.place, now + q.liveness);
                 }
                 return Attempt::Held {
                     ttl: held_ttl,
-                    queued: fair.is_some(),
+                    queued: queue.is_some(),
                 };
             }
-            if fair.is_some() {
-                table.leave_queue(key, token);
+            if let Some(q) = queue {
+                table.leave_queue(key, q.place);
+                if q.keep {
+                    table.wait_in_line(key, q.place, now + q.liveness);
+                }
             }
             table.sweep(now);
             table.fence += 1;
@@ -171,20 +168,29 @@ impl Backend for MemoryBackend {
         &'a self,
         key: &'a str,
         token: &'a Token,
-        fair: bool,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         let released = self.with_table(|table, now| {
             let mine = table.live(key, now).is_some_and(|e| e.token == *token);
             if mine {
                 table.held.remove(key);
-            }
-            let left = fair && table.leave_queue(key, token);
-            if mine || left {
-                table.wake(key);
+                self.watchers.wake(Some(key), None);
             }
             mine
         });
         Box::pin(std::future::ready(Ok(released)))
+    }
+
+    fn leave_queue<'a>(
+        &'a self,
+        key: &'a str,
+        place: &'a Token,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        self.with_table(|table, _| {
+            if table.leave_queue(key, place) {
+                self.watchers.wake(Some(key), None);
+            }
+        });
+        Box::pin(std::future::ready(Ok(())))
     }
 
     fn extend<'a>(
@@ -204,21 +210,6 @@ impl Backend for MemoryBackend {
     }
 
     fn watch<'a>(&'a self, key: &'a str, _token: &'a Token) -> BoxFuture<'a, Option<Watch>> {
-        let notify = self.with_table(|table, _| {
-            if let Some(notify) = table.watchers.get(key).and_then(Weak::upgrade) {
-                return notify;
-            }
-            let notify = Arc::new(Notify::new());
-            table
-                .watchers
-                .insert(key.to_owned(), Arc::downgrade(&notify));
-            notify
-        });
-        // In-process wake-ups are cheap: they name no one and every waiter looks.
-        Box::pin(std::future::ready(Some(Watch::new(
-            notify,
-            NextInLine::default(),
-            (),
-        ))))
+        Box::pin(std::future::ready(Some(self.watchers.register(key))))
     }
 }

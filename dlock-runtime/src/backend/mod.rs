@@ -10,8 +10,12 @@ use crate::error::BackendError;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod memory;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+#[cfg(feature = "redlock")]
+pub(crate) mod redlock;
 
 /// What follows the key prefix in the names of the fencing counters; lock keys may not start so.
 pub(crate) const FENCE_PREFIX: &str = "__fence:";
@@ -72,7 +76,7 @@ impl fmt::Debug for LossSignal {
     reason = "`Native` is for etcd and ZooKeeper, `Unsupported` for RedLock"
 )]
 pub(crate) enum FairOrder {
-    /// A queue the engine keeps when a [`Request`] asks for it (Redis, memory).
+    /// A queue of places the engine keeps when a [`Request`] asks for one (Redis, memory).
     Queue,
     /// Every waiter holds a place in line by construction (etcd revisions, ZooKeeper
     /// sequence numbers): `fair` changes nothing.
@@ -87,21 +91,42 @@ pub(crate) struct Request<'a> {
     pub(crate) key: &'a str,
     pub(crate) token: &'a Token,
     pub(crate) lease: Duration,
-    /// Fair mode: join the key's queue and take the lock only at its head. A waiter that does not
-    /// try again within this long is dropped from the queue.
-    pub(crate) fair: Option<Duration>,
+    /// A place in the key's queue, on an engine that keeps one ([`FairOrder::Queue`]): the
+    /// attempt joins the queue (or refreshes its place) when it does not get the lock.
+    pub(crate) queue: Option<Queued<'a>>,
+}
+
+/// How an attempt waits in the engine's queue ([`FairOrder::Queue`]). Releases name the place
+/// first in line, so only the waiters of that place wake.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Queued<'a> {
+    /// Who holds the place: the in-process line of the waiter's locker, which keeps one place
+    /// for the waiters of the key in that process, in turn.
+    pub(crate) place: &'a Token,
+    /// A place not refreshed by an attempt within this long counts as gone.
+    pub(crate) liveness: Duration,
+    /// On success, keep the place (moved to the back of the queue): more waiters of this
+    /// process wait behind this one.
+    pub(crate) keep: bool,
+    /// Take the lock only when the place is first in the queue (fair mode). Otherwise take it
+    /// whenever it is free: the queue then only says whom a release wakes.
+    pub(crate) strict: bool,
 }
 
 /// One lock service. Every engine (Redis, Cluster, Sentinel, the embedded table, and those to
 /// come) is one implementation; the waiting loop, the lease clock, renewal and the guard are
 /// the locker's and the same for all.
 ///
-/// - `acquire`: take the key for `token` if it is free (and, in fair mode or on an engine with a
-///   line, `token` is first) or already ours; otherwise say so, with the holder's remaining
-///   lease when known, and whether the engine keeps a place in line for `token`. A key left
+/// - `acquire`: take the key for `token` if it is free (and, for a strict [`Queued`] request or
+///   on an engine with a line, its place is first) or already ours; otherwise say so, with the
+///   holder's remaining lease when known, and whether the engine keeps a place in line (the
+///   request's [`Queued::place`], or `token`'s own on an engine with a line). A key left
 ///   without expiry is given one (the TTL recheck) where the engine can have such keys.
-/// - `release`: give up `token`'s hold or place in line (deleting nothing of anyone else's;
-///   `false` when it held nothing) and wake the key's waiters. `fair`: it may be in a queue.
+/// - `release`: give up `token`'s hold, or its place in line on an engine with a line (deleting
+///   nothing of anyone else's; `false` when it held nothing), and wake the key's waiters: on an
+///   engine with a queue, by naming the place now first in it.
+/// - `leave_queue`: take a [`Queued::place`] out of the key's queue (its process has no more
+///   waiters), waking the place then first; engines without a queue have nothing to do.
 /// - `extend`: reset the lease only while `token` holds the key; never re-creates it.
 /// - `watch`: a wake-up for when `token` may have become first (any release of the key, or the
 ///   deletion of `token`'s predecessor on an engine with a line), shared by this client's
@@ -114,8 +139,15 @@ pub(crate) trait Backend: Send + Sync + 'static {
         &'a self,
         key: &'a str,
         token: &'a Token,
-        fair: bool,
     ) -> BoxFuture<'a, Result<bool, BackendError>>;
+
+    fn leave_queue<'a>(
+        &'a self,
+        _key: &'a str,
+        _place: &'a Token,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 
     fn watch<'a>(&'a self, key: &'a str, token: &'a Token) -> BoxFuture<'a, Option<Watch>>;
 
@@ -136,10 +168,111 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn fair_order(&self) -> FairOrder {
         FairOrder::Queue
     }
+
+    /// Why the engine cannot store the full lock key `key` (PostgreSQL `text` holds no NUL
+    /// byte), checked before any request is sent: the acquisition fails with `InvalidKey`.
+    fn key_error(&self, _key: &str) -> Option<String> {
+        None
+    }
 }
 
-/// Who a release wake-up is for: the fair waiter the release named as next in line, or anyone.
-pub(crate) type NextInLine = Arc<std::sync::Mutex<Option<String>>>;
+/// What the release wake-ups of one key said, shared by the key's waiters: whom the last one
+/// named (the place first in line, or anyone), and how many there have been, so that a waiter
+/// can tell whether one came since it last looked.
+#[derive(Clone, Default)]
+pub(crate) struct NextInLine(Arc<std::sync::Mutex<Heard>>);
+
+#[derive(Default)]
+struct Heard {
+    next: Option<String>,
+    count: u64,
+}
+
+impl NextInLine {
+    fn heard_mut(&self) -> std::sync::MutexGuard<'_, Heard> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records a wake-up naming `next` (8 hex digits of a place), or anyone; call before waking
+    /// the key's waiters.
+    pub(crate) fn heard(&self, next: Option<&str>) {
+        let mut heard = self.heard_mut();
+        heard.next = next.map(str::to_owned);
+        heard.count += 1;
+    }
+}
+
+/// The release wake-ups of an engine whose releases reach this process as messages naming a
+/// key (the embedded table, PostgreSQL's `NOTIFY`): one entry per key, alive while a waiter
+/// holds its [`Watch`].
+#[derive(Default)]
+pub(crate) struct Watchers(
+    std::sync::Mutex<std::collections::HashMap<String, (std::sync::Weak<Notify>, NextInLine)>>,
+);
+
+impl fmt::Debug for Watchers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watchers").finish_non_exhaustive()
+    }
+}
+
+impl Watchers {
+    fn map(
+        &self,
+    ) -> std::sync::MutexGuard<
+        '_,
+        std::collections::HashMap<String, (std::sync::Weak<Notify>, NextInLine)>,
+    > {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A wake-up for releases of `key`, shared with the key's other waiters.
+    pub(crate) fn register(&self, key: &str) -> Watch {
+        let mut watchers = self.map();
+        // Dead entries go now and then, so the map stays as small as the keys waited for.
+        if watchers.len() >= 1024 && watchers.len().is_power_of_two() {
+            watchers.retain(|_, (notify, _)| notify.strong_count() > 0);
+        }
+        let live = watchers
+            .get(key)
+            .and_then(|(notify, next)| Some((notify.upgrade()?, next.clone())));
+        let (notify, next) = live.unwrap_or_else(|| {
+            let notify = Arc::new(Notify::new());
+            let next = NextInLine::default();
+            watchers.insert(key.to_owned(), (Arc::downgrade(&notify), next.clone()));
+            (notify, next)
+        });
+        Watch::new(notify, next, ())
+    }
+
+    /// Wakes the waiters of `key` (of every key when `None`), telling them whom the release
+    /// named.
+    pub(crate) fn wake(&self, key: Option<&str>, next: Option<&str>) {
+        let watchers = self.map();
+        let wake = |(notify, named): &(std::sync::Weak<Notify>, NextInLine)| {
+            if let Some(notify) = notify.upgrade() {
+                named.heard(next);
+                notify.notify_waiters();
+            }
+        };
+        match key {
+            None => watchers.values().for_each(wake),
+            Some(key) => watchers.get(key).into_iter().for_each(wake),
+        }
+    }
+
+    /// Whether any waiter holds a wake-up.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn anyone_waits(&self) -> bool {
+        self.map()
+            .values()
+            .any(|(notify, _)| notify.strong_count() > 0)
+    }
+}
 
 /// A registration for release wake-ups of one key; dropping it unregisters.
 pub(crate) struct Watch {
@@ -181,14 +314,20 @@ impl Watch {
         self.notify.clone()
     }
 
-    /// Whether the last wake-up may be for `token`: it named no one, or it named `token` (by the
-    /// first 8 hex digits: releases never publish a whole token).
-    pub(crate) fn may_be_for(&self, token: &Token) -> bool {
+    /// Whether the last wake-up may be for `place`: it named no one, or it named `place` (by the
+    /// first 8 hex digits: releases never publish a whole token or place).
+    pub(crate) fn may_be_for(&self, place: &Token) -> bool {
         self.next
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .heard_mut()
+            .next
             .as_deref()
-            .is_none_or(|next| token.0.starts_with(next))
+            .is_none_or(|next| place.0.starts_with(next))
+    }
+
+    /// How many wake-ups of this key this process has heard: a waiter compares two readings to
+    /// tell whether a release came in between.
+    pub(crate) fn heard(&self) -> u64 {
+        self.next.heard_mut().count
     }
 }
 
@@ -248,7 +387,7 @@ impl Token {
         Ok(Self(hex))
     }
 
-    #[cfg(any(feature = "redis", test))]
+    #[cfg(any(feature = "redis", feature = "postgres", test))]
     pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
@@ -261,7 +400,7 @@ impl fmt::Debug for Token {
 }
 
 /// Milliseconds for a server lease, at least 1.
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "postgres"))]
 pub(crate) fn lease_millis(lease: Duration) -> u64 {
     u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1)
 }

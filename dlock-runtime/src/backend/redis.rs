@@ -25,7 +25,10 @@ use crate::{
 static ACQUIRE: OnceLock<Script> = OnceLock::new();
 static ACQUIRE_FAIR: OnceLock<Script> = OnceLock::new();
 static RELEASE: OnceLock<Script> = OnceLock::new();
+static LEAVE: OnceLock<Script> = OnceLock::new();
 static EXTEND: OnceLock<Script> = OnceLock::new();
+#[cfg(feature = "redlock")]
+static RAISE: OnceLock<Script> = OnceLock::new();
 
 fn acquire_script() -> &'static Script {
     ACQUIRE.get_or_init(|| {
@@ -35,19 +38,26 @@ fn acquire_script() -> &'static Script {
         ))
     })
 }
-fn acquire_fair_script() -> &'static Script {
+fn acquire_queued_script() -> &'static Script {
     ACQUIRE_FAIR.get_or_init(|| {
         Script::new(concat!(
             include_str!("lock.lua"),
-            include_str!("acquire_fair.lua")
+            include_str!("acquire_queued.lua")
         ))
     })
 }
 fn release_script() -> &'static Script {
     RELEASE.get_or_init(|| Script::new(include_str!("release.lua")))
 }
+fn leave_script() -> &'static Script {
+    LEAVE.get_or_init(|| Script::new(include_str!("leave.lua")))
+}
 fn extend_script() -> &'static Script {
     EXTEND.get_or_init(|| Script::new(include_str!("extend.lua")))
+}
+#[cfg(feature = "redlock")]
+fn raise_script() -> &'static Script {
+    RAISE.get_or_init(|| Script::new(include_str!("raise.lua")))
 }
 
 /// How the backend reaches Redis: one server, a Cluster, or the master the sentinels name.
@@ -329,7 +339,7 @@ impl RedisBackend {
     /// acknowledged the acquisition just made on `key`'s master; otherwise undoes it by token
     /// and fails the attempt. `WAIT` counts the writes of the connection it is sent on, so it
     /// goes on the same multiplexed connection (for a Cluster, the one to `key`'s master).
-    async fn replicated(&self, key: &str, token: &Token, fair: bool) -> Result<(), BackendError> {
+    async fn replicated(&self, key: &str, token: &Token) -> Result<(), BackendError> {
         let timeout_ms = u64::try_from(self.request_timeout.as_millis()).unwrap_or(u64::MAX);
         let mut wait = redis::cmd("WAIT");
         wait.arg(self.wait_replicas).arg(timeout_ms);
@@ -360,7 +370,7 @@ impl RedisBackend {
             Ok(n) if n >= i64::from(self.wait_replicas) => Ok(()),
             outcome => {
                 // Not known to survive a failover: undo it, then report.
-                let _ = self.release(key, token, fair).await;
+                let _ = self.release(key, token).await;
                 let why = match outcome {
                     Ok(n) => format!(
                         "the lock was acknowledged by {n} of the {} replicas DLOCK_REDIS_WAIT asks \
@@ -417,6 +427,16 @@ impl RedisBackend {
             self.forget_connection_after(error);
         }
         result
+    }
+
+    /// RedLock's second round on this node: raises `key`'s fencing counter to `fence` (never
+    /// lowers it), so every later fence of this node is higher.
+    #[cfg(feature = "redlock")]
+    pub(crate) async fn raise_fence(&self, key: &str, fence: u64) -> Result<(), BackendError> {
+        let mut invocation = raise_script().prepare_invoke();
+        invocation.key(self.fence_key(key)).arg(fence);
+        let _: i64 = self.call("fence raise", invocation).await?;
+        Ok(())
     }
 
     /// The fencing counter in the same cluster slot as `key`: one counter per slot, so storage
@@ -504,14 +524,14 @@ impl Backend for RedisBackend {
                 key,
                 token,
                 lease,
-                fair,
+                queue,
             } = request;
-            let mut invocation = match fair {
+            let mut invocation = match queue {
                 None => acquire_script().prepare_invoke(),
-                Some(_) => acquire_fair_script().prepare_invoke(),
+                Some(_) => acquire_queued_script().prepare_invoke(),
             };
             invocation.key(key);
-            if fair.is_some() {
+            if queue.is_some() {
                 invocation
                     .key(companion(&self.fair_prefix, key, "queue"))
                     .key(companion(&self.fair_prefix, key, "waiters"));
@@ -520,8 +540,12 @@ impl Backend for RedisBackend {
                 .key(self.fence_key(key))
                 .arg(token.as_str())
                 .arg(lease_millis(lease));
-            if let Some(live) = fair {
-                invocation.arg(lease_millis(live));
+            if let Some(queued) = queue {
+                invocation
+                    .arg(lease_millis(queued.liveness))
+                    .arg(queued.place.as_str())
+                    .arg(if queued.keep { "1" } else { "0" })
+                    .arg(if queued.strict { "1" } else { "0" });
             }
             // lock.lua: > 0 ours, with that fence; < 0 held for another (-1 - reply) ms;
             // 0 free, but another fair waiter is first in line.
@@ -533,13 +557,13 @@ impl Backend for RedisBackend {
                 },
                 Ok(fence) => {
                     if self.wait_replicas > 0 {
-                        self.replicated(key, token, fair.is_some()).await?;
+                        self.replicated(key, token).await?;
                     }
                     Attempt::acquired(fence)
                 }
                 Err(_) => Attempt::Held {
                     ttl: Some(Duration::from_millis(reply.unsigned_abs() - 1)),
-                    queued: fair.is_some(),
+                    queued: queue.is_some(),
                 },
             })
         })
@@ -549,17 +573,15 @@ impl Backend for RedisBackend {
         &'a self,
         key: &'a str,
         token: &'a Token,
-        fair: bool,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
+            // The queue, to name the place first in line in the wake-up.
             let mut invocation = release_script().prepare_invoke();
-            invocation.key(key);
-            if fair {
-                invocation
-                    .key(companion(&self.fair_prefix, key, "queue"))
-                    .key(companion(&self.fair_prefix, key, "waiters"));
-            }
-            invocation.arg(token.as_str()).arg(self.publish_command());
+            invocation
+                .key(key)
+                .key(companion(&self.fair_prefix, key, "queue"))
+                .arg(token.as_str())
+                .arg(self.publish_command());
             // release.lua: bit 0 deleted, bit 1 the notification was refused (no channel
             // permission); the release stands either way.
             let reply: i64 = self.call("release", invocation).await?;
@@ -567,6 +589,27 @@ impl Backend for RedisBackend {
                 self.publish_denied(key);
             }
             Ok(reply & 1 == 1)
+        })
+    }
+
+    fn leave_queue<'a>(
+        &'a self,
+        key: &'a str,
+        place: &'a Token,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            let mut invocation = leave_script().prepare_invoke();
+            invocation
+                .key(key)
+                .key(companion(&self.fair_prefix, key, "queue"))
+                .key(companion(&self.fair_prefix, key, "waiters"))
+                .arg(place.as_str())
+                .arg(self.publish_command());
+            let reply: i64 = self.call("leave the queue", invocation).await?;
+            if reply & 2 != 0 {
+                self.publish_denied(key);
+            }
+            Ok(())
         })
     }
 

@@ -470,8 +470,7 @@ async fn run(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<Op>) {
                 Some((name, payload)) => {
                     let channels = shared.channels();
                     if let Some(channel) = channels.get(&name) {
-                        let next = Some(payload).filter(|p| !p.is_empty());
-                        *channel.next.lock().unwrap_or_else(PoisonError::into_inner) = next;
+                        channel.next.heard(Some(payload.as_str()).filter(|p| !p.is_empty()));
                         channel.notify.notify_waiters();
                     }
                 }
@@ -481,7 +480,7 @@ async fn run(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<Op>) {
                     subscribed.clear();
                     for channel in shared.channels().values_mut() {
                         channel.confirmed = false;
-                        *channel.next.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                        channel.next.heard(None);
                         channel.notify.notify_waiters();
                     }
                 }

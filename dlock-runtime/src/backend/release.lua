@@ -1,31 +1,20 @@
 -- Compare-and-delete, then wake the waiters.
--- KEYS[1] lock key; in fair mode also KEYS[2] the queue and KEYS[3] the waiter deadlines.
+-- KEYS[1] lock key, KEYS[2] the queue of waiting places (same cluster slot).
 -- ARGV[1] token; ARGV[2] the command that announces it: PUBLISH, or SPUBLISH on a Cluster (a shard
 -- channel, heard on the nodes of the key's slot only).
 -- Deletes the key only while it still holds this acquisition's token. Returns 1 if deleted, else 0,
 -- plus 2 when the server refused the notification (a user without permission on the channel): the
 -- notification is a courtesy to waiters, and must never turn a release that deleted into an error.
--- Publishes on the channel named like the lock key when the lock or the head of its line moved;
--- the message is the first 8 hex digits of the token of the waiter now first in line (fair mode),
--- or empty (anyone). Never the whole token: the token is what release and extend check.
-local deleted = 0
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  deleted = 1
+-- A deletion is published on the channel named like the lock key; the message is the first 8 hex
+-- digits of the place first in line (only its waiters wake), or empty (anyone). Never a whole
+-- token or place.
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
 end
-local left = 0
-if #KEYS == 3 and redis.call('ZREM', KEYS[3], ARGV[1]) == 1 then
-  redis.call('LREM', KEYS[2], 1, ARGV[1])
-  left = 1
+redis.call('DEL', KEYS[1])
+local next = string.sub(redis.call('LINDEX', KEYS[2], 0) or '', 1, 8)
+local published = redis.pcall(ARGV[2], KEYS[1], next)
+if type(published) == 'table' and published.err then
+  return 3
 end
-if deleted == 1 or left == 1 then
-  local next = ''
-  if #KEYS == 3 then
-    next = string.sub(redis.call('LINDEX', KEYS[2], 0) or '', 1, 8)
-  end
-  local published = redis.pcall(ARGV[2], KEYS[1], next)
-  if type(published) == 'table' and published.err then
-    return deleted + 2
-  end
-end
-return deleted
+return 1

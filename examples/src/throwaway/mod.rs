@@ -1,10 +1,14 @@
 //! Throwaway Redis deployments on free loopback ports, stopped when dropped: one
 //! [`RedisServer`], a [`RedisCluster`](cluster::RedisCluster) of 3 masters and 3 replicas, and
-//! a master with 2 replicas watched by 3 sentinels ([`RedisSentinels`](sentinel::RedisSentinels)).
+//! a master with 2 replicas watched by 3 sentinels ([`RedisSentinels`](sentinel::RedisSentinels)),
+//! and independent masters for RedLock ([`RedLockServers`](redlock::RedLockServers)).
 //! No persistence, loopback only. The examples (`oversell`, `bench`) run on them, and the test
 //! harness (`dlock-tests`, which re-exports them) starts its servers with them, with the faults
 //! its tests need (kill, restart on the same port, SIGSTOP/SIGCONT, a failover, a slot
 //! migrated).
+//!
+//! A throwaway PostgreSQL cluster ([`PostgresServer`](postgres::PostgresServer)) runs the same
+//! way for the PostgreSQL engine.
 //!
 //! A missing binary is reported with the command that installs it ([`INSTALL_REDIS`]).
 
@@ -17,6 +21,8 @@ use std::{
 
 pub mod cluster;
 pub mod etcd;
+pub mod postgres;
+pub mod redlock;
 mod resp;
 pub mod sentinel;
 mod server;

@@ -347,8 +347,9 @@ impl Drop for RedisServer {
     }
 }
 
-/// A CA and a server certificate for `localhost` / `127.0.0.1`, written into `dir`.
-pub(crate) fn make_certificates(dir: &std::path::Path) {
+/// A CA and a server certificate for `localhost` / `127.0.0.1`, written into `dir` (`ca.crt`,
+/// `server.crt`, `server.key`).
+pub(super) fn make_certificates(dir: &std::path::Path) {
     let openssl = |args: &[&str]| {
         let status = Command::new("openssl")
             .args(args)

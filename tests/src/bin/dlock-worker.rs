@@ -3,11 +3,18 @@
 //!
 //! `dlock-worker <redis-url> <key> <iterations> <api|attr>`
 //!
+//! The counter and lists live on `<redis-url>`, or on `DLOCK_WORKER_DATA_URL` when the lock's
+//! URL is no single server's (`redis+redlock://…`).
+//!
 //! `dlock-worker <redis-url> <key> <name> fair-waiter`: waits for the lock in fair mode, then
 //! appends its name to the list `<key>:order`, holds 20ms and releases.
 //!
 //! `dlock-worker <redis-url> <key> <wait-ms> take`: waits up to `wait-ms` for the lock, prints
 //! `acquired <unix time in µs>` once it holds it, holds 50ms and releases.
+//!
+//! `dlock-worker <redis-url> <key> <waiters> <hot|hot-fair>`: `waiters` tasks on one locker each
+//! increment the counter 4 times under the lock (default or fair mode); every fourth task gives
+//! up somewhere in its second wait. Prints `done <increments made>`.
 //!
 //! `dlock-worker <redis-url> <key> 1 pause-holder`: the paused-holder fault test's child. It
 //! takes the lock with a 1s lease, prints `acquired <fence>`, waits for a line on stdin (the test
@@ -80,7 +87,9 @@ async fn run() -> Result<(), WorkerError> {
         std::process::exit(2);
     };
     let locker = Locker::builder().redis_url(url.as_str()).build()?;
-    let mut redis = redis::Client::open(url.as_str())?
+    // A lock URL that is no single server's (RedLock's masters) keeps the counter elsewhere.
+    let data_url = std::env::var("DLOCK_WORKER_DATA_URL").unwrap_or_else(|_| url.clone());
+    let mut redis = redis::Client::open(data_url.as_str())?
         .get_multiplexed_async_connection()
         .await?;
     if mode == "fair-waiter" {
@@ -111,6 +120,10 @@ async fn run() -> Result<(), WorkerError> {
         guard.release().await?;
         return Ok(());
     }
+    if let Some(mode) = mode.strip_prefix("hot") {
+        let waiters: u64 = iterations.parse().expect("waiters is a number");
+        return hot(&locker, key, &redis, waiters, mode == "-fair").await;
+    }
     if mode == "pause-holder" {
         return pause_holder(&locker, key, &mut redis).await;
     }
@@ -127,6 +140,53 @@ async fn run() -> Result<(), WorkerError> {
             _ => locked_increment(&locker, key, &mut redis).await?,
         }
     }
+    Ok(())
+}
+
+/// Many waiters of one key on one locker, some giving up part-way; prints the increments made.
+async fn hot(
+    locker: &Locker,
+    key: &str,
+    redis: &redis::aio::MultiplexedConnection,
+    waiters: u64,
+    fair: bool,
+) -> Result<(), WorkerError> {
+    let options = if fair {
+        LockOptions::new().fair()
+    } else {
+        LockOptions::new()
+    };
+    let tasks: Vec<_> = (0..waiters)
+        .map(|i| {
+            let (locker, mut redis, key) = (locker.clone(), redis.clone(), key.to_owned());
+            let options = options.clone().timeout(Duration::from_secs(30));
+            tokio::spawn(async move {
+                let mut made = 0u64;
+                for round in 0..4 {
+                    let wait = locker.acquire(&key, options.clone());
+                    let guard = if i % 4 == 0 && round == 1 {
+                        // Gives up somewhere in its wait (0 to 60ms in): first in line, behind
+                        // others, or while asking the server.
+                        match tokio::time::timeout(Duration::from_millis(i % 61), wait).await {
+                            Ok(guard) => guard?,
+                            Err(_) => continue,
+                        }
+                    } else {
+                        wait.await?
+                    };
+                    increment(&mut redis, &format!("{key}:counter")).await?;
+                    guard.release().await?;
+                    made += 1;
+                }
+                Ok::<_, WorkerError>(made)
+            })
+        })
+        .collect();
+    let mut made = 0;
+    for task in tasks {
+        made += task.await.expect("a hot waiter panicked")?;
+    }
+    println!("done {made}");
     Ok(())
 }
 

@@ -15,14 +15,4 @@ async fn lease_too_short() -> Result<(), LockError> {
     Ok(())
 }
 
-#[dlock(key = "d", timeout = "366days")]
-async fn wait_too_long() -> Result<(), LockError> {
-    Ok(())
-}
-
-#[dlock(key = "e", expire = "auto", max_hold = "366days")]
-async fn ceiling_too_long() -> Result<(), LockError> {
-    Ok(())
-}
-
 fn main() {}

@@ -1,10 +1,12 @@
-//! The attribute accepts exactly the durations the runtime accepts: the boundaries compile here
-//! and run on the embedded backend; one step past them is `ui/fail/duration-limits.rs`.
+//! The attribute accepts exactly the durations the runtime accepts: the lease's boundaries
+//! compile here and run on the embedded backend (one step past them is
+//! `ui/fail/duration-limits.rs`), and so do a wait and a renewal ceiling longer than any lease,
+//! which the runtime does not limit.
 use std::time::Duration;
 
 use dlock_runtime::{LockError, Locker, dlock};
 
-#[dlock(key = "longest", client = locker, expire = "365days", timeout = "365days")]
+#[dlock(key = "longest", client = locker, expire = "365days", timeout = "1000y")]
 async fn longest(locker: &Locker) -> Result<(), LockError> {
     Ok(())
 }
@@ -14,7 +16,7 @@ async fn shortest(locker: &Locker) -> Result<(), LockError> {
     Ok(())
 }
 
-#[dlock(key = "ceiling", client = locker, expire = "auto", max_hold = "365days")]
+#[dlock(key = "ceiling", client = locker, expire = "auto", max_hold = "1000y")]
 async fn ceiling(locker: &Locker) -> Result<(), LockError> {
     Ok(())
 }

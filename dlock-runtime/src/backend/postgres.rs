@@ -1,0 +1,950 @@
+//! The PostgreSQL backend: one row per held lock in the table `dlock_locks`, a lease by the
+//! server's clock (`expires_at`, compared with `clock_timestamp()`), fences from the sequence
+//! `dlock_fence`, release wake-ups by `LISTEN`/`NOTIFY`, and fair mode's line of waiters in the
+//! table `dlock_waiters`.
+//!
+//! Every request is one statement in its own (implicit) transaction: nothing holds a row lock
+//! across an await, so no statement ever waits on a holder, only (for microseconds) on another
+//! statement touching the same row. Requests are pipelined on one shared connection (tokio-postgres
+//! multiplexes concurrent requests), made again when the server closed it (a restart,
+//! `pg_terminate_backend`), and each is bounded by the request timeout.
+
+use std::{
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
+
+use tokio_postgres::{AsyncMessage, Client, NoTls, Statement, config::SslMode, error::SqlState};
+
+use super::{Attempt, Backend, BoxFuture, Queued, Request, Token, Watch, Watchers};
+
+#[cfg(feature = "tls")]
+#[path = "postgres_tls.rs"]
+mod tls;
+use crate::{
+    LockError,
+    config::{BackendKind, Settings},
+    error::BackendError,
+};
+
+/// The table and the sequence, as `README.md` gives them to operators who create them
+/// themselves; run on first use when the table is missing.
+pub(crate) const SCHEMA: &str = "\
+CREATE SEQUENCE IF NOT EXISTS dlock_fence;
+CREATE TABLE IF NOT EXISTS dlock_locks (
+    key        text        PRIMARY KEY,
+    token      text        NOT NULL,
+    fence      bigint      NOT NULL,
+    expires_at timestamptz NOT NULL,
+    contended  boolean     NOT NULL DEFAULT false
+);
+CREATE TABLE IF NOT EXISTS dlock_waiters (
+    key        text        NOT NULL,
+    token      text        NOT NULL,
+    place      bigint      NOT NULL,
+    gone_at    timestamptz NOT NULL,
+    PRIMARY KEY (key, token)
+);";
+
+/// The channel every release is announced on; the payload is the lock key (never a token), or
+/// empty for a key too long for a payload (then every waiter looks).
+const CHANNEL: &str = "dlock_release";
+
+/// An arbitrary constant for `pg_advisory_xact_lock`: lockers creating the schema at the same
+/// moment take turns (concurrent `CREATE TABLE IF NOT EXISTS` can fail on the catalog's unique
+/// index).
+const SCHEMA_LOCK: i64 = 0x646c_6f63_6b00;
+
+/// Insert the row, or take over one whose lease ran out by the server's clock (or that this token
+/// holds already: a retry after a lost reply gets a new fence); the next fence in the same
+/// statement. When the key is held: no fence, the holder's remaining lease in ms, and the row
+/// is marked `contended` (written once per hold, by the first refused attempt), so that its
+/// release announces itself: a release nobody waits for sends no notification (`NOTIFY` takes a
+/// lock that serialises the commits of every notifying transaction).
+const ACQUIRE: &str = "\
+WITH taken AS (
+    INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended)
+    VALUES ($1, $2, nextval('dlock_fence'),
+            clock_timestamp() + $3::bigint * interval '1 millisecond', false)
+    ON CONFLICT (key) DO UPDATE
+        SET token = EXCLUDED.token, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at,
+            contended = l.contended AND l.token = EXCLUDED.token
+        WHERE l.expires_at <= clock_timestamp() OR l.token = EXCLUDED.token
+    RETURNING fence
+), marked AS (
+    UPDATE dlock_locks SET contended = true
+     WHERE key = $1 AND NOT contended AND NOT EXISTS (SELECT 1 FROM taken)
+)
+SELECT t.fence,
+       CASE WHEN t.fence IS NULL THEN
+           (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
+              FROM dlock_locks WHERE key = $1)
+       END
+  FROM (SELECT (SELECT fence FROM taken) AS fence) t";
+
+/// Delete the row if this token holds it (a lapsed row of ours is cleaned up too, but reported
+/// as not held), and announce the release when someone was refused the key meanwhile. The
+/// payload is the first 8 hex digits of the place first in the key's queue, or [`NO_ONE`], and
+/// the key.
+const RELEASE: &str = "\
+WITH gone AS (
+    DELETE FROM dlock_locks WHERE key = $1 AND token = $2
+    RETURNING expires_at > clock_timestamp() AS live, contended
+)
+SELECT live,
+       CASE WHEN contended THEN pg_notify('dlock_release', coalesce(
+               (SELECT left(token, 8) FROM dlock_waiters
+                 WHERE key = $1 AND gone_at > clock_timestamp() ORDER BY place LIMIT 1),
+               '--------') ||
+           CASE WHEN octet_length($1::text) < 7900 THEN $1::text ELSE '' END) END
+  FROM gone";
+
+/// What the first 8 characters of a payload are when a release names no fair waiter; otherwise
+/// they are the first 8 hex digits of the token first in line (never a whole token).
+const NO_ONE: &str = "--------";
+
+/// An attempt from a place in the key's queue (`dlock_waiters`: one place per waiting process
+/// and key, ordered by `place`, a number from the fence sequence). `$4`: how long a place lives
+/// without another attempt (ms); `$5` the place; `$6` on success keep the place, moved to the
+/// back of the queue (more waiters of this process wait behind); `$7` strict (fair mode): take
+/// the lock only when no live place is ahead of this one, else whenever it is free.
+///
+/// Taken: the place leaves the queue (or moves to its back), lapsed places are dropped, and the
+/// lock is marked contended when any place remains, so its release (whoever makes it) wakes the
+/// next. Refused: the place joins the queue or is refreshed, and the lock is marked contended,
+/// as [`ACQUIRE`] does.
+const ACQUIRE_QUEUED: &str = "\
+WITH mine AS (
+    SELECT place FROM dlock_waiters WHERE key = $1 AND token = $5
+), ahead AS (
+    SELECT $7::boolean AND EXISTS (
+        SELECT 1 FROM dlock_waiters
+         WHERE key = $1 AND token <> $5 AND gone_at > clock_timestamp()
+           AND place < coalesce((SELECT place FROM mine), 9223372036854775807)
+    ) AND NOT EXISTS (
+        SELECT 1 FROM dlock_locks WHERE key = $1 AND token = $2
+    ) AS yes
+), taken AS (
+    INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended)
+    SELECT $1, $2, nextval('dlock_fence'),
+           clock_timestamp() + $3::bigint * interval '1 millisecond',
+           $6::boolean OR EXISTS (SELECT 1 FROM dlock_waiters
+                                   WHERE key = $1 AND token <> $5 AND gone_at > clock_timestamp())
+     WHERE NOT (SELECT yes FROM ahead)
+    ON CONFLICT (key) DO UPDATE
+        SET token = EXCLUDED.token, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at,
+            contended = EXCLUDED.contended OR (l.contended AND l.token = EXCLUDED.token)
+        WHERE l.expires_at <= clock_timestamp() OR l.token = EXCLUDED.token
+    RETURNING fence
+), left_line AS (
+    DELETE FROM dlock_waiters
+     WHERE key = $1 AND EXISTS (SELECT 1 FROM taken)
+       AND ((token = $5 AND NOT $6::boolean)
+            OR (token <> $5 AND gone_at <= clock_timestamp()))
+), placed AS (
+    INSERT INTO dlock_waiters AS w (key, token, place, gone_at)
+    SELECT $1, $5, nextval('dlock_fence'),
+           clock_timestamp() + $4::bigint * interval '1 millisecond'
+     WHERE NOT EXISTS (SELECT 1 FROM taken) OR $6::boolean
+    ON CONFLICT (key, token) DO UPDATE
+        SET gone_at = EXCLUDED.gone_at,
+            place = CASE WHEN EXISTS (SELECT 1 FROM taken) THEN EXCLUDED.place ELSE w.place END
+), marked AS (
+    UPDATE dlock_locks SET contended = true
+     WHERE key = $1 AND NOT contended AND NOT EXISTS (SELECT 1 FROM taken)
+)
+SELECT t.fence,
+       CASE WHEN t.fence IS NULL THEN
+           (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
+              FROM dlock_locks WHERE key = $1)
+       END
+  FROM (SELECT (SELECT fence FROM taken) AS fence) t";
+
+/// A place leaves the key's queue (its process has no more waiters), announced, naming the
+/// place then first in line, when it was there.
+const LEAVE: &str = "\
+WITH left_line AS (
+    DELETE FROM dlock_waiters WHERE key = $1 AND token = $2 RETURNING place
+)
+SELECT CASE WHEN EXISTS (SELECT 1 FROM left_line) THEN
+           pg_notify('dlock_release', coalesce(
+               (SELECT left(token, 8) FROM dlock_waiters
+                 WHERE key = $1 AND token <> $2 AND gone_at > clock_timestamp()
+                 ORDER BY place LIMIT 1),
+               '--------') ||
+               CASE WHEN octet_length($1::text) < 7900 THEN $1::text ELSE '' END)
+       END";
+
+/// Reset the lease only while this token holds it and it has not run out.
+const EXTEND: &str = "\
+UPDATE dlock_locks SET expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond'
+ WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp()";
+
+/// The longest key accepted: a btree index entry holds at most 2704 bytes.
+const MAX_KEY_BYTES: usize = 2600;
+
+/// Checks an engine URL as the driver reads it; no password in any error.
+pub(crate) fn check_url(var: &str, url: &str) -> Result<(), LockError> {
+    let config = parse(var, url)?;
+    if config.get_hosts().is_empty() {
+        // libpq falls back to a local socket; say where instead of guessing.
+        return Err(LockError::config(format!(
+            "{var}: the PostgreSQL URL names no host; expected `postgres://user@host[:port]/dbname` \
+             (a Unix socket: `postgres://user@%2Fvar%2Frun%2Fpostgresql/dbname` or `?host=/dir`)"
+        )));
+    }
+    if config.get_ssl_mode() == SslMode::Require && !cfg!(feature = "tls") {
+        return Err(LockError::config(format!(
+            "{var}: `sslmode=require` (TLS) needs dlock-runtime's `tls` feature; enable it, or use \
+             `sslmode=disable` or `prefer` (plain connections)"
+        )));
+    }
+    Ok(())
+}
+
+fn parse(var: &str, url: &str) -> Result<tokio_postgres::Config, LockError> {
+    let form = "postgres://[user[:password]@]host[:port][/dbname][?param=value&…]";
+    url.parse::<tokio_postgres::Config>().map_err(|e| {
+        // The driver names options, never their values; kept only if it says nothing of the URL.
+        let why = e.to_string();
+        let password = url
+            .split_once("://")
+            .and_then(|(_, rest)| rest.rsplit_once('@'))
+            .and_then(|(userinfo, _)| userinfo.split_once(':'))
+            .map(|(_, password)| password)
+            .filter(|p| !p.is_empty());
+        let why = match password {
+            Some(p) if why.contains(p) => String::new(),
+            _ if why.contains("password") => String::new(),
+            _ => format!(" ({why})"),
+        };
+        LockError::config(format!(
+            "{var}: not a PostgreSQL URL{why}; expected `{form}`"
+        ))
+    })
+}
+
+/// The prepared statements of one connection.
+struct Statements {
+    acquire: Statement,
+    acquire_queued: Statement,
+    release: Statement,
+    leave: Statement,
+    extend: Statement,
+}
+
+/// The shared connection and the task that drives it.
+struct Connection {
+    client: Client,
+    statements: Statements,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+impl Connection {
+    fn alive(&self) -> bool {
+        !self.client.is_closed() && !self.driver.is_finished()
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+pub(crate) struct PostgresBackend {
+    config: tokio_postgres::Config,
+    request_timeout: Duration,
+    connection: Mutex<Option<Arc<Connection>>>,
+    /// One connection attempt at a time; the others wait for it and share it.
+    connecting: tokio::sync::Mutex<()>,
+    /// Release notifications; `None` when turned off (`DLOCK_NOTIFY=off`).
+    notifier: Option<Notifier>,
+}
+
+impl std::fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("connected", &self.live_connection().is_some())
+            .field("request_timeout", &self.request_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A reply of one of the three statements.
+enum Reply {
+    Acquire {
+        fence: Option<i64>,
+        ttl_ms: Option<i64>,
+    },
+    Done(bool),
+}
+
+#[derive(Clone, Copy)]
+enum Op<'a> {
+    /// Key, token, lease in ms, and the place in the key's queue.
+    Acquire(&'a str, &'a Token, i64, Option<Queued<'a>>),
+    /// Key, token (a hold's, or a place's), and whether it may be a place in the queue.
+    Release(&'a str, &'a Token),
+    Leave(&'a str, &'a Token),
+    Extend(&'a str, &'a Token, i64),
+}
+
+impl Op<'_> {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Acquire(..) => "acquire",
+            Self::Release(..) => "release",
+            Self::Leave(..) => "leave the queue",
+            Self::Extend(..) => "extend",
+        }
+    }
+}
+
+impl PostgresBackend {
+    /// The backend of a `postgres://` URL; makes no connection.
+    pub(crate) fn from_settings(settings: &Settings) -> Result<Self, LockError> {
+        let BackendKind::Postgres(url) = &settings.backend else {
+            return Err(LockError::config("not a PostgreSQL engine"));
+        };
+        let mut config = parse("DLOCK_URL", url.as_str())?;
+        config.connect_timeout(settings.request_timeout);
+        if config.get_tcp_user_timeout().is_none() {
+            // A request left unacknowledged this long (a dead peer, a cut network) closes the
+            // connection, so the next request makes a new one instead of waiting on TCP's
+            // retransmissions for minutes. A frozen server still acknowledges: its requests
+            // time out one by one and are answered once it runs again.
+            config.tcp_user_timeout((settings.request_timeout * 4).max(Duration::from_secs(5)));
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("dlock");
+        }
+        let notifier = settings
+            .notify
+            .then(|| Notifier::new(config.clone(), settings.request_timeout));
+        Ok(Self {
+            config,
+            request_timeout: settings.request_timeout,
+            connection: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            notifier,
+        })
+    }
+
+    fn live_connection(&self) -> Option<Arc<Connection>> {
+        self.connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .filter(|c| c.alive())
+            .cloned()
+    }
+
+    /// The shared connection, made on first use and again after the server closed it (or the
+    /// runtime it was made on shut down).
+    async fn connection(&self) -> Result<Arc<Connection>, BackendError> {
+        if let Some(connection) = self.live_connection() {
+            return Ok(connection);
+        }
+        let _one_at_a_time = self.connecting.lock().await;
+        if let Some(connection) = self.live_connection() {
+            return Ok(connection);
+        }
+        let (client, driver) = connect(&self.config, None).await?;
+        let statements = setup(&client, self.request_timeout).await;
+        let statements = match statements {
+            Ok(statements) => statements,
+            Err(e) => {
+                driver.abort();
+                return Err(e);
+            }
+        };
+        let connection = Arc::new(Connection {
+            client,
+            statements,
+            driver,
+        });
+        *self
+            .connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(connection.clone());
+        Ok(connection)
+    }
+
+    fn forget(&self, connection: &Arc<Connection>) {
+        let mut slot = self
+            .connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, connection)) {
+            *slot = None;
+        }
+    }
+
+    /// Runs one statement, bounded by twice the request timeout (a connection may have to be
+    /// made first). A request that finds the connection closed by the server is sent once more
+    /// on a new one: all three statements are safe to repeat with the same token.
+    async fn call(&self, op: Op<'_>) -> Result<Reply, BackendError> {
+        let bound = self.request_timeout * 2;
+        tokio::time::timeout(bound, async {
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                let connection = self.connection().await?;
+                match run(&connection, op).await {
+                    Ok(reply) => return Ok(reply),
+                    Err(e) => {
+                        let closed = e.is_closed() || !connection.alive();
+                        let schema_gone = e.code() == Some(&SqlState::UNDEFINED_TABLE)
+                            || e.code() == Some(&SqlState::UNDEFINED_OBJECT);
+                        if closed || schema_gone {
+                            // Made again (with the schema checked) by the next request.
+                            self.forget(&connection);
+                        }
+                        if (closed || schema_gone) && tries < 2 {
+                            continue;
+                        }
+                        return Err(classify(op.name(), e));
+                    }
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(BackendError::new(format!(
+                "PostgreSQL {} got no reply within {bound:?}",
+                op.name()
+            )))
+        })
+    }
+}
+
+async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgres::Error> {
+    let client = &connection.client;
+    let statements = &connection.statements;
+    match op {
+        Op::Acquire(key, token, lease_ms, None) => {
+            let row = client
+                .query_one(&statements.acquire, &[&key, &token.as_str(), &lease_ms])
+                .await?;
+            Ok(Reply::Acquire {
+                fence: row.try_get(0)?,
+                ttl_ms: row.try_get(1)?,
+            })
+        }
+        Op::Acquire(key, token, lease_ms, Some(queue)) => {
+            let row = client
+                .query_one(
+                    &statements.acquire_queued,
+                    &[
+                        &key,
+                        &token.as_str(),
+                        &lease_ms,
+                        &self::lease_ms(queue.liveness),
+                        &queue.place.as_str(),
+                        &queue.keep,
+                        &queue.strict,
+                    ],
+                )
+                .await?;
+            Ok(Reply::Acquire {
+                fence: row.try_get(0)?,
+                ttl_ms: row.try_get(1)?,
+            })
+        }
+        Op::Leave(key, place) => {
+            client
+                .execute(&statements.leave, &[&key, &place.as_str()])
+                .await?;
+            Ok(Reply::Done(true))
+        }
+        Op::Release(key, token) => {
+            let row = client
+                .query_opt(&statements.release, &[&key, &token.as_str()])
+                .await?;
+            let live = match row {
+                Some(row) => row.try_get::<_, Option<bool>>(0)?.unwrap_or(false),
+                None => false,
+            };
+            Ok(Reply::Done(live))
+        }
+        Op::Extend(key, token, lease_ms) => {
+            let n = client
+                .execute(&statements.extend, &[&key, &token.as_str(), &lease_ms])
+                .await?;
+            Ok(Reply::Done(n == 1))
+        }
+    }
+}
+
+/// What a listening connection does with a release notification's payload (the key).
+type OnNotification = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// A new connection whose notifications go to `on_notification` (dropped when `None`), driven
+/// by a task on the current runtime. TLS (verified) with `sslmode=require`, which needs the
+/// `tls` feature; plain otherwise (`prefer` does not try TLS).
+async fn connect(
+    config: &tokio_postgres::Config,
+    on_notification: Option<OnNotification>,
+) -> Result<(Client, tokio::task::JoinHandle<()>), BackendError> {
+    let failed = |e| classify("connection", e);
+    #[cfg(feature = "tls")]
+    if config.get_ssl_mode() == SslMode::Require {
+        let (client, connection) = config
+            .connect(tls::MakeRustls::new()?)
+            .await
+            .map_err(failed)?;
+        return Ok((client, tokio::spawn(drive(connection, on_notification))));
+    }
+    let (client, connection) = config.connect(NoTls).await.map_err(failed)?;
+    Ok((client, tokio::spawn(drive(connection, on_notification))))
+}
+
+/// Polls the connection until it ends, handing notifications to `on_notification`.
+async fn drive<S, T>(
+    mut connection: tokio_postgres::Connection<S, T>,
+    on_notification: Option<OnNotification>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    loop {
+        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            Some(Ok(AsyncMessage::Notification(n))) => {
+                if let Some(f) = &on_notification
+                    && n.channel() == CHANNEL
+                {
+                    f(n.payload());
+                }
+            }
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "PostgreSQL connection ended");
+                return;
+            }
+            None => return,
+        }
+    }
+}
+
+/// Bounds the server's side of every statement, creates the schema when it is missing, and
+/// prepares the three statements (pipelined: one round trip).
+async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements, BackendError> {
+    // A statement stuck on the server (a row locked by someone's open transaction) is
+    // cancelled there too, not only given up on here.
+    let statement_ms = u64::try_from(request_timeout.as_millis() * 2)
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let probe = format!(
+        "SET statement_timeout = {statement_ms}; \
+         SELECT to_regclass('dlock_locks') IS NOT NULL AND to_regclass('dlock_fence') IS NOT NULL \
+         AND to_regclass('dlock_waiters') IS NOT NULL"
+    );
+    let messages = client
+        .simple_query(&probe)
+        .await
+        .map_err(|e| classify("setup", e))?;
+    let exists = messages.iter().any(
+        |m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("t")),
+    );
+    if !exists {
+        // One implicit transaction: the advisory lock makes concurrent creators take turns.
+        let create = format!("SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {SCHEMA}");
+        if let Err(e) = client.batch_execute(&create).await {
+            let denied = e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE);
+            if denied {
+                return Err(BackendError::with_source(
+                    "PostgreSQL refused: the table `dlock_locks` (or `dlock_waiters`, or the \
+                     sequence `dlock_fence`) does not exist and this user may not create it; run \
+                     the DDL in dlock's README as an owner, and grant this user SELECT, INSERT, \
+                     UPDATE, DELETE on dlock_locks and dlock_waiters and USAGE on dlock_fence",
+                    e,
+                )
+                .refused());
+            }
+            return Err(classify("schema creation", e));
+        }
+        tracing::info!(
+            "created the PostgreSQL lock table `dlock_locks` and sequence `dlock_fence`"
+        );
+    }
+    let (acquire, acquire_queued, release, leave, extend) = tokio::join!(
+        client.prepare(ACQUIRE),
+        client.prepare(ACQUIRE_QUEUED),
+        client.prepare(RELEASE),
+        client.prepare(LEAVE),
+        client.prepare(EXTEND)
+    );
+    let prepared = (|| {
+        Ok::<_, tokio_postgres::Error>(Statements {
+            acquire: acquire?,
+            acquire_queued: acquire_queued?,
+            release: release?,
+            leave: leave?,
+            extend: extend?,
+        })
+    })();
+    prepared.map_err(|e| {
+        if e.code() == Some(&SqlState::UNDEFINED_COLUMN) {
+            // Tables made by hand, or by another version, without a column dlock needs.
+            BackendError::with_source(
+                "PostgreSQL refused: `dlock_locks` or `dlock_waiters` lacks a column dlock needs; \
+                 compare the tables with the DDL in dlock's README",
+                e,
+            )
+            .refused()
+        } else {
+            classify("prepare", e)
+        }
+    })
+}
+
+/// A driver error as a [`BackendError`], marked refused when asking again cannot cure it: a
+/// privilege the server denies, credentials it does not accept, a key it cannot store.
+fn classify(what: &str, error: tokio_postgres::Error) -> BackendError {
+    let why = match error.code() {
+        Some(c) if *c == SqlState::INSUFFICIENT_PRIVILEGE => Some(
+            "the PostgreSQL user lacks a privilege on `dlock_locks`, `dlock_waiters` or \
+             `dlock_fence` (grant SELECT, INSERT, UPDATE, DELETE on the tables and USAGE on the \
+             sequence)",
+        ),
+        Some(c)
+            if *c == SqlState::INVALID_PASSWORD
+                || *c == SqlState::INVALID_AUTHORIZATION_SPECIFICATION =>
+        {
+            Some("the server did not accept the credentials")
+        }
+        Some(c) if *c == SqlState::INVALID_CATALOG_NAME => Some("the database does not exist"),
+        Some(c)
+            if *c == SqlState::UNTRANSLATABLE_CHARACTER
+                || *c == SqlState::CHARACTER_NOT_IN_REPERTOIRE =>
+        {
+            Some("the lock key cannot be stored in the database's encoding")
+        }
+        Some(c) if *c == SqlState::PROGRAM_LIMIT_EXCEEDED => {
+            Some("the lock key is too long for the table's index")
+        }
+        _ => None,
+    };
+    match why {
+        Some(why) => {
+            BackendError::with_source(format!("PostgreSQL {what} refused: {why}"), error).refused()
+        }
+        None => BackendError::with_source(format!("PostgreSQL {what} failed"), error),
+    }
+}
+
+fn lease_ms(lease: Duration) -> i64 {
+    i64::try_from(super::lease_millis(lease)).unwrap_or(i64::MAX)
+}
+
+impl Backend for PostgresBackend {
+    fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Attempt, BackendError>> {
+        Box::pin(async move {
+            let queue = request.queue;
+            let op = Op::Acquire(request.key, request.token, lease_ms(request.lease), queue);
+            match self.call(op).await? {
+                Reply::Acquire {
+                    fence: Some(fence), ..
+                } => Ok(Attempt::acquired(u64::try_from(fence).unwrap_or(0))),
+                Reply::Acquire {
+                    fence: None,
+                    ttl_ms,
+                } => Ok(Attempt::Held {
+                    ttl: ttl_ms
+                        .and_then(|ms| u64::try_from(ms).ok())
+                        .map(Duration::from_millis),
+                    queued: queue.is_some(),
+                }),
+                Reply::Done(_) => Err(BackendError::new("PostgreSQL acquire: unexpected reply")),
+            }
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            match self.call(Op::Release(key, token)).await? {
+                Reply::Done(live) => Ok(live),
+                Reply::Acquire { .. } => {
+                    Err(BackendError::new("PostgreSQL release: unexpected reply"))
+                }
+            }
+        })
+    }
+
+    fn leave_queue<'a>(
+        &'a self,
+        key: &'a str,
+        place: &'a Token,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(async move {
+            self.call(Op::Leave(key, place)).await?;
+            Ok(())
+        })
+    }
+
+    fn extend<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            match self.call(Op::Extend(key, token, lease_ms(lease))).await? {
+                Reply::Done(extended) => Ok(extended),
+                Reply::Acquire { .. } => {
+                    Err(BackendError::new("PostgreSQL extend: unexpected reply"))
+                }
+            }
+        })
+    }
+
+    fn watching(&self, key: &str, _token: &Token) -> Option<Watch> {
+        self.notifier.as_ref()?.watching(key)
+    }
+
+    fn watch<'a>(&'a self, key: &'a str, _token: &'a Token) -> BoxFuture<'a, Option<Watch>> {
+        Box::pin(async move {
+            match &self.notifier {
+                Some(notifier) => notifier.watch(key).await,
+                None => None,
+            }
+        })
+    }
+
+    fn key_error(&self, key: &str) -> Option<String> {
+        if key.contains('\0') {
+            return Some("a PostgreSQL `text` value cannot hold a NUL byte".to_owned());
+        }
+        (key.len() > MAX_KEY_BYTES).then(|| {
+            format!(
+                "the key is {} bytes; PostgreSQL's index on `dlock_locks` holds keys of at most \
+                 {MAX_KEY_BYTES}",
+                key.len()
+            )
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Release notifications.
+// ---------------------------------------------------------------------------------------------
+
+/// `LISTEN dlock_release` on a dedicated connection per locker, shared by all its waiters.
+///
+/// One task owns the connection: it connects, listens, checks the connection every few
+/// seconds, and when it drops wakes every waiter (they poll meanwhile) and connects again while
+/// anyone waits. Started by the first waiter (and again by the next one after it stopped);
+/// stopped with the locker.
+struct Notifier {
+    shared: Arc<Shared>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+struct Shared {
+    config: tokio_postgres::Config,
+    request_timeout: Duration,
+    /// Wake-ups per key, alive while a waiter holds its watch.
+    watchers: Watchers,
+    /// `true` while `LISTEN` is confirmed on a live connection.
+    listening: tokio::sync::watch::Sender<bool>,
+}
+
+/// How often the listening connection is checked: a connection that died silently (a frozen
+/// server, a cut network) is noticed within this, plus the request timeout.
+const HEARTBEAT: Duration = Duration::from_secs(3);
+
+impl Shared {
+    /// A release's payload: who is next in line ([`NO_ONE`], or 8 hex digits of a token) and
+    /// the key (empty: every key). Anything else on the channel wakes that key's waiters.
+    fn wake(&self, payload: &str) {
+        let (next, key) = match payload.get(..NO_ONE.len()) {
+            Some(NO_ONE) => (None, &payload[NO_ONE.len()..]),
+            Some(next) if next.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                (Some(next), &payload[NO_ONE.len()..])
+            }
+            _ => (None, payload),
+        };
+        self.watchers
+            .wake(Some(key).filter(|k| !k.is_empty()), next);
+    }
+
+    fn anyone_waits(&self) -> bool {
+        self.watchers.anyone_waits()
+    }
+
+    fn register(&self, key: &str) -> Watch {
+        self.watchers.register(key)
+    }
+}
+
+impl Notifier {
+    fn new(config: tokio_postgres::Config, request_timeout: Duration) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                config,
+                request_timeout,
+                watchers: Watchers::default(),
+                listening: tokio::sync::watch::Sender::new(false),
+            }),
+            task: Mutex::new(None),
+        }
+    }
+
+    /// Starts the listening task on the current runtime unless it runs: at first use, and again
+    /// when the runtime it ran on has shut down.
+    fn ensure_running(&self) {
+        let mut task = self.task.lock().unwrap_or_else(PoisonError::into_inner);
+        if task.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        if tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        self.shared.listening.send_replace(false);
+        *task = Some(tokio::spawn(listen(self.shared.clone())));
+    }
+
+    /// A wake-up for `key` when `LISTEN` is in place now; no I/O, and nothing started (an
+    /// uncontended locker never opens the listening connection).
+    fn watching(&self, key: &str) -> Option<Watch> {
+        let running = self
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|t| !t.is_finished());
+        // A task gone with its runtime may have left `listening` set.
+        (running && *self.shared.listening.borrow()).then(|| self.shared.register(key))
+    }
+
+    /// A wake-up for `key`, once `LISTEN` is in place (waiting at most the request timeout for
+    /// it); `None` when notifications cannot be had now.
+    async fn watch(&self, key: &str) -> Option<Watch> {
+        // Registered first: the task keeps trying to listen while someone waits.
+        let watch = self.shared.register(key);
+        self.ensure_running();
+        let mut listening = self.shared.listening.subscribe();
+        let up = tokio::time::timeout(self.shared.request_timeout, listening.wait_for(|up| *up))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        up.then_some(watch)
+    }
+}
+
+impl Drop for Notifier {
+    fn drop(&mut self) {
+        if let Some(task) = self
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            task.abort();
+        }
+    }
+}
+
+/// The listening task: connect, `LISTEN`, check now and then; on loss wake everyone, pause
+/// (50ms doubling to 2s) and start again.
+async fn listen(shared: Arc<Shared>) {
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let on_notification: OnNotification = {
+            let shared = Arc::downgrade(&shared);
+            Arc::new(move |key: &str| {
+                if let Some(shared) = shared.upgrade() {
+                    shared.wake(key);
+                }
+            })
+        };
+        let connected = tokio::time::timeout(shared.request_timeout * 2, async {
+            let (client, driver) = connect(&shared.config, Some(on_notification)).await?;
+            if let Err(e) = client.batch_execute(&format!("LISTEN {CHANNEL}")).await {
+                driver.abort();
+                return Err(classify("LISTEN", e));
+            }
+            Ok((client, driver))
+        })
+        .await;
+        match connected {
+            Ok(Ok((client, mut driver))) => {
+                shared.listening.send_replace(true);
+                pause = Duration::from_millis(50);
+                loop {
+                    tokio::select! {
+                        _ = &mut driver => break,
+                        () = tokio::time::sleep(HEARTBEAT) => {
+                            let alive = tokio::time::timeout(
+                                shared.request_timeout,
+                                client.check_connection(),
+                            )
+                            .await
+                            .is_ok_and(|r| r.is_ok());
+                            if !alive {
+                                break;
+                            }
+                        }
+                    }
+                }
+                driver.abort();
+                shared.listening.send_replace(false);
+                tracing::debug!("PostgreSQL notification connection lost; waiters poll meanwhile");
+                // A release may have been missed: everyone looks again.
+                shared.wake("");
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "PostgreSQL LISTEN failed; retrying"),
+            Err(_) => tracing::debug!("PostgreSQL LISTEN timed out; retrying"),
+        }
+        if !shared.anyone_waits() {
+            // Nobody to wake: the next waiter starts the task again.
+            return;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_forms() {
+        for url in [
+            "postgres://u:pw@db/app",
+            "postgresql://u@db:5433/app?sslmode=disable",
+            "postgres://u@%2Fvar%2Frun%2Fpostgresql/app",
+            "postgres:///app?host=/tmp&user=u",
+            "postgresql://u@h1:5432,h2:5433/app?target_session_attrs=read-write",
+        ] {
+            check_url("X", url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        }
+        let require = check_url("DLOCK_URL", "postgres://u:s3cret@db/app?sslmode=require");
+        if cfg!(feature = "tls") {
+            require.unwrap();
+        } else {
+            let text = require.unwrap_err().to_string();
+            assert!(
+                text.contains("`tls` feature") && !text.contains("s3cret"),
+                "{text}"
+            );
+        }
+        for url in [
+            "postgres://u:s3cret@db/app?sslmode=verify-full",
+            "postgres://u:s3cret@db/app?bogus=1",
+            "postgres://u:s3cret@db:notaport/app",
+            "postgres://u:s3cret@/app",
+        ] {
+            let err = check_url("DLOCK_URL", url).unwrap_err();
+            let text = err.to_string();
+            assert!(err.is_config(), "{url}: {text}");
+            assert!(text.contains("DLOCK_URL"), "{url}: {text}");
+            assert!(!text.contains("s3cret"), "{url}: {text}");
+        }
+    }
+}

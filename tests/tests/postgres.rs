@@ -1,0 +1,860 @@
+//! The PostgreSQL engine beyond the shared semantic suite: hostile keys, the schema (created on
+//! first use, or by the README's DDL for a user without DDL rights), a Unix socket, fair mode's
+//! line, four processes on a non-atomic counter, and faults: a server restart while held, connections
+//! terminated mid-hold, a frozen server, a frozen holder. Tests that freeze or restart a server
+//! start their own; the others share one cluster per binary, each in its own keys or database.
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use dlock_runtime::{LockOptions, Locker};
+use dlock_tests::{
+    PostgresServer,
+    pg::{self, FENCED_WRITE},
+    unique_key,
+};
+use tokio::time::Instant;
+
+fn locker(url: &str) -> Locker {
+    Locker::builder()
+        .url(url)
+        .timeout(Duration::from_secs(5))
+        .expire(Duration::from_secs(10))
+        .build()
+        .expect("a valid URL")
+}
+
+/// A locker whose connections carry `name` as their `application_name`, so a test can
+/// terminate exactly them.
+fn named_locker(server: &PostgresServer, name: &str, expire: Duration) -> Locker {
+    Locker::builder()
+        .url(format!("{}?application_name={name}", server.url()))
+        .timeout(Duration::from_secs(20))
+        .expire(expire)
+        .request_timeout(Duration::from_millis(300))
+        .build()
+        .expect("a valid URL")
+}
+
+/// Quotes, `;`, comments, backslashes, LIKE wildcards, placeholders and Unicode are data: each
+/// key locks exactly itself (the row holds it byte for byte), look-alikes stay free, and the
+/// table survives.
+#[tokio::test]
+async fn hostile_keys_lock_exactly_that_key() {
+    let server = pg::shared_server();
+    let (a, b) = (locker(&server.url()), locker(&server.url()));
+    let db = pg::client(&server.url()).await;
+    let base = unique_key("hostile");
+    let keys = [
+        format!("{base}:'; DROP TABLE dlock_locks; --"),
+        format!("{base}:\"quoted\" 'single' ''double''"),
+        format!("{base}:back\\slash\\\\ and \\x00 text"),
+        format!("{base}:a%"),
+        format!("{base}:a_"),
+        format!("{base}:$1 $2 ?"),
+        format!("{base}:ключ 🔒 鍵 é"),
+        format!("{base}:line\nbreak\ttab"),
+        format!("{base}:-- comment /* block */"),
+    ];
+    let mut guards = Vec::new();
+    for key in &keys {
+        let guard = a
+            .acquire(key, LockOptions::new())
+            .await
+            .unwrap_or_else(|e| panic!("{key:?}: {e}"));
+        let stored: Vec<String> = db
+            .query(
+                "SELECT key FROM dlock_locks WHERE key = $1",
+                &[&format!("dlock:{key}")],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(stored, vec![format!("dlock:{key}")], "{key:?}");
+        assert!(
+            b.try_acquire(key, Duration::from_secs(1))
+                .await
+                .unwrap()
+                .is_none(),
+            "{key:?} was not excluded"
+        );
+        guards.push(guard);
+    }
+    // Look-alikes of the wildcard keys are other keys.
+    for other in [
+        format!("{base}:ab"),
+        format!("{base}:a"),
+        format!("{base}:"),
+    ] {
+        let guard = b.try_acquire(&other, Duration::from_secs(1)).await.unwrap();
+        let guard = guard.unwrap_or_else(|| panic!("{other:?} was taken for a wildcard key"));
+        // Released before the rows are counted (a dropped guard releases in the background).
+        guard.release().await.unwrap();
+    }
+    let held: i64 = db
+        .query_one(
+            "SELECT count(*) FROM dlock_locks WHERE key LIKE $1 || '%'",
+            &[&format!("dlock:{base}")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(held, i64::try_from(keys.len()).unwrap());
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    for key in &keys {
+        assert!(
+            b.try_acquire(key, Duration::from_secs(1))
+                .await
+                .unwrap()
+                .is_some(),
+            "{key:?} was not released"
+        );
+    }
+}
+
+/// `text` cannot hold a NUL byte: such a key is `InvalidKey`, and nothing is sent.
+#[tokio::test]
+async fn a_nul_byte_is_an_invalid_key() {
+    let server = pg::shared_server();
+    let locker = locker(&server.url());
+    for key in ["nul\0byte", "\0", "end\0"] {
+        let err = locker.acquire(key, LockOptions::new()).await.unwrap_err();
+        assert!(err.is_invalid_key(), "{key:?}: {err:?}");
+        assert!(err.to_string().contains("NUL"), "{err}");
+    }
+    let err = Locker::builder()
+        .url(server.url())
+        .key_prefix("app\0:")
+        .build()
+        .unwrap()
+        .acquire("k", LockOptions::new())
+        .await
+        .unwrap_err();
+    assert!(err.is_invalid_key(), "{err:?}");
+}
+
+fn fair_waiter(server: &PostgresServer, key: &str, name: &str) -> std::process::Child {
+    fair_waiter_with(server, key, name, "on")
+}
+
+/// A `fair-waiter` process with `DLOCK_NOTIFY` set to `notify`.
+fn fair_waiter_with(
+    server: &PostgresServer,
+    key: &str,
+    name: &str,
+    notify: &str,
+) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_dlock-pg-worker"))
+        .args([&server.url(), key, name, "fair-waiter"])
+        .env("DLOCK_NOTIFY", notify)
+        .spawn()
+        .unwrap()
+}
+
+/// The live places in `key`'s line.
+async fn line_len(db: &tokio_postgres::Client, key: &str) -> i64 {
+    db.query_one(
+        "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND gone_at > clock_timestamp()",
+        &[&format!("dlock:{key}")],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+async fn wait_for_line(db: &tokio_postgres::Client, key: &str, len: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while line_len(db, key).await != len {
+        assert!(Instant::now() < deadline, "the line never reached {len}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn served(db: &tokio_postgres::Client, key: &str) -> Vec<String> {
+    db.query(
+        "SELECT name FROM dlock_test_order WHERE key = $1 ORDER BY seq",
+        &[&key],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// Five processes queue one after another behind a holder; they get the lock in that order,
+/// and the line is empty afterwards. Releases name the next in line.
+#[tokio::test]
+async fn fair_mode_serves_processes_in_arrival_order() {
+    served_in_arrival_order("on").await;
+}
+
+/// The same without notifications: every waiter polls every 10–50ms, so only the line decides.
+#[tokio::test]
+async fn fair_mode_serves_polling_processes_in_arrival_order() {
+    served_in_arrival_order("off").await;
+}
+
+async fn served_in_arrival_order(notify: &str) {
+    let server = pg::shared_server();
+    let db = pg::client(&server.url()).await;
+    let key = unique_key("fair");
+    let held = locker(&server.url())
+        .acquire(&key, LockOptions::new().fair())
+        .await
+        .unwrap();
+    let mut children = Vec::new();
+    for (i, name) in ["a", "b", "c", "d", "e"].iter().enumerate() {
+        children.push(fair_waiter_with(&server, &key, name, notify));
+        wait_for_line(&db, &key, i64::try_from(i).unwrap() + 1).await;
+    }
+    held.release().await.unwrap();
+    for mut child in children {
+        assert!(child.wait().unwrap().success());
+    }
+    assert_eq!(served(&db, &key).await, ["a", "b", "c", "d", "e"]);
+    let left: i64 = db
+        .query_one(
+            "SELECT count(*) FROM dlock_waiters WHERE key = $1",
+            &[&format!("dlock:{key}")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "the line outlived its waiters");
+}
+
+/// A waiter that times out, one that is cancelled and one whose process is killed do not block
+/// the waiter behind them.
+#[tokio::test]
+async fn fair_waiters_that_leave_do_not_block_the_line() {
+    let server = pg::shared_server();
+    let db = pg::client(&server.url()).await;
+    let key = unique_key("fair-leave");
+    let held = locker(&server.url())
+        .acquire(&key, LockOptions::new().fair())
+        .await
+        .unwrap();
+    let impatient = {
+        let (locker, key) = (locker(&server.url()), key.clone());
+        tokio::spawn(async move {
+            let options = LockOptions::new()
+                .fair()
+                .timeout(Duration::from_millis(400));
+            locker.acquire(&key, options).await
+        })
+    };
+    wait_for_line(&db, &key, 1).await;
+    let cancelled = {
+        let (locker, key) = (locker(&server.url()), key.clone());
+        tokio::spawn(async move {
+            let options = LockOptions::new().fair().timeout(Duration::from_secs(30));
+            locker.acquire(&key, options).await
+        })
+    };
+    wait_for_line(&db, &key, 2).await;
+    let mut killed = fair_waiter(&server, &key, "killed");
+    wait_for_line(&db, &key, 3).await;
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    let mut patient = fair_waiter(&server, &key, "patient");
+    wait_for_line(&db, &key, 4).await;
+
+    assert!(impatient.await.unwrap().unwrap_err().is_timeout());
+    cancelled.abort();
+    let _ = cancelled.await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while line_len(&db, &key).await > 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled and timed-out waiters kept their places"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    held.release().await.unwrap();
+    let started = Instant::now();
+    assert!(patient.wait().unwrap().success());
+    // The killed waiter's place lapses after its liveness (well under this bound).
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "the line was blocked for {:?}",
+        started.elapsed()
+    );
+    assert_eq!(served(&db, &key).await, ["patient"]);
+}
+
+/// A fresh database: the first acquisition creates the table and the sequence, and a second
+/// locker (the schema there already) uses them.
+#[tokio::test]
+async fn the_schema_is_created_on_first_use() {
+    let server = pg::shared_server();
+    let url = pg::database(&server, "first_use");
+    let db = pg::client(&url).await;
+    let exists =
+        "SELECT to_regclass('dlock_locks') IS NOT NULL AND to_regclass('dlock_fence') IS NOT NULL";
+    assert!(!db.query_one(exists, &[]).await.unwrap().get::<_, bool>(0));
+    // Several lockers at once: they take turns creating it.
+    let tasks: Vec<_> = (0..4)
+        .map(|i| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let guard = locker(&url)
+                    .acquire(&format!("first:{i}"), LockOptions::new())
+                    .await
+                    .unwrap();
+                guard.fencing_token()
+            })
+        })
+        .collect();
+    for t in tasks {
+        assert!(t.await.unwrap() > 0);
+    }
+    assert!(db.query_one(exists, &[]).await.unwrap().get::<_, bool>(0));
+}
+
+/// The README's DDL, run by an operator, is what the engine expects; a user with only the
+/// README's grants then locks, and without the table (and without DDL rights) the error says
+/// what to do, at once rather than at the deadline.
+#[tokio::test]
+async fn the_readme_ddl_and_grants_are_enough_and_a_missing_table_is_a_clear_error() {
+    let server = pg::shared_server();
+    let readme = include_str!("../../README.md");
+    let start = readme
+        .find("```sql\nCREATE SEQUENCE IF NOT EXISTS dlock_fence;")
+        .expect("README.md gives the PostgreSQL DDL")
+        + "```sql\n".len();
+    let ddl = &readme[start..start + readme[start..].find("```").unwrap()];
+    assert!(
+        ddl.contains("GRANT"),
+        "the README's DDL grants the app role"
+    );
+    server.sql("CREATE ROLE dlock_app LOGIN").unwrap();
+    let _ = pg::database(&server, "granted");
+    let _ = pg::database(&server, "bare");
+    let url_as_app = |db: &str| {
+        format!(
+            "postgres://dlock_app@127.0.0.1:{}/{db}?sslmode=disable",
+            server.port()
+        )
+    };
+
+    // Without the table: the app role may not create it (PostgreSQL 15: no CREATE on public).
+    let bare = Locker::builder()
+        .url(url_as_app("bare"))
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let err = bare
+        .acquire(&unique_key("bare"), LockOptions::new())
+        .await
+        .unwrap_err();
+    assert!(err.is_backend(), "{err:?}");
+    let text = err.to_string();
+    assert!(
+        text.contains("dlock_locks") && text.contains("README"),
+        "{text}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a refusal waited for the deadline"
+    );
+
+    // With the README's DDL and grants, run by the owner.
+    let owner = pg::client(&format!(
+        "postgres://dlock@127.0.0.1:{}/granted",
+        server.port()
+    ))
+    .await;
+    owner.batch_execute(ddl).await.unwrap();
+    let app = locker(&url_as_app("granted"));
+    let key = unique_key("granted");
+    let guard = app.acquire(&key, LockOptions::new()).await.unwrap();
+    guard.extend(Duration::from_secs(20)).await.unwrap();
+    guard.release().await.unwrap();
+    let again = app.acquire(&key, LockOptions::new()).await.unwrap();
+    assert!(again.fencing_token() > 1);
+}
+
+/// The server's Unix socket, named as libpq does (`%2F`-encoded host).
+#[tokio::test]
+async fn a_unix_socket_url_works() {
+    let server = pg::shared_server();
+    let locker = locker(&server.socket_url());
+    let key = unique_key("socket");
+    let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
+    let tcp = self::locker(&server.url());
+    assert!(
+        tcp.try_acquire(&key, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_none(),
+        "the socket and TCP lockers saw different tables"
+    );
+    guard.release().await.unwrap();
+}
+
+/// Nothing of the URL's password shows in the locker's `Debug` nor in a connection error.
+#[tokio::test]
+async fn the_password_never_shows() {
+    let url = format!(
+        "postgres://app:s3cret-pw@127.0.0.1:{}/db",
+        dlock_tests::free_port()
+    );
+    let locker = Locker::builder()
+        .url(url.as_str())
+        .timeout(Duration::from_millis(300))
+        .request_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    assert!(!format!("{locker:?}").contains("s3cret"));
+    let err = locker.acquire("k", LockOptions::new()).await.unwrap_err();
+    assert!(err.is_backend(), "{err:?}");
+    let shown = format!("{err} {err:?}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+}
+
+/// Four OS processes increment one counter non-atomically under the lock: no update is lost,
+/// and the values, in order, were written under strictly increasing fences.
+#[tokio::test]
+async fn four_processes_never_lose_an_update() {
+    const PROCESSES: usize = 4;
+    const ITERATIONS: i64 = 40;
+    let server = pg::shared_server();
+    let db = pg::client(&server.url()).await;
+    let key = unique_key("counter");
+    let children: Vec<_> = (0..PROCESSES)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_dlock-pg-worker"))
+                .args([&server.url(), &key, &ITERATIONS.to_string(), "count"])
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success());
+    }
+    let n: i64 = db
+        .query_one("SELECT n FROM dlock_test_counter WHERE key = $1", &[&key])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, ITERATIONS * PROCESSES as i64, "updates were lost");
+    let fences: Vec<i64> = db
+        .query(
+            "SELECT fence FROM dlock_test_history WHERE key = $1 ORDER BY n",
+            &[&key],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(fences.len(), n as usize);
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "a value was written under a lower fence than the one before it"
+    );
+}
+
+/// The server restarts while a renewed lease is held: the row survives, so the holder keeps
+/// the lock (no false loss), excludes others, renews again, and releases it; a waiter that
+/// waited through the restart gets it then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_restart_while_held_keeps_the_lock() {
+    let mut server = PostgresServer::start();
+    let holder = named_locker(&server, "restart_holder", Duration::from_secs(3));
+    let waiter = named_locker(&server, "restart_waiter", Duration::from_secs(10));
+    let key = unique_key("restart");
+    let guard = holder
+        .acquire(&key, LockOptions::new().expire_auto())
+        .await
+        .unwrap();
+    let first = guard.fencing_token();
+    let waiting = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        tokio::spawn(async move { waiter.acquire(&key, LockOptions::new()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::task::block_in_place(|| server.restart());
+    // Renewals (every second) go through again on a new connection.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(guard.is_held(), "the restart was taken for a loss");
+    assert!(
+        !waiting.is_finished(),
+        "the waiter got in while it was held"
+    );
+    assert!(
+        holder
+            .try_acquire(&key, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    guard.release().await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter gets the lock after the release")
+        .unwrap()
+        .expect("the wait survived the restart");
+    assert!(next.fencing_token() > first, "the fence went back");
+}
+
+/// `pg_terminate_backend` on every connection of the holder's and the waiter's lockers, over
+/// and over during a renewed hold: no false loss, the wait goes on, the release works, and the
+/// waiter is woken by it (its own pause is 3s: the listening connection came back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_connections_cause_no_false_loss() {
+    let server = pg::shared_server();
+    let name = format!("terminated_{}", std::process::id());
+    let holder = named_locker(&server, &name, Duration::from_millis(900));
+    let waiter = Locker::builder()
+        .url(format!("{}?application_name={name}", server.url()))
+        .timeout(Duration::from_secs(20))
+        .retry(Duration::from_secs(3), Duration::from_secs(3))
+        .request_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let key = unique_key("terminated");
+    let guard = holder
+        .acquire(&key, LockOptions::new().expire_auto())
+        .await
+        .unwrap();
+    let waiting = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        tokio::spawn(async move { waiter.acquire(&key, LockOptions::new()).await })
+    };
+    let terminate = format!(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = '{name}') t"
+    );
+    let mut terminated = 0;
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        terminated += tokio::task::block_in_place(|| server.sql(&terminate))
+            .unwrap()
+            .parse::<u32>()
+            .unwrap();
+        assert!(
+            guard.is_held(),
+            "a terminated connection was taken for a lost lock"
+        );
+    }
+    assert!(terminated >= 4, "nothing was terminated");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(
+        guard.is_held(),
+        "renewal did not survive the terminated connections"
+    );
+    assert!(
+        !waiting.is_finished(),
+        "the waiter got in while the lock was held"
+    );
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got.is_ok(), "the wait did not survive: {got:?}");
+    assert!(
+        released.elapsed() < Duration::from_millis(2500),
+        "the waiter was not woken by the release (it waited {:?}: its 3s pause)",
+        released.elapsed()
+    );
+}
+
+/// A frozen server (SIGSTOP to every process of the cluster): an acquisition gives `Backend`
+/// within its wait's bound, the holder's lease runs out on its clock, and after the thaw the
+/// engine works again.
+#[tokio::test]
+async fn a_frozen_server_gives_backend_within_the_wait() {
+    let server = PostgresServer::start();
+    let holder = Locker::builder()
+        .url(server.url())
+        .expire(Duration::from_millis(800))
+        .request_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let key = unique_key("frozen");
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    server.pause();
+    let err = dlock_tests::engines::error_within_the_wait(&server.url()).await;
+    assert!(err.is_backend(), "{err:?}");
+    let other = Locker::builder()
+        .url(server.url())
+        .timeout(Duration::from_millis(500))
+        .request_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let attempt = other.acquire(&key, LockOptions::new()).await;
+    assert!(attempt.unwrap_err().is_backend());
+    assert!(started.elapsed() < Duration::from_secs(3));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(
+        !held.is_held(),
+        "the holder still trusts a lease that ran out"
+    );
+    server.resume();
+    let next = Locker::builder()
+        .url(server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+        .acquire(&key, LockOptions::new())
+        .await
+        .unwrap();
+    assert!(next.fencing_token() > held.fencing_token());
+}
+
+/// A holder process frozen past its 1s lease: the next holder gets in with a higher fence and
+/// writes; the thawed holder learns it lost, its fenced write is refused, and its release
+/// deletes nothing.
+#[tokio::test]
+async fn a_frozen_holder_is_fenced_off() {
+    let server = pg::shared_server();
+    let db = pg::client(&server.url()).await;
+    let key = unique_key("paused");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dlock-pg-worker"))
+        .args([&server.url(), &key, "1", "pause-holder"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let first: u64 = line
+        .trim()
+        .strip_prefix("acquired ")
+        .unwrap_or_else(|| panic!("worker said {line:?}"))
+        .parse()
+        .unwrap();
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+
+    let locker = locker(&server.url());
+    let started = Instant::now();
+    let second = locker
+        .acquire(&key, LockOptions::new().timeout(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "waited past the lease"
+    );
+    assert!(second.fencing_token() > first);
+    let fence = i64::try_from(second.fencing_token()).unwrap();
+    let accepted = db
+        .execute(FENCED_WRITE, &[&key, &fence, &"written by the new holder"])
+        .await
+        .unwrap();
+    assert_eq!(accepted, 1);
+
+    assert!(
+        Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut report = String::new();
+    out.read_line(&mut report).unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(
+        report.trim(),
+        "held=false lost_resolved=true write_accepted=false release=lost",
+        "the frozen holder's view"
+    );
+    let value: String = db
+        .query_one(
+            "SELECT value FROM dlock_test_resource WHERE key = $1",
+            &[&key],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(value, "written by the new holder");
+    assert!(second.is_held());
+    assert!(
+        locker
+            .try_acquire(&key, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_none(),
+        "the stale release deleted the new lock"
+    );
+    second.release().await.unwrap();
+}
+
+/// A release notifies (`pg_notify('dlock_release', '--------' || key)`) only when an acquisition
+/// was refused during the hold: an uncontended release sends nothing, a contended one names its
+/// key.
+#[tokio::test]
+async fn a_release_notifies_only_when_someone_waited() {
+    let server = pg::shared_server();
+    let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (listener, mut connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message
+                && n.channel() == "dlock_release"
+            {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    listener
+        .batch_execute("LISTEN dlock_release")
+        .await
+        .unwrap();
+    let (a, b) = (locker(&server.url()), locker(&server.url()));
+    let quiet = unique_key("quiet");
+    a.acquire(&quiet, LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let contended = unique_key("contended");
+    let guard = a.acquire(&contended, LockOptions::new()).await.unwrap();
+    assert!(
+        b.try_acquire(&contended, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    guard.release().await.unwrap();
+    // Notifications arrive in commit order: the quiet release came first and sent nothing.
+    // (Other tests on this server may notify meanwhile: only our two keys count.)
+    // The payload: who is next in fair mode's line (`--------`: no one), then the key.
+    let ours = [
+        format!("--------dlock:{quiet}"),
+        format!("--------dlock:{contended}"),
+    ];
+    let payload = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let payload = heard.recv().await.expect("the listener is up");
+            if ours.contains(&payload) {
+                return payload;
+            }
+        }
+    })
+    .await
+    .expect("the contended release notified");
+    assert_eq!(payload, ours[1]);
+}
+
+/// A hot key: 64 tasks of one locker contend for one key (default and fair mode), each
+/// incrementing a non-atomic counter. No update is lost, and since the waiters of one process
+/// queue in-process behind one place, a release wakes one of them: a few statements per
+/// acquisition (`pg_stat_statements`), not one per waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_wakes_one_waiter_per_release() {
+    const WAITERS: u64 = 64;
+    let server = tokio::task::block_in_place(|| {
+        PostgresServer::try_start_with(&["shared_preload_libraries=pg_stat_statements"])
+    })
+    .unwrap();
+    let db = pg::client(&server.url()).await;
+    db.batch_execute("CREATE EXTENSION pg_stat_statements")
+        .await
+        .unwrap();
+    let statements = async || -> i64 {
+        db.query_one("SELECT sum(calls)::bigint FROM pg_stat_statements", &[])
+            .await
+            .unwrap()
+            .get(0)
+    };
+    let locker = Locker::builder()
+        .url(server.url())
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    for (mode, options) in [
+        ("default", LockOptions::new()),
+        ("fair", LockOptions::new().fair()),
+    ] {
+        let key = unique_key("hot");
+        dlock_tests::acquire_and_release(&locker, &key).await;
+        let before = statements().await;
+        assert_eq!(
+            dlock_tests::contend(&locker, &key, &options, WAITERS).await,
+            WAITERS,
+            "{mode}: holders overlapped"
+        );
+        #[allow(clippy::cast_precision_loss)]
+        let per_acquisition = (statements().await - before - 1) as f64 / WAITERS as f64;
+        assert!(
+            per_acquisition <= 6.0,
+            "{mode}: {per_acquisition:.1} statements per acquisition: releases woke the herd"
+        );
+        eprintln!("{mode}: {per_acquisition:.1} statements per acquisition");
+        // The place leaves in the background when the last waiter of the line goes.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let places: i64 = db
+                .query_one(
+                    "SELECT count(*) FROM dlock_waiters WHERE key = $1",
+                    &[&format!("dlock:{key}")],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if places == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{mode}: a place outlived its waiters"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Tables made by hand without a column dlock needs: a clear error at once, not a retry loop.
+#[tokio::test]
+async fn a_table_without_a_needed_column_is_a_clear_error() {
+    let server = pg::shared_server();
+    let url = pg::database(&server, "old_schema");
+    pg::client(&url)
+        .await
+        .batch_execute(
+            "CREATE SEQUENCE dlock_fence;
+             CREATE TABLE dlock_locks (key text PRIMARY KEY, token text NOT NULL,
+                                       fence bigint NOT NULL, expires_at timestamptz NOT NULL);
+             CREATE TABLE dlock_waiters (key text, token text, place bigint, gone_at timestamptz,
+                                         PRIMARY KEY (key, token));",
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let err = locker(&url)
+        .acquire(&unique_key("old"), LockOptions::new())
+        .await
+        .unwrap_err();
+    assert!(err.is_backend(), "{err:?}");
+    assert!(err.to_string().contains("lacks a column"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "a refusal waited for the deadline"
+    );
+}

@@ -1,0 +1,556 @@
+//! RedLock over 5 independent `redis-server`s: grants by majority under every mix of stopped and
+//! clogged masters, fences that increase across differing majorities, the partition of a
+//! holder from a majority (through TCP proxies), a master restarted without persistence (the
+//! documented limitation, and the delayed restart that avoids it), and processes that exclude
+//! each other.
+
+use std::{
+    process::Command,
+    sync::Arc,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use dlock_runtime::{LockError, LockOptions, Locker};
+use dlock_tests::{RedisServer, proxy::Proxy, redlock::RedLockServers, unique_key};
+use redis::Commands as _;
+use tokio::time::Instant;
+
+/// A client of `url` with `request_timeout` requests, a 10s lease and a 5s wait.
+fn locker(url: &str, request_timeout: Duration) -> Locker {
+    Locker::builder()
+        .url(url)
+        .request_timeout(request_timeout)
+        .timeout(Duration::from_secs(5))
+        .expire(Duration::from_secs(10))
+        .build()
+        .expect("a valid RedLock URL")
+}
+
+/// The value of `key` on a running (not stopped) master.
+fn value(server: &RedisServer, key: &str) -> Option<String> {
+    let mut c = server.client().get_connection().expect("connect");
+    c.get(key).expect("GET")
+}
+
+/// Another holder's value on `key`, for 60s: the master refuses us the key.
+fn clog(server: &RedisServer, key: &str) {
+    let mut c = server.client().get_connection().expect("connect");
+    let () = c
+        .set_options(
+            key,
+            "another-holder",
+            redis::SetOptions::default().with_expiration(redis::SetExpiry::PX(60_000)),
+        )
+        .expect("SET");
+}
+
+fn unclog(server: &RedisServer, key: &str) {
+    let mut c = server.client().get_connection().expect("connect");
+    let _: i64 = c.del(key).expect("DEL");
+}
+
+/// Every request queued on `locker`'s connections has been served: one more acquisition and
+/// release on a fresh key, which every master answers after what it was sent before.
+async fn drained(locker: &Locker) {
+    dlock_tests::acquire_and_release(locker, &unique_key("drain")).await;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Down {
+    /// SIGSTOP: the master takes requests and answers none (until SIGCONT).
+    Stopped,
+    /// Another holder's value on the key: the master refuses.
+    Clogged,
+}
+
+/// Every one of the 32 masks of 5 masters, the masters outside the mask stopped, then the same
+/// with them clogged, then mixed: one attempt succeeds exactly when at least 3 masters grant,
+/// and a failed attempt leaves our token on no master, even on those that only ran it after
+/// they were resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_mask_of_five_masters_grants_exactly_with_a_majority() {
+    let masters = RedLockServers::start();
+    let locker = locker(&masters.url(), Duration::from_millis(150));
+    drained(&locker).await;
+    let mut granted_masks = 0;
+    for variant in 0..3 {
+        for mask in 0u32..32 {
+            let up = |i: usize| mask & (1 << i) != 0;
+            let down = |i: usize| match variant {
+                0 => Down::Stopped,
+                1 => Down::Clogged,
+                _ if (i + mask as usize).is_multiple_of(2) => Down::Stopped,
+                _ => Down::Clogged,
+            };
+            let key = unique_key("mask");
+            let full = format!("dlock:{key}");
+            for i in (0..5).filter(|&i| !up(i)) {
+                match down(i) {
+                    Down::Stopped => masters.server(i).pause(),
+                    Down::Clogged => clog(masters.server(i), &full),
+                }
+            }
+            let outcome = locker.try_acquire(&key, Duration::from_secs(10)).await;
+            let granting = (0..5).filter(|&i| up(i)).count();
+            let case = format!("variant {variant}, mask {mask:05b}");
+            let guard = match outcome {
+                Ok(Some(guard)) => {
+                    assert!(granting >= 3, "{case}: granted by {granting} masters");
+                    assert!(guard.is_held(), "{case}");
+                    // Our token is on every running master that was free.
+                    let ours: Vec<_> = (0..5)
+                        .filter(|&i| up(i))
+                        .map(|i| value(masters.server(i), &full))
+                        .collect();
+                    assert!(
+                        ours[0].is_some() && ours.iter().all(|v| v == &ours[0]),
+                        "{case}"
+                    );
+                    granted_masks += 1;
+                    Some(guard)
+                }
+                Ok(None) => {
+                    assert!(granting < 3, "{case}: refused with {granting} masters free");
+                    None
+                }
+                Err(e) => {
+                    assert!(granting < 3, "{case}: {e}");
+                    assert!(e.is_backend(), "{case}: {e:?}");
+                    None
+                }
+            };
+            if let Some(guard) = guard {
+                guard.release().await.expect("a majority releases");
+            }
+            for i in (0..5).filter(|&i| !up(i) && down(i) == Down::Stopped) {
+                masters.server(i).resume();
+            }
+            // What the stopped masters were sent (the attempt, then its undo or the release)
+            // runs once they resume; after that, no master holds our token.
+            drained(&locker).await;
+            for i in 0..5 {
+                let left = value(masters.server(i), &full);
+                if !up(i) && down(i) == Down::Clogged {
+                    assert_eq!(
+                        left.as_deref(),
+                        Some("another-holder"),
+                        "{case}: master {i}"
+                    );
+                    unclog(masters.server(i), &full);
+                } else {
+                    assert_eq!(left, None, "{case}: master {i} still holds our token");
+                }
+            }
+        }
+    }
+    // 16 of the 32 masks have at least 3 masters up, in each of the 3 variants.
+    assert_eq!(granted_masks, 48);
+}
+
+/// The fencing counter of the key space on master `server` (there is one counter per slot; the
+/// tests use keys of one slot-free shape, so after the first lock there is one).
+fn fence_counters(server: &RedisServer) -> Vec<String> {
+    let mut c = server.client().get_connection().expect("connect");
+    c.keys("dlock:__fence:*").expect("KEYS")
+}
+
+fn counter(server: &RedisServer, name: &str) -> u64 {
+    let mut c = server.client().get_connection().expect("connect");
+    c.get::<_, Option<u64>>(name).expect("GET").unwrap_or(0)
+}
+
+/// Majorities chosen to differ, one after another on one key: every 3 of the 5 masters, each
+/// majority after one it shares a single master with where it can, with one master's counter
+/// far ahead of the others' (as after many more locks there, or a clock running ahead). The
+/// highest fence of one majority would go backwards at the next one that lacks that master; the
+/// second round that raises the granting masters' counters keeps every fence above the last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_increase_across_differing_majorities() {
+    let masters = RedLockServers::start();
+    let locker = locker(&masters.url(), Duration::from_millis(300));
+    let key = unique_key("fence");
+    let full = format!("dlock:{key}");
+    let first = locker.acquire(&key, LockOptions::new()).await.unwrap();
+    let mut fences = vec![first.fencing_token()];
+    first.release().await.unwrap();
+    let names = fence_counters(masters.server(0));
+    assert_eq!(names.len(), 1, "{names:?}");
+    let name = names[0].clone();
+    // Master 0 far ahead: about 11 days of microseconds.
+    let ahead = counter(masters.server(0), &name) + 1_000_000_000_000;
+    let mut c = masters.server(0).client().get_connection().unwrap();
+    let () = c.set(&name, ahead).unwrap();
+
+    let majorities: [[usize; 3]; 10] = [
+        [0, 1, 2],
+        [2, 3, 4],
+        [0, 1, 3],
+        [1, 2, 4],
+        [0, 3, 4],
+        [1, 2, 3],
+        [0, 2, 4],
+        [1, 3, 4],
+        [0, 1, 4],
+        [0, 2, 3],
+    ];
+    for (round, majority) in majorities.iter().cycle().take(20).enumerate() {
+        let left_out: Vec<usize> = (0..5).filter(|i| !majority.contains(i)).collect();
+        // Round 7 stops its two masters instead of clogging them.
+        let stop = round == 7;
+        for &i in &left_out {
+            if stop {
+                masters.server(i).pause();
+            } else {
+                clog(masters.server(i), &full);
+            }
+        }
+        let guard = locker
+            .try_acquire(&key, Duration::from_secs(10))
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("round {round}: {majority:?} did not grant"));
+        let fence = guard.fencing_token();
+        for &i in majority {
+            assert!(
+                counter(masters.server(i), &name) >= fence,
+                "round {round}: master {i} of {majority:?} was not raised to {fence}"
+            );
+        }
+        guard.release().await.unwrap();
+        for &i in &left_out {
+            if stop {
+                masters.server(i).resume();
+            } else {
+                unclog(masters.server(i), &full);
+            }
+        }
+        if stop {
+            drained(&locker).await;
+        }
+        fences.push(fence);
+    }
+    assert!(
+        fences[1] > ahead,
+        "the first majority held master 0: {fences:?}"
+    );
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences went backwards: {fences:?}"
+    );
+}
+
+/// Four OS processes increment a counter non-atomically (GET, pause, SET) under one RedLock
+/// lock: no update is lost.
+#[test]
+fn four_processes_exclude_each_other() {
+    const PROCESSES: usize = 4;
+    const ITERATIONS: u64 = 40;
+    let masters = RedLockServers::start();
+    let data = RedisServer::start();
+    let key = unique_key("processes");
+    let children: Vec<_> = (0..PROCESSES)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_dlock-worker"))
+                .args([&masters.url(), &key, &ITERATIONS.to_string(), "api"])
+                .env("DLOCK_WORKER_DATA_URL", data.url())
+                .spawn()
+                .expect("start worker")
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success(), "a worker failed");
+    }
+    let mut c = data.client().get_connection().unwrap();
+    let counter: u64 = c.get(format!("{key}:counter")).unwrap();
+    assert_eq!(
+        counter,
+        PROCESSES as u64 * ITERATIONS,
+        "lost updates: the lock let processes overlap"
+    );
+}
+
+/// A renewed holder cut off from 3 of the 5 masters (TCP proxies that stop forwarding): it
+/// reports the loss no later than another client's acquisition becomes valid; once the network
+/// heals it takes nothing back (its delayed renewals find another's token), and its release is
+/// `Lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_off_from_a_majority_loses_before_another_wins() {
+    let masters = RedLockServers::start();
+    let proxies: Vec<Proxy> = (0..3)
+        .map(|i| Proxy::start(masters.server(i).port()))
+        .collect();
+    let mut ports: Vec<u16> = proxies.iter().map(Proxy::port).collect();
+    ports.extend([masters.server(3).port(), masters.server(4).port()]);
+    let lease = Duration::from_secs(1);
+    let holder = Locker::builder()
+        .url(RedLockServers::url_of(&ports))
+        .request_timeout(Duration::from_millis(100))
+        .expire(lease)
+        .build()
+        .unwrap();
+    let other = locker(&masters.url(), Duration::from_millis(100));
+    let key = unique_key("partition");
+    let full = format!("dlock:{key}");
+    let held = holder
+        .acquire(&key, LockOptions::new().expire_auto())
+        .await
+        .unwrap();
+    // Renewed past its lease while connected.
+    tokio::time::sleep(lease + lease / 2).await;
+    assert!(held.is_held());
+    for proxy in &proxies {
+        proxy.cut();
+    }
+    let cut_at = Instant::now();
+    let (lost_at, (second, won_at)) = tokio::join!(
+        async {
+            held.lost().await;
+            Instant::now()
+        },
+        async {
+            let second = other
+                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(10)))
+                .await
+                .expect("the other client wins once the cut-off holder's lease is over");
+            (second, Instant::now())
+        }
+    );
+    assert!(
+        lost_at <= won_at,
+        "the loss was reported {:?} after the other client won",
+        lost_at - won_at
+    );
+    assert!(
+        won_at - cut_at < Duration::from_secs(5),
+        "{:?}",
+        won_at - cut_at
+    );
+    eprintln!(
+        "partition: loss reported {:?} after the cut, {:?} before the other client won",
+        lost_at - cut_at,
+        won_at - lost_at
+    );
+    // The new holder's token: the cut-off holder could not renew on master 0.
+    let token = value(masters.server(0), &full).expect("the new holder's key");
+    for proxy in &proxies {
+        proxy.heal();
+    }
+    // Delayed renewals arrive now; the holder's own key on masters 3 and 4 runs out.
+    tokio::time::sleep(lease + lease / 2).await;
+    assert!(!held.is_held());
+    for i in 0..5 {
+        let v = value(masters.server(i), &full);
+        assert!(
+            v.is_none() || v.as_deref() == Some(token.as_str()),
+            "master {i} holds a key that is not the new holder's"
+        );
+    }
+    let err = held.release().await.unwrap_err();
+    assert!(err.is_lost(), "{err:?}");
+    assert!(second.is_held());
+    second.extend(Duration::from_secs(10)).await.unwrap();
+    second.release().await.unwrap();
+}
+
+/// A master restarted empty (no persistence) while a lock is held there: another client then
+/// wins a majority while the first still holds a valid lock (RedLock's documented limitation;
+/// the fence still orders them). Restarted only after the longest lease, over 200 trials, no
+/// second client ever holds while the first's lock is valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_restarted_without_persistence() {
+    let mut masters = RedLockServers::start();
+    let a = locker(&masters.url(), Duration::from_millis(200));
+    let b = locker(&masters.url(), Duration::from_millis(200));
+    drained(&a).await;
+    drained(&b).await;
+
+    // The limitation: A holds on masters 0, 1, 2 (3 and 4 are another's); 2 restarts empty.
+    let key = unique_key("restart");
+    let full = format!("dlock:{key}");
+    for i in [3, 4] {
+        clog(masters.server(i), &full);
+    }
+    let first = a.acquire(&key, LockOptions::new()).await.unwrap();
+    tokio::task::block_in_place(|| masters.server_mut(2).restart());
+    for i in [3, 4] {
+        unclog(masters.server(i), &full);
+    }
+    let second = b
+        .acquire(&key, LockOptions::new())
+        .await
+        .expect("with master 2 forgetting A, B wins masters 2, 3 and 4");
+    assert!(
+        first.is_held() && second.is_held(),
+        "two valid holders at once, as documented"
+    );
+    assert!(second.fencing_token() > first.fencing_token());
+    drop((first, second));
+
+    // The remedy: a master that crashed comes back only after the longest lease. 20 rounds of
+    // 10 keys, each key one trial: A holds it on masters 0, 1, 2 with a lease of 40 to 150ms,
+    // master 2 dies, B waits for the key at once (masters 3 and 4 free), and master 2 restarts
+    // empty after the longest lease. B may win only once A's lock is no longer valid.
+    const ROUNDS: usize = 20;
+    const KEYS: usize = 10;
+    const LONGEST: Duration = Duration::from_millis(150);
+    let mut trials = 0;
+    let mut closest = f64::MAX;
+    for round in 0..ROUNDS {
+        let keys: Vec<String> = (0..KEYS).map(|_| unique_key("delayed")).collect();
+        for key in &keys {
+            for i in [3, 4] {
+                clog(masters.server(i), &format!("dlock:{key}"));
+            }
+        }
+        let mut holds = Vec::new();
+        for key in &keys {
+            let lease = Duration::from_millis(40 + random_below(111));
+            let guard = a
+                .acquire(key, LockOptions::new().expire(lease))
+                .await
+                .unwrap_or_else(|e| panic!("round {round}: A: {e}"));
+            // A's lock is valid until before this instant (the lease counts from the request).
+            let lease_end = Instant::now() + lease;
+            holds.push((Arc::new(guard), lease_end));
+        }
+        masters.server_mut(2).kill();
+        for key in &keys {
+            for i in [3, 4] {
+                unclog(masters.server(i), &format!("dlock:{key}"));
+            }
+        }
+        let waits: Vec<_> = keys
+            .iter()
+            .zip(&holds)
+            .map(|(key, (hold, lease_end))| {
+                let (b, key, hold, lease_end) = (b.clone(), key.clone(), hold.clone(), *lease_end);
+                tokio::spawn(async move {
+                    let guard = b
+                        .acquire(&key, LockOptions::new().timeout(Duration::from_secs(10)))
+                        .await?;
+                    let won_at = Instant::now();
+                    let overlap = hold.is_held();
+                    guard.release().await?;
+                    // Signed: B may win shortly before A's acquisition returned plus its lease.
+                    let after_ms = if won_at >= lease_end {
+                        (won_at - lease_end).as_secs_f64() * 1e3
+                    } else {
+                        -(lease_end - won_at).as_secs_f64() * 1e3
+                    };
+                    Ok::<(bool, f64), LockError>((overlap, after_ms))
+                })
+            })
+            .collect();
+        tokio::time::sleep(LONGEST).await;
+        tokio::task::block_in_place(|| masters.server_mut(2).restart());
+        for wait in waits {
+            let (overlap, after) = wait
+                .await
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}: B: {e}"));
+            assert!(!overlap, "round {round}: B won while A's lock was valid");
+            closest = closest.min(after);
+            trials += 1;
+        }
+        drop(holds);
+    }
+    assert_eq!(trials, 200);
+    eprintln!(
+        "delayed restart: {trials} trials, no overlap; B won at the earliest {closest:.1}ms after \
+         A's acquisition returned plus its lease"
+    );
+}
+
+fn random_below(n: u64) -> u64 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::from(d.subsec_nanos()));
+    nanos.wrapping_mul(0x9E37_79B9_7F4A_7C15) % n
+}
+
+/// With 2 of 5 masters down, a waiter is still woken by the release (the 3 others publish
+/// it): it gets the lock well before its 3s polling pause would have ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_wake_waiters_with_two_masters_down() {
+    let mut masters = RedLockServers::start();
+    masters.server_mut(0).kill();
+    masters.server_mut(1).kill();
+    let holder = locker(&masters.url(), Duration::from_millis(200));
+    let waiter = Locker::builder()
+        .url(masters.url())
+        .request_timeout(Duration::from_millis(200))
+        .retry(Duration::from_secs(3), Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let key = unique_key("wake");
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let waiting = tokio::spawn({
+        let key = key.clone();
+        async move {
+            let guard = waiter
+                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(20)))
+                .await
+                .unwrap();
+            let at = Instant::now();
+            guard.release().await.unwrap();
+            at
+        }
+    });
+    // Long enough for the waiter's first refusal, subscription and covering attempt.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let woken_at = waiting.await.unwrap();
+    assert!(
+        woken_at - released_at < Duration::from_millis(2000),
+        "woken {:?} after the release: polled, not notified",
+        woken_at - released_at
+    );
+}
+
+/// What RedLock refuses to be configured with, each a `Config` error that says why and shows
+/// no password; fair mode is refused at the acquisition.
+#[tokio::test]
+async fn misconfigurations_are_config_errors() {
+    for (url, request_timeout, why) in [
+        (
+            "redis+redlock://u:s3cret@127.0.0.1:1,127.0.0.1:2",
+            100,
+            "at least 3",
+        ),
+        (
+            "redis+redlock://u:s3cret@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3,127.0.0.1:4",
+            100,
+            "odd number",
+        ),
+        (
+            "redis+redlock://u:s3cret@127.0.0.1:1,127.0.0.1:2,127.0.0.1:3",
+            3000,
+            "DLOCK_REQUEST_TIMEOUT",
+        ),
+    ] {
+        let err = Locker::builder()
+            .url(url)
+            .request_timeout(Duration::from_millis(request_timeout))
+            .expire(Duration::from_secs(10))
+            .build()
+            .unwrap_err();
+        assert!(err.is_config(), "{url}: {err:?}");
+        let text = format!("{err} {err:?}");
+        assert!(text.contains(why), "{url}: {text}");
+        assert!(!text.contains("s3cret"), "{text}");
+    }
+    let masters = RedLockServers::start_n(3);
+    let locker = locker(&masters.url(), Duration::from_millis(200));
+    let err = locker
+        .acquire(&unique_key("fair"), LockOptions::new().fair())
+        .await
+        .unwrap_err();
+    assert!(
+        err.is_config() && err.to_string().contains("fair"),
+        "{err:?}"
+    );
+    // The same URL without `fair` works, on 3 masters.
+    dlock_tests::acquire_and_release(&locker, &unique_key("fair")).await;
+    assert!(!format!("{locker:?}").contains("s3cret"));
+}
