@@ -45,7 +45,8 @@
 //!   went to another client — for the default mode, fair mode and notifications off. The floor
 //!   here retries `SET NX` every 1ms.
 //! - Commands Redis executed per acquisition (`INFO commandstats` deltas; commands run inside a
-//!   script count too).
+//!   script count too), and in W1 the heap allocations this program made per cycle (all its
+//!   threads, the connection's tasks included: a counting allocator wraps the system's).
 //!
 //! With `--engine postgres` the workloads run on a throwaway PostgreSQL cluster against the floor
 //! of `pg_try_advisory_lock`/`pg_advisory_unlock` on one connection per client, with statements
@@ -62,6 +63,11 @@ use std::{
 use dlock_examples::engine::{Connection, Deployment, Engine};
 use dlock_runtime::{LockError, LockOptions, Locker, dlock};
 use redis::AsyncCommands as _;
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+
+/// Counts this program's heap allocations (W1's allocations per cycle).
+#[global_allocator]
+static ALLOCATOR: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 
 #[path = "bench_etcd.rs"]
 mod etcd;
@@ -223,6 +229,8 @@ struct Row {
     other_share: Option<f64>,
     exact: Option<bool>,
     commands_per_acquire: Option<f64>,
+    /// Heap allocations (and reallocations) of this program per cycle, W1 only.
+    allocations: Option<f64>,
     /// Requests the lock clients sent per acquisition (scripts, subscriptions), W4 only.
     requests_per_acquire: Option<f64>,
     /// CPU time per operation: the Redis server's (`INFO cpu`, the masters' added up) and this
@@ -242,7 +250,7 @@ impl Row {
             })
         };
         format!(
-            "{{\"engine\":\"{engine}\",\"workload\":\"{}\",\"variant\":\"{}\",\"ops\":{},\"per_sec\":{:.1},\"ratio_to_floor\":{:.3},\"p50_ms\":{},\"p99_ms\":{},\"wait_max_ms\":{},\"handoff_p50_ms\":{},\"handoff_p99_ms\":{},\"other_share\":{},\"exact\":{},\"commands_per_acquire\":{},\"requests_per_acquire\":{},\"server_cpu_us\":{},\"client_cpu_us\":{},\"server_cpu_per_master_us\":[{}]}}",
+            "{{\"engine\":\"{engine}\",\"workload\":\"{}\",\"variant\":\"{}\",\"ops\":{},\"per_sec\":{:.1},\"ratio_to_floor\":{:.3},\"p50_ms\":{},\"p99_ms\":{},\"wait_max_ms\":{},\"handoff_p50_ms\":{},\"handoff_p99_ms\":{},\"other_share\":{},\"exact\":{},\"commands_per_acquire\":{},\"allocations_per_op\":{},\"requests_per_acquire\":{},\"server_cpu_us\":{},\"client_cpu_us\":{},\"server_cpu_per_master_us\":[{}]}}",
             self.workload,
             self.variant,
             self.ops,
@@ -257,6 +265,8 @@ impl Row {
                 .map_or("null".to_owned(), |s| format!("{s:.3}")),
             self.exact.map_or("null".to_owned(), |e| e.to_string()),
             self.commands_per_acquire
+                .map_or("null".to_owned(), |c| format!("{c:.2}")),
+            self.allocations
                 .map_or("null".to_owned(), |c| format!("{c:.2}")),
             self.requests_per_acquire
                 .map_or("null".to_owned(), |c| format!("{c:.2}")),
@@ -507,6 +517,7 @@ async fn w1(target: &Target, sizes: Sizes, run: usize) -> Result<Vec<Row>, Error
         // Commands per acquisition, counted on a short run of this variant alone.
         let before = stats.commands().await?;
         let counted = 50;
+        let allocations = Region::new(ALLOCATOR);
         for i in 0..counted {
             let key = format!("w1count:{run}:{v}:{i}");
             one_w1(
@@ -520,6 +531,7 @@ async fn w1(target: &Target, sizes: Sizes, run: usize) -> Result<Vec<Row>, Error
             )
             .await?;
         }
+        let allocated = allocations.change();
         let after = stats.commands().await?;
         let spent: Duration = latencies.iter().sum();
         latencies.sort();
@@ -534,6 +546,10 @@ async fn w1(target: &Target, sizes: Sizes, run: usize) -> Result<Vec<Row>, Error
             p99: Some(percentile(&latencies, 0.99)),
             #[allow(clippy::cast_precision_loss)]
             commands_per_acquire: Some((after - before).saturating_sub(1) as f64 / counted as f64),
+            #[allow(clippy::cast_precision_loss)]
+            allocations: Some(
+                (allocated.allocations + allocated.reallocations) as f64 / counted as f64,
+            ),
             ..Row::default()
         });
     }
@@ -1151,7 +1167,7 @@ fn stdin_go(stdin: &mut std::process::ChildStdin) -> std::io::Result<()> {
 
 fn table(rows: &[Row], floors: &[(&'static str, f64)]) -> String {
     let mut out = String::from(
-        "| workload | variant | ops | per s | × floor | p50 ms | p99 ms | wait max ms | hand-off p50 ms | hand-off p99 ms | to another client | exact | cmds/acq | requests/acq | server CPU µs/op | client CPU µs/op |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|\n",
+        "| workload | variant | ops | per s | × floor | p50 ms | p99 ms | wait max ms | hand-off p50 ms | hand-off p99 ms | to another client | exact | cmds/acq | requests/acq | server CPU µs/op | client CPU µs/op | client allocs/op |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|\n",
     );
     let cell = |d: Option<Duration>| d.map_or("–".to_owned(), |d| format!("{:.2}", ms(d)));
     let us = |d: Option<Duration>| {
@@ -1179,7 +1195,7 @@ fn table(rows: &[Row], floors: &[(&'static str, f64)]) -> String {
             .map_or(1.0, |(_, f)| *f);
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.0} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.workload,
             r.variant,
             r.ops,
@@ -1203,6 +1219,7 @@ fn table(rows: &[Row], floors: &[(&'static str, f64)]) -> String {
                 .map_or("–".to_owned(), |c| format!("{c:.2}")),
             server_cpu(r),
             us(r.client_cpu),
+            r.allocations.map_or("–".to_owned(), |a| format!("{a:.1}")),
         );
     }
     out

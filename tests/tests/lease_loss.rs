@@ -131,7 +131,15 @@ async fn auto_lease_is_renewed_for_a_long_body() {
             .try_acquire("renewed", Duration::from_secs(5))
             .await
             .unwrap();
-        assert!(got.is_none(), "another client got in while the body ran");
+        if got.is_some() {
+            // Between the body's release and the task's end the lock is free: fine once the
+            // body is over.
+            assert!(
+                finished.load(Ordering::SeqCst),
+                "another client got in while the body ran"
+            );
+            break;
+        }
         attempts += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
