@@ -8,7 +8,11 @@
 //! cargo run --release --example bench -- --engine redis-sentinel  # on a throwaway Sentinel setup
 //! cargo run --release --example bench -- --engine redlock  # RedLock on 5 throwaway masters
 //! cargo run --release --example bench -- --engine postgres        # on a throwaway PostgreSQL
+//! cargo run --release --example bench -- --engine etcd            # on a throwaway etcd member
 //! ```
+//!
+//! `--engine etcd` runs the same workloads against a floor made of etcd's own lock service
+//! (see `bench_etcd.rs`).
 //!
 //! Every variant runs `--rounds` times (5 by default), taking turns with the others so that a
 //! drift of the machine hits them alike; each figure is the median round. In W1 the variants
@@ -64,6 +68,9 @@ use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 /// Counts this program's heap allocations (W1's allocations per cycle).
 #[global_allocator]
 static ALLOCATOR: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
+
+#[path = "bench_etcd.rs"]
+mod etcd;
 
 const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -1498,8 +1505,13 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    if args.engine == Engine::Postgres {
-        return match postgres::bench(&args).await {
+    let own_floor = match args.engine {
+        Engine::Postgres => Some(postgres::bench(&args).await),
+        Engine::Etcd => Some(etcd::bench(&args).await),
+        _ => None,
+    };
+    if let Some(outcome) = own_floor {
+        return match outcome {
             Ok(true) => std::process::ExitCode::SUCCESS,
             Ok(false) => {
                 eprintln!("bench: a W3 counter is wrong: the lock let two clients overlap");

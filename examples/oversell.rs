@@ -12,6 +12,7 @@
 //! cargo run --example oversell -- --engine redis-sentinel  # on a throwaway Sentinel deployment
 //! cargo run --example oversell -- --engine redlock         # RedLock over 5 throwaway masters
 //! cargo run --example oversell -- --engine postgres        # on a throwaway PostgreSQL cluster
+//! cargo run --example oversell -- --engine etcd            # locks on a throwaway etcd
 //! ```
 //!
 //! Backend, said in the output:
@@ -21,7 +22,8 @@
 //!   independent throwaway masters (the stock lives on the first). All on free loopback ports,
 //!   stopped at the end, on error and on Ctrl-C ([`dlock_examples::throwaway`]). `--engine postgres`: a
 //!   throwaway PostgreSQL cluster (`initdb` into a temporary directory, needs the `postgresql`
-//!   package), whose database holds the locks and the stock alike.
+//!   package), whose database holds the locks and the stock alike. `--engine etcd`: the locks on
+//!   a throwaway etcd member (needs `etcd`), the stock on a throwaway `redis-server` beside it.
 //! - Else (`--engine redis`, the default): `DLOCK_REDIS_URL` (or `REDIS_URL`) when set: that
 //!   Redis;
 //! - else, with `redis-server` on `PATH`: a throwaway server on a free loopback port
@@ -471,9 +473,11 @@ async fn worker(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     };
     let buyers = buyers_of(instance.parse()?, instances.parse()?, buyers.parse()?);
     let url = std::env::var("DLOCK_URL")?;
+    // The stock's Redis, when the locks' engine is not Redis (etcd).
+    let data_url = std::env::var(DATA_URL).unwrap_or(url);
 
     let locks = Locker::from_env()?;
-    let store = Store::open(&url).await.map_err(|e| e.to_string())?;
+    let store = Store::open(&data_url).await.map_err(|e| e.to_string())?;
     if mode == Mode::Locked {
         // Connect the lock client now, so the first buyer's wait does not include it.
         let warm_up = format!("oversell-warm-up:{}", std::process::id());
@@ -578,15 +582,20 @@ fn number<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, String> {
         .map_err(|_| format!("{flag}: `{value}` is not a non-negative number"))
 }
 
+/// The variable that hands a worker the stock's Redis URL when it is not `DLOCK_URL` (etcd).
+const DATA_URL: &str = "OVERSELL_DATA_URL";
+
 /// Where the stock and the locks live.
 enum Backend {
     Redis {
         engine: Engine,
         url: String,
+        /// The stock's Redis: `url`, except on etcd.
+        data_url: String,
         /// What to print about it.
         about: String,
         /// The throwaway deployment, stopped when this is dropped.
-        _deployment: Option<Deployment>,
+        _deployment: Option<Box<Deployment>>,
     },
     Embedded {
         why: &'static str,
@@ -615,6 +624,7 @@ impl Backend {
                 let about = format!("Redis at {} (from {var})", redact_url(&url));
                 return Ok(Self::Redis {
                     engine: Engine::Redis,
+                    data_url: url.clone(),
                     url,
                     about,
                     _deployment: None,
@@ -637,6 +647,7 @@ impl Backend {
         Ok(Self::Redis {
             engine,
             url: deployment.url(),
+            data_url: deployment.data_url(),
             about: match engine {
                 // A throwaway cluster: its directory goes with it.
                 Engine::Postgres => format!("{} (removed at exit)", deployment.describe()),
@@ -645,7 +656,7 @@ impl Backend {
                     deployment.describe()
                 ),
             },
-            _deployment: Some(deployment),
+            _deployment: Some(Box::new(deployment)),
         })
     }
 
@@ -734,16 +745,23 @@ async fn run(config: &Config, backend: &Backend, mode: Mode) -> Result<Report, S
     let mut workers: Vec<Child> = Vec::new();
     let mut embedded_go = None;
     let store = match backend {
-        Backend::Redis { url, .. } => {
-            let store = Store::open(url)
+        Backend::Redis { url, data_url, .. } => {
+            let store = Store::open(data_url)
                 .await
-                .map_err(|e| format!("cannot reach the store at {}: {e}", redact_url(url)))?;
+                .map_err(|e| format!("cannot reach the store at {}: {e}", redact_url(data_url)))?;
             store
                 .reset(&sku, config.stock)
                 .await
                 .map_err(|e| e.to_string())?;
             for instance in 0..config.instances {
-                workers.push(spawn_worker(url, mode, &sku, instance, config, tx.clone())?);
+                workers.push(spawn_worker(
+                    (url, data_url),
+                    mode,
+                    &sku,
+                    instance,
+                    config,
+                    tx.clone(),
+                )?);
             }
             store
         }
@@ -875,7 +893,7 @@ async fn run(config: &Config, backend: &Backend, mode: Mode) -> Result<Report, S
 /// Starts `oversell --worker …` with the engine URL in its environment as `DLOCK_URL` (not on
 /// its command line, where `ps` would show a password) and forwards its stdout lines as events.
 fn spawn_worker(
-    url: &str,
+    (url, data_url): (&str, &str),
     mode: Mode,
     sku: &str,
     instance: usize,
@@ -893,6 +911,7 @@ fn spawn_worker(
         // DLOCK_URL names any engine, and wins over the variables of the Redis engine; those
         // are removed all the same, so that a value the worker would not need cannot fail it.
         .env("DLOCK_URL", url)
+        .env(DATA_URL, data_url)
         .env_remove("DLOCK_REDIS_URL")
         .env_remove("REDIS_URL")
         .env_remove("DLOCK_BACKEND")

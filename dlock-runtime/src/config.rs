@@ -39,6 +39,9 @@ pub enum BackendKind {
     /// A PostgreSQL database (`postgres://[user[:password]@]host[:port][/dbname][?param=value…]`,
     /// or `postgresql://`; feature `postgres`): the lock table `dlock_locks`.
     Postgres(PostgresUrl),
+    /// An etcd cluster reached through these endpoints (`etcd://[user:password@]h1:p1,h2:p2`,
+    /// `etcds://` for TLS; feature `etcd`).
+    Etcd(RedisUrl),
     /// The embedded in-process backend.
     Memory,
 }
@@ -51,6 +54,7 @@ impl fmt::Debug for BackendKind {
             Self::RedisSentinel(url) => f.debug_tuple("RedisSentinel").field(url).finish(),
             Self::RedLock(url) => f.debug_tuple("RedLock").field(url).finish(),
             Self::Postgres(url) => f.debug_tuple("Postgres").field(url).finish(),
+            Self::Etcd(url) => f.debug_tuple("Etcd").field(url).finish(),
             Self::Memory => f.write_str("Memory"),
         }
     }
@@ -107,7 +111,7 @@ impl RedisUrl {
         Self(url.to_owned())
     }
 
-    #[cfg(feature = "redis")]
+    #[cfg(any(feature = "redis", feature = "etcd"))]
     pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
@@ -453,7 +457,7 @@ mod tests {
             BackendKind::Redis(RedisUrl("redis://u:1".into()))
         );
         let err = env(&[
-            ("DLOCK_URL", "etcd://e:2379"),
+            ("DLOCK_URL", "zk://e:2181"),
             ("DLOCK_REDIS_URL", "redis://d:2"),
         ])
         .unwrap_err();

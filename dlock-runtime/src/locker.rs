@@ -1006,6 +1006,10 @@ impl LockerBuilder {
             BackendKind::Postgres(_) => Arc::new(
                 crate::backend::postgres::PostgresBackend::from_settings(&self.settings)?,
             ),
+            #[cfg(feature = "etcd")]
+            BackendKind::Etcd(_) => Arc::new(crate::backend::etcd::EtcdBackend::from_settings(
+                &self.settings,
+            )?),
             #[cfg(feature = "redis")]
             _ => Arc::new(crate::backend::redis::RedisBackend::from_settings(
                 &self.settings,

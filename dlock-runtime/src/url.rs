@@ -54,7 +54,17 @@ pub(crate) fn parse(var: &str, url: &str) -> Result<BackendKind, LockError> {
             HostList::parse(var, url, form)?.redlock_nodes(var)?;
             Ok(BackendKind::RedLock(RedisUrl::trusted(url)))
         }
-        "etcd" | "etcds" => Err(not_yet(var, scheme, "etcd")),
+        "etcd" | "etcds" => {
+            needs(var, scheme, "etcd", cfg!(feature = "etcd"))?;
+            needs(
+                var,
+                scheme,
+                "tls",
+                scheme == "etcd" || cfg!(feature = "tls"),
+            )?;
+            HostList::parse(var, url, "etcd://[user:password@]h1:p1,h2:p2")?;
+            Ok(BackendKind::Etcd(RedisUrl::trusted(url)))
+        }
         "zk" => Err(not_yet(var, scheme, "zookeeper")),
         "postgres" | "postgresql" => {
             needs(var, scheme, "postgres", cfg!(feature = "postgres"))?;
@@ -259,18 +269,23 @@ mod tests {
                     .contains("`redlock` feature")
             );
         }
-        for (url, feature) in [
-            ("etcd://a:2379", "`etcd`"),
-            ("etcds://a:2379", "`etcd`"),
-            ("zk://a:2181/app", "`zookeeper`"),
-        ] {
-            let err = parse("DLOCK_URL", url).unwrap_err().to_string();
-            assert!(
-                err.contains(feature) && err.contains("DLOCK_URL"),
-                "{url}: {err}"
-            );
-            assert!(!err.contains("pw"), "{err}");
+        let etcd = parse("DLOCK_URL", "etcd://u:pw@a:2379,b:2379");
+        if cfg!(feature = "etcd") {
+            assert!(matches!(etcd, Ok(BackendKind::Etcd(_))));
+            assert!(!format!("{:?}", etcd.unwrap()).contains("pw"));
+            let bad = parse("DLOCK_URL", "etcd://u:pw@a").unwrap_err().to_string();
+            assert!(bad.contains("host:port") && !bad.contains("pw"), "{bad}");
+        } else {
+            assert!(etcd.unwrap_err().to_string().contains("`etcd` feature"));
         }
+        let err = parse("DLOCK_URL", "zk://u:pw@a:2181/app")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`zookeeper`") && err.contains("DLOCK_URL"),
+            "{err}"
+        );
+        assert!(!err.contains("pw"), "{err}");
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! The `--engine` of the oversell demo and the benchmark: which deployment (Redis, or PostgreSQL) they run on
+//! The `--engine` of the oversell demo and the benchmark: which deployment they run on
 //! ([`Engine`]), its throwaway deployment ([`Deployment`]), and a redis-rs connection for data
-//! that is not a lock (the demo's stock, the benchmark's raw commands) on any engine URL
-//! ([`Connection`]).
+//! that is not a lock (the demo's stock, the benchmark's raw commands) on any Redis engine URL
+//! ([`Connection`]). On etcd the data stays on a throwaway `redis-server` beside it
+//! ([`Deployment::data_url`]).
 
 use std::fmt;
 
@@ -14,6 +15,7 @@ use redis::{
 use crate::throwaway::{
     RedisServer,
     cluster::RedisCluster,
+    etcd::EtcdCluster,
     postgres::{INSTALL_POSTGRES, PostgresServer},
     redlock::RedLockServers,
     sentinel::INSTALL_SENTINEL,
@@ -30,6 +32,8 @@ pub enum Engine {
     RedisCluster,
     /// A master and 2 replicas watched by 3 sentinels (`redis+sentinel://`).
     RedisSentinel,
+    /// One etcd member (`etcd://`).
+    Etcd,
     /// RedLock over 5 independent masters (`redis+redlock://`).
     RedLock,
     /// A PostgreSQL cluster (`postgres://`): the lock table in its database.
@@ -38,9 +42,10 @@ pub enum Engine {
 
 impl Engine {
     /// The names [`FromStr`](std::str::FromStr) takes, for a usage text.
-    pub const NAMES: &str = "redis|redis-cluster|redis-sentinel|redlock|postgres";
+    pub const NAMES: &str = "redis|redis-cluster|redis-sentinel|redlock|postgres|etcd";
 
-    /// `redis`, `redis-cluster`, `redis-sentinel`, `redlock` or `postgres`: the flag's value.
+    /// `redis`, `redis-cluster`, `redis-sentinel`, `redlock`, `postgres` or `etcd`: the flag's
+    /// value.
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
@@ -49,6 +54,7 @@ impl Engine {
             Self::RedisSentinel => "redis-sentinel",
             Self::RedLock => "redlock",
             Self::Postgres => "postgres",
+            Self::Etcd => "etcd",
         }
     }
 }
@@ -66,7 +72,8 @@ impl std::str::FromStr for Engine {
     /// use dlock_examples::engine::Engine;
     ///
     /// assert_eq!("redis-cluster".parse(), Ok(Engine::RedisCluster));
-    /// assert!("etcd".parse::<Engine>().unwrap_err().contains("redis-sentinel"));
+    /// assert_eq!("etcd".parse(), Ok(Engine::Etcd));
+    /// assert!("zk".parse::<Engine>().unwrap_err().contains("redis-sentinel"));
     /// ```
     fn from_str(name: &str) -> Result<Self, String> {
         match name {
@@ -75,6 +82,7 @@ impl std::str::FromStr for Engine {
             "redis-sentinel" => Ok(Self::RedisSentinel),
             "redlock" => Ok(Self::RedLock),
             "postgres" => Ok(Self::Postgres),
+            "etcd" => Ok(Self::Etcd),
             other => Err(format!(
                 "unknown engine `{other}`; expected one of {}",
                 Self::NAMES
@@ -103,6 +111,13 @@ pub enum Deployment {
     RedLock(RedLockServers),
     /// A PostgreSQL cluster.
     Postgres(PostgresServer),
+    /// One etcd member for the locks, and a `redis-server` for the data.
+    Etcd {
+        /// The locks' engine.
+        etcd: EtcdCluster,
+        /// Where the examples keep their data (the demo's stock, the benchmark's counter).
+        data: RedisServer,
+    },
 }
 
 impl Deployment {
@@ -121,6 +136,8 @@ impl Deployment {
             ),
             Engine::RedisSentinel if !RedisSentinels::available() => Some(INSTALL_SENTINEL),
             Engine::Postgres if !PostgresServer::available() => Some(INSTALL_POSTGRES),
+            Engine::Etcd if !EtcdCluster::available() => Some(crate::throwaway::etcd::INSTALL_ETCD),
+            Engine::Etcd if !RedisServer::available() => Some(crate::throwaway::INSTALL_REDIS),
             _ => None,
         };
         if let Some(missing) = missing {
@@ -138,6 +155,12 @@ impl Deployment {
                 .map_err(|e| e.to_string()),
             Engine::Postgres => PostgresServer::try_start()
                 .map(Self::Postgres)
+                .map_err(|e| e.to_string()),
+            Engine::Etcd => RedisServer::try_start()
+                .map(|data| Self::Etcd {
+                    etcd: EtcdCluster::single(),
+                    data,
+                })
                 .map_err(|e| e.to_string()),
         })
         .await;
@@ -164,6 +187,7 @@ impl Deployment {
             Self::Sentinels(_) => Engine::RedisSentinel,
             Self::RedLock(_) => Engine::RedLock,
             Self::Postgres(_) => Engine::Postgres,
+            Self::Etcd { .. } => Engine::Etcd,
         }
     }
 
@@ -178,11 +202,23 @@ impl Deployment {
             Self::Sentinels(sentinels) => sentinels.url(),
             Self::RedLock(masters) => masters.url(),
             Self::Postgres(server) => server.url(),
+            Self::Etcd { etcd, .. } => etcd.url(),
+        }
+    }
+
+    /// The URL of the data (the demo's stock, the benchmark's counter): [`url`](Self::url),
+    /// except on etcd, whose data stays on a `redis-server` beside it.
+    #[must_use]
+    pub fn data_url(&self) -> String {
+        match self {
+            Self::Etcd { data, .. } => data.url(),
+            _ => self.url(),
         }
     }
 
     /// The ports of the servers that take writes: the server, the Cluster's masters (sorted),
-    /// the master the sentinels name, RedLock's masters, or the PostgreSQL server.
+    /// the master the sentinels name, RedLock's masters, the PostgreSQL server, or etcd's data
+    /// server.
     #[must_use]
     pub fn masters(&self) -> Vec<u16> {
         match self {
@@ -191,6 +227,7 @@ impl Deployment {
             Self::Sentinels(sentinels) => vec![sentinels.master_port()],
             Self::RedLock(masters) => masters.ports(),
             Self::Postgres(server) => vec![server.port()],
+            Self::Etcd { data, .. } => vec![data.port()],
         }
     }
 
@@ -239,8 +276,25 @@ impl Deployment {
                 masters.len(),
                 ports(&masters.ports())
             ),
+            Self::Etcd { etcd, data } => format!(
+                "throwaway etcd{} (one member) on {}; the data on a throwaway redis-server{version} on 127.0.0.1:{}",
+                etcd_version().map_or_else(String::new, |v| format!(" {v}")),
+                etcd.endpoints().join(","),
+                data.port()
+            ),
         }
     }
+}
+
+/// The installed etcd's version, as `etcd --version` prints it (`3.4.23`), if it can tell.
+fn etcd_version() -> Option<String> {
+    let out = std::process::Command::new("etcd")
+        .arg("--version")
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("etcd Version:"))?;
+    Some(line.trim_start_matches("etcd Version:").trim().to_owned())
 }
 
 /// A redis-rs connection for data on any engine URL: `redis://` (one server),

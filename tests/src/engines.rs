@@ -10,7 +10,7 @@ use std::{
 use dlock_runtime::{LockError, LockGuard, LockOptions, Locker};
 
 use crate::{
-    PostgresServer, RedisServer, cluster::RedisCluster, redlock::RedLockServers,
+    PostgresServer, RedisServer, cluster::RedisCluster, etcd::EtcdCluster, redlock::RedLockServers,
     sentinel::RedisSentinels,
 };
 
@@ -26,6 +26,9 @@ use crate::{
 /// - `redlock`: RedLock over 5 independent `redis-server`s (one set per test binary, shared).
 /// - `postgres`: a throwaway PostgreSQL cluster (one per test binary, shared; `initdb` takes a
 ///   second or two).
+/// - `etcd`: one etcd member (one per test binary, shared).
+/// - `etcd_cluster`: 3 etcd members of one cluster, local processes (one per test binary,
+///   shared).
 /// - `memory`: the embedded backend.
 pub const ENGINES: &[&str] = &[
     "redis",
@@ -35,6 +38,8 @@ pub const ENGINES: &[&str] = &[
     "redis_sentinel",
     "redlock",
     "postgres",
+    "etcd",
+    "etcd_cluster",
     "memory",
 ];
 
@@ -48,7 +53,7 @@ pub const ENGINES: &[&str] = &[
 macro_rules! engine_suite {
     ($($case:ident),* $(,)?) => {
         $crate::engine_suite!(
-            @engines [redis, redis_acl, redis_acl_no_channels, redis_cluster, redis_sentinel, redlock, postgres, memory]
+            @engines [redis, redis_acl, redis_acl_no_channels, redis_cluster, redis_sentinel, redlock, postgres, etcd, etcd_cluster, memory]
             [$($case),*]
         );
     };
@@ -91,7 +96,10 @@ pub enum Engine {
 
 /// The deployment of `slot`, started by `start` unless a running test still holds one: tests of
 /// one binary share it, and the last one to finish stops it (nothing outlives the binary).
-fn shared<T: Send + Sync + 'static>(
+///
+/// # Panics
+/// When `start` does.
+pub fn shared<T: Send + Sync + 'static>(
     slot: &'static Mutex<Weak<T>>,
     start: impl FnOnce() -> T,
 ) -> Arc<T> {
@@ -159,6 +167,20 @@ impl Engine {
                 let url = masters.url();
                 Self::Shared {
                     deployment: masters,
+                    url,
+                }
+            }
+            "etcd" | "etcd_cluster" => {
+                static SINGLE: Mutex<Weak<EtcdCluster>> = Mutex::new(Weak::new());
+                static THREE: Mutex<Weak<EtcdCluster>> = Mutex::new(Weak::new());
+                let etcd = if name == "etcd" {
+                    shared(&SINGLE, EtcdCluster::single)
+                } else {
+                    shared(&THREE, || EtcdCluster::start(3))
+                };
+                let url = etcd.url();
+                Self::Shared {
+                    deployment: etcd,
                     url,
                 }
             }

@@ -137,7 +137,8 @@ async fn stale_release_is_lost_and_deletes_nothing(env: Env) {
         .acquire(&key, LockOptions::new().expire(Duration::from_millis(100)))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    // The lease the engine granted may be longer (etcd: whole seconds, at least its minimum).
+    lease_ran_out(&old).await;
     let new = b.acquire(&key, LockOptions::new()).await.unwrap();
     let err = old.release().await.unwrap_err();
     assert!(err.is_lost(), "{err:?}");
@@ -197,8 +198,16 @@ async fn cancelled_waiter_leaves_nothing(env: Env) {
             .is_err()
     );
     held.release().await.unwrap();
-    let next = env.locker().try_acquire(&key, SHORT).await.unwrap();
-    assert!(next.is_some(), "the cancelled waiter left a lock behind");
+    // The cancelled waiter's cleanup is handed to the runtime (an engine with a line, etcd,
+    // removes its place there): give it a moment, far less than the 10s lease it would leave.
+    let next = env
+        .locker()
+        .acquire(&key, LockOptions::new().timeout(Duration::from_secs(2)))
+        .await;
+    assert!(
+        next.is_ok(),
+        "the cancelled waiter left a lock behind: {next:?}"
+    );
 }
 
 async fn fencing_tokens_increase(env: Env) {
@@ -238,7 +247,20 @@ async fn extend_keeps_and_never_resurrects(env: Env) {
         .acquire(&key, LockOptions::new().expire(Duration::from_millis(100)))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    lease_ran_out(&old).await;
+    // Until the server has let it go too: another holder gets in, and leaves.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(other) = b.try_acquire(&key, SHORT).await.unwrap() {
+            other.release().await.unwrap();
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the expired lease was never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let err = old.extend(Duration::from_secs(5)).await.unwrap_err();
     assert!(err.is_lost());
     assert!(!old.is_held());
@@ -379,6 +401,14 @@ async fn another_task_does_not_reenter(env: Env) {
         "another task of the same process got in: {err:?}"
     );
     held.release().await.unwrap();
+}
+
+/// Waits (up to 10s) until `guard`'s lease ran out on the client's clock: the lease the engine
+/// granted, which may be longer than the one asked for (etcd grants whole seconds).
+async fn lease_ran_out(guard: &dlock_runtime::LockGuard) {
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("a fixed lease runs out");
 }
 
 /// Whether another task can take `key` right now (it releases at once if so).

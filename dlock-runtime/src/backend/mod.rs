@@ -7,6 +7,8 @@ use tokio::sync::Notify;
 
 use crate::error::BackendError;
 
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;

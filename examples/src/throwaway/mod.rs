@@ -20,6 +20,7 @@ use std::{
 };
 
 pub mod cluster;
+pub mod etcd;
 pub mod postgres;
 pub mod redlock;
 mod resp;

@@ -1,0 +1,523 @@
+//! The etcd engine beyond the shared suite: interop with `etcdctl lock`, keys as data, what a
+//! single attempt and a dropped waiter leave behind, several OS processes on one counter, and the
+//! faults of a 3-member cluster (leader killed, holder frozen past its lease, whole cluster
+//! restarted, every endpoint down). Servers: Debian's `etcd-server` and `etcd-client` packages.
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Child, Command, Stdio},
+    sync::{Mutex, Weak, mpsc},
+    time::Duration,
+};
+
+use dlock_runtime::{LockOptions, Locker};
+use dlock_tests::{
+    engines::{error_within_the_wait, extend_once_reachable, shared},
+    etcd::EtcdCluster,
+    free_port, unique_key,
+};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
+use tokio::time::Instant;
+
+/// The one-member etcd of this test binary.
+fn single() -> std::sync::Arc<EtcdCluster> {
+    static SINGLE: Mutex<Weak<EtcdCluster>> = Mutex::new(Weak::new());
+    shared(&SINGLE, EtcdCluster::single)
+}
+
+async fn client(etcd: &EtcdCluster) -> Client {
+    Client::connect(etcd.endpoints(), None)
+        .await
+        .expect("connect to etcd")
+}
+
+/// The keys in `name`'s line (`name/…`), oldest first.
+async fn line(etcd: &EtcdCluster, name: &str) -> Vec<String> {
+    let got = client(etcd)
+        .await
+        .get(
+            format!("{name}/"),
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        )
+        .await
+        .expect("get the line");
+    got.kvs()
+        .iter()
+        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+        .collect()
+}
+
+/// Waits up to `within` for `name`'s line to have `n` keys.
+async fn line_has(etcd: &EtcdCluster, name: &str, n: usize, within: Duration) -> Vec<String> {
+    let deadline = Instant::now() + within;
+    loop {
+        let keys = line(etcd, name).await;
+        if keys.len() == n || Instant::now() >= deadline {
+            return keys;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The lines `etcdctl lock` prints, read on a thread.
+fn lines_of(child: &mut Child) -> mpsc::Receiver<String> {
+    let out = BufReader::new(child.stdout.take().expect("piped stdout"));
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+fn signal(child: &Child, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {signal} failed");
+}
+
+/// `etcdctl lock <prefix+key>` and dlock on the key exclude each other, both ways round: etcdctl
+/// waits for dlock's holder, and a dlock waiter for etcdctl's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_lock_and_dlock_exclude_each_other() {
+    let etcd = single();
+    let locker = etcd.locker();
+    let key = unique_key("interop");
+    let name = format!("dlock:{key}");
+
+    let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
+    let mut ctl = etcd
+        .etcdctl()
+        .args(["lock", &name])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("etcdctl not found: install it with `sudo apt-get install -y etcd-client`");
+    let printed = lines_of(&mut ctl);
+    assert!(
+        printed.recv_timeout(Duration::from_millis(1500)).is_err(),
+        "etcdctl lock got the lock dlock holds"
+    );
+    assert_eq!(
+        line(&etcd, &name).await.len(),
+        2,
+        "etcdctl waits in dlock's line"
+    );
+    guard.release().await.unwrap();
+    let held = printed
+        .recv_timeout(Duration::from_secs(10))
+        .expect("etcdctl lock got the lock after dlock released it");
+    assert!(held.starts_with(&format!("{name}/")), "{held}");
+
+    assert!(
+        locker
+            .try_acquire(&key, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none(),
+        "dlock got the lock etcdctl holds"
+    );
+    let waiter = {
+        let (locker, key) = (locker.clone(), key.clone());
+        tokio::spawn(async move {
+            locker
+                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(20)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiter.is_finished(),
+        "a dlock waiter got in beside etcdctl"
+    );
+    // SIGINT: etcdctl unlocks and closes its session.
+    signal(&ctl, "-INT");
+    let _ = ctl.wait();
+    let guard = waiter
+        .await
+        .unwrap()
+        .expect("the waiter gets the lock after etcdctl");
+    guard.release().await.unwrap();
+}
+
+/// Keys are data: `a` and `a/b` are two locks (the `/` of a key is escaped in the line's name),
+/// and each line holds only its own lock's keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_and_a_slash_b_are_different_locks() {
+    let etcd = single();
+    let (a, b) = (etcd.locker(), etcd.locker());
+    let key = unique_key("esc");
+    let nested = format!("{key}/b");
+    let outer = a.try_acquire(&key, Duration::from_secs(5)).await.unwrap();
+    let inner = b
+        .try_acquire(&nested, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(outer.is_some() && inner.is_some(), "`a/b` waited for `a`");
+    assert_eq!(line(&etcd, &format!("dlock:{key}")).await.len(), 1);
+    assert_eq!(line(&etcd, &format!("dlock:{key}%2Fb")).await.len(), 1);
+    // The other way round too: `a/b` held first, then `a`.
+    drop((outer, inner));
+    let key = unique_key("esc");
+    let inner = b
+        .acquire(&format!("{key}/b"), LockOptions::new())
+        .await
+        .unwrap();
+    let outer = a.try_acquire(&key, Duration::from_secs(5)).await.unwrap();
+    assert!(outer.is_some(), "`a` waited for `a/b`");
+    // A percent sign is escaped too: `a%2Fb` is not `a/b`.
+    let lookalike = a
+        .try_acquire(&format!("{key}%2Fb"), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(lookalike.is_some(), "`a%2Fb` waited for `a/b`");
+    inner.release().await.unwrap();
+}
+
+/// `timeout = 0` is one attempt that leaves nothing behind; a waiter that gives up or is dropped
+/// removes its key from the line and revokes its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_attempts_and_dropped_waiters_leave_nothing() {
+    let etcd = single();
+    let (a, b) = (etcd.locker(), etcd.locker());
+    let key = unique_key("leave");
+    let name = format!("dlock:{key}");
+    let held = a.acquire(&key, LockOptions::new()).await.unwrap();
+    assert!(
+        b.try_acquire(&key, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let keys = line_has(&etcd, &name, 1, Duration::from_secs(2)).await;
+    assert_eq!(keys.len(), 1, "a single attempt left its key: {keys:?}");
+
+    // A waiter, dropped while it waits.
+    let waiting = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            let wait = b.acquire(&key, LockOptions::new().timeout(Duration::from_secs(30)));
+            tokio::time::timeout(Duration::from_millis(500), wait).await
+        })
+    };
+    let keys = line_has(&etcd, &name, 2, Duration::from_secs(2)).await;
+    assert_eq!(keys.len(), 2, "the waiter is in line");
+    let lease = i64::from_str_radix(keys[1].rsplit('/').next().unwrap(), 16).unwrap();
+    assert!(waiting.await.unwrap().is_err(), "the waiter was dropped");
+    let keys = line_has(&etcd, &name, 1, Duration::from_secs(2)).await;
+    assert_eq!(keys.len(), 1, "the dropped waiter left its key: {keys:?}");
+    let mut etcd_client = client(&etcd).await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while etcd_client
+        .lease_time_to_live(lease, None)
+        .await
+        .is_ok_and(|ttl| ttl.ttl() > 0)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the dropped waiter's lease was not revoked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // A waiter that times out.
+    let err = b
+        .acquire(&key, LockOptions::new().timeout(Duration::from_millis(300)))
+        .await
+        .unwrap_err();
+    assert!(err.is_timeout());
+    let keys = line_has(&etcd, &name, 1, Duration::from_secs(2)).await;
+    assert_eq!(keys.len(), 1, "the timed-out waiter left its key: {keys:?}");
+    held.release().await.unwrap();
+    assert!(
+        line_has(&etcd, &name, 0, Duration::from_secs(2))
+            .await
+            .is_empty()
+    );
+}
+
+fn worker_processes(etcd: &EtcdCluster, mode: &str) {
+    const PROCESSES: usize = 4;
+    const ITERATIONS: u64 = 25;
+    let key = unique_key(mode);
+    let children: Vec<_> = (0..PROCESSES)
+        .map(|_| {
+            Command::new(env!("CARGO_BIN_EXE_dlock-etcd-worker"))
+                .args([&etcd.url(), &key, &ITERATIONS.to_string(), mode])
+                .spawn()
+                .expect("start worker")
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success(), "a worker failed");
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let counter = runtime.block_on(async {
+        let got = client(etcd)
+            .await
+            .get(format!("counter/{key}"), None)
+            .await
+            .unwrap();
+        got.kvs()[0].value_str().unwrap().parse::<u64>().unwrap()
+    });
+    assert_eq!(
+        counter,
+        PROCESSES as u64 * ITERATIONS,
+        "lost updates: the lock let processes overlap"
+    );
+}
+
+/// 4 OS processes increment one non-atomic counter, 2 through the API and 2 through the
+/// attribute: no update is lost.
+#[test]
+fn four_processes_exclude_each_other() {
+    let etcd = single();
+    std::thread::scope(|s| {
+        s.spawn(|| worker_processes(&etcd, "api"));
+        s.spawn(|| worker_processes(&etcd, "attr"));
+    });
+}
+
+fn failover_locker(etcd: &EtcdCluster) -> Locker {
+    Locker::builder()
+        .url(etcd.url())
+        .timeout(Duration::from_secs(20))
+        .expire(Duration::from_secs(30))
+        .request_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap()
+}
+
+/// The leader is killed while locks are held and waited for: no waiter gets in beside a holder,
+/// the holders keep their locks (their leases survive the election), and once they release
+/// every waiter gets through with a higher fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_while_locks_are_held_and_waited_for() {
+    let mut etcd = EtcdCluster::start(3);
+    let holder = failover_locker(&etcd);
+    let keys: Vec<String> = (0..3).map(|_| unique_key("leader")).collect();
+    let mut guards = Vec::new();
+    for key in &keys {
+        guards.push(holder.acquire(key, LockOptions::new()).await.unwrap());
+    }
+    let waiters: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (locker, key) = (failover_locker(&etcd), key.clone());
+            tokio::spawn(async move { locker.acquire(&key, LockOptions::new()).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let leader = etcd.leader().expect("a leader");
+    etcd.kill(leader);
+    etcd.wait_for_leader(Duration::from_secs(20));
+    for guard in &guards {
+        extend_once_reachable(guard)
+            .await
+            .expect("the holder kept its lock through the election");
+        assert!(guard.is_held());
+    }
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "a waiter got in while its holder held the lock"
+    );
+    let fences: Vec<u64> = guards
+        .iter()
+        .map(dlock_runtime::LockGuard::fencing_token)
+        .collect();
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+    for (waiter, first) in waiters.into_iter().zip(fences) {
+        let guard = waiter.await.unwrap().expect("the waiter got through");
+        assert!(guard.fencing_token() > first);
+        guard.release().await.unwrap();
+    }
+}
+
+/// A fence as text that sorts as the number does.
+fn padded(fence: u64) -> String {
+    format!("{fence:020}")
+}
+
+/// The holder process is frozen past its lease: the lease expires on the server, the next holder
+/// gets a higher fence and writes; on resume the old holder learns it lost, the resource refuses
+/// its fenced write, and its release deletes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_frozen_past_its_lease_is_fenced_off() {
+    let etcd = EtcdCluster::start(3);
+    let key = unique_key("frozen");
+    let mut data = client(&etcd).await;
+    data.put(format!("resource/{key}/fence"), padded(0), None)
+        .await
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_dlock-etcd-worker"))
+        .args([&etcd.url(), &key, "1", "pause-holder"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let first: u64 = line
+        .trim()
+        .strip_prefix("acquired ")
+        .unwrap_or_else(|| panic!("worker said {line:?}"))
+        .parse()
+        .unwrap();
+    signal(&child, "-STOP");
+
+    let locker = failover_locker(&etcd);
+    let second = locker.acquire(&key, LockOptions::new()).await.unwrap();
+    assert!(second.fencing_token() > first);
+    let fence_key = format!("resource/{key}/fence");
+    let write = Txn::new()
+        .when([Compare::value(
+            fence_key.as_str(),
+            CompareOp::Less,
+            padded(second.fencing_token() + 1),
+        )])
+        .and_then([
+            TxnOp::put(fence_key.as_str(), padded(second.fencing_token()), None),
+            TxnOp::put(format!("resource/{key}"), "written by the new holder", None),
+        ]);
+    assert!(data.txn(write).await.unwrap().succeeded());
+
+    signal(&child, "-CONT");
+    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut report = String::new();
+    out.read_line(&mut report).unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(
+        report.trim(),
+        "held=false lost_resolved=true write_accepted=false release=lost",
+        "the frozen holder's view"
+    );
+    let value = data.get(format!("resource/{key}"), None).await.unwrap();
+    assert_eq!(value.kvs()[0].value(), b"written by the new holder");
+    assert!(second.is_held());
+    assert!(
+        locker
+            .try_acquire(&key, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none(),
+        "the stale release deleted the new lock"
+    );
+    second.release().await.unwrap();
+}
+
+/// The whole cluster is restarted while a lock is held: its key and lease come back from the
+/// members' data, the holder still holds it and releases it, and the next holder's fence is
+/// higher. Then every member is killed: an acquisition fails with a `Backend` error within its
+/// wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_cluster_restarted_then_down() {
+    let mut etcd = EtcdCluster::start(3);
+    let (a, b) = (failover_locker(&etcd), failover_locker(&etcd));
+    let key = unique_key("restart");
+    let guard = a.acquire(&key, LockOptions::new()).await.unwrap();
+    etcd.restart_all();
+    extend_once_reachable(&guard)
+        .await
+        .expect("the lock survived the restart");
+    let probe = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            match b.try_acquire(&key, Duration::from_secs(5)).await {
+                Ok(got) => return got.is_none(),
+                Err(e) if e.is_backend() => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await
+    .expect("the cluster answers after the restart");
+    assert!(probe, "another client got the lock held across the restart");
+    let first = guard.fencing_token();
+    guard.release().await.unwrap();
+    let next = b.acquire(&key, LockOptions::new()).await.unwrap();
+    assert!(next.fencing_token() > first);
+    next.release().await.unwrap();
+
+    for i in 0..etcd.len() {
+        etcd.kill(i);
+    }
+    let err = error_within_the_wait(&etcd.url()).await;
+    assert!(err.is_backend(), "{err:?}");
+}
+
+/// Endpoints where nothing listens: a `Backend` error within the wait, never a hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_endpoints_are_a_backend_error_within_the_wait() {
+    let url = format!("etcd://127.0.0.1:{},127.0.0.1:{}", free_port(), free_port());
+    let err = error_within_the_wait(&url).await;
+    assert!(err.is_backend(), "{err:?}");
+}
+
+/// Regression: tasks of one locker waiting on one key each took a place in etcd's line before
+/// queueing in the locker's in-process line, so the first of them there waited (in etcd) for
+/// keys of tasks that waited (in-process) for it: every acquisition timed out. Now a waiter
+/// joins the in-process line before its first attempt on an engine with a line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_of_one_locker_on_one_key_do_not_wait_for_each_other() {
+    let etcd = single();
+    let locker = etcd.locker();
+    let key = unique_key("tasks");
+    let counter = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let (locker, key, counter) = (locker.clone(), key.clone(), counter.clone());
+            tokio::spawn(async move {
+                for _ in 0..3 {
+                    let guard = locker
+                        .acquire(&key, LockOptions::new().timeout(Duration::from_secs(20)))
+                        .await
+                        .expect("every task gets its turn");
+                    dlock_tests::racy_increment(&counter).await;
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(counter.load(std::sync::atomic::Ordering::SeqCst), 48);
+    assert!(line(&etcd, &format!("dlock:{key}")).await.is_empty());
+}
+
+/// An operator deletes the holder's key (its 30s lease still running): the watch on the key
+/// reports the hold lost at once, and a `#[dlock]`-style body would be aborted; the release then
+/// says `Lost` and deletes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_holder_key_is_lost_at_once() {
+    let etcd = single();
+    let locker = etcd.locker();
+    let key = unique_key("deleted");
+    let name = format!("dlock:{key}");
+    let guard = locker
+        .acquire(&key, LockOptions::new().expire(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let keys = line(&etcd, &name).await;
+    assert_eq!(keys.len(), 1);
+    client(&etcd)
+        .await
+        .delete(keys[0].as_str(), None)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("the deletion was reported well before the 30s lease ran out");
+    assert!(!guard.is_held());
+    assert!(guard.release().await.unwrap_err().is_lost());
+}
