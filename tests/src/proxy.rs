@@ -18,6 +18,10 @@ use std::{
 ///   and new ones are accepted, but bytes wait in the proxy and the kernel's buffers, as on a
 ///   network that silently drops packets while TCP keeps retransmitting: the client sees
 ///   requests without replies.
+/// - **Replies cut** ([`cut_replies`](Self::cut_replies)): requests still reach the server,
+///   but nothing comes back: a request is carried out and its reply lost.
+///   [`cut_replies_on`](Self::cut_replies_on) does so once the client writes a request that
+///   contains given bytes, so that this request's reply is the first lost.
 /// - **Heal** ([`heal`](Self::heal)): what waited is delivered, in order, and forwarding goes
 ///   on, as when the network comes back.
 /// - **Drop**: the listener and every connection are closed; the threads end within ~50ms.
@@ -29,20 +33,52 @@ pub struct Proxy {
 
 #[derive(Debug, Default)]
 struct State {
-    cut: Mutex<bool>,
+    cut: Mutex<Cut>,
     healed: Condvar,
     stopped: AtomicBool,
+    /// The bytes of the request after which the replies are cut, when armed.
+    cut_replies_on: Mutex<Option<Vec<u8>>>,
     streams: Mutex<Vec<TcpStream>>,
 }
 
+/// What the proxy holds back.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Cut {
+    #[default]
+    Nothing,
+    Both,
+    Replies,
+}
+
 impl State {
-    /// Blocks while the proxy is cut; `false` once it is stopped.
-    fn wait_open(&self) -> bool {
+    /// Cuts the replies when `request` has the armed bytes (it still goes through).
+    fn cut_replies_on(&self, request: &[u8]) {
+        let mut armed = self
+            .cut_replies_on
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if armed
+            .as_deref()
+            .is_some_and(|bytes| request.windows(bytes.len()).any(|w| w == bytes))
+        {
+            *armed = None;
+            *self
+                .cut
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Cut::Replies;
+        }
+    }
+
+    /// Blocks while the proxy is cut in this direction (`reply`: server to client); `false` once
+    /// it is stopped.
+    fn wait_open(&self, reply: bool) -> bool {
         let mut cut = self
             .cut
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        while *cut && !self.stopped.load(Ordering::SeqCst) {
+        while (*cut == Cut::Both || (reply && *cut == Cut::Replies))
+            && !self.stopped.load(Ordering::SeqCst)
+        {
             cut = self
                 .healed
                 .wait_timeout(cut, Duration::from_millis(50))
@@ -94,21 +130,46 @@ impl Proxy {
 
     /// Stops forwarding (see *Behavior*).
     pub fn cut(&self) {
+        self.set(Cut::Both);
+    }
+
+    /// Stops forwarding the server's replies only (see *Behavior*).
+    pub fn cut_replies(&self) {
+        self.set(Cut::Replies);
+    }
+
+    /// Cuts the replies once the client writes a request containing `bytes` (see *Behavior*).
+    pub fn cut_replies_on(&self, bytes: &[u8]) {
+        *self
+            .state
+            .cut_replies_on
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(bytes.to_vec());
+    }
+
+    /// Whether the replies are cut now.
+    #[must_use]
+    pub fn replies_cut(&self) -> bool {
         *self
             .state
             .cut
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            == Cut::Replies
+    }
+
+    fn set(&self, cut: Cut) {
+        *self
+            .state
+            .cut
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = cut;
+        self.state.healed.notify_all();
     }
 
     /// Forwards again, first what waited.
     pub fn heal(&self) {
-        *self
-            .state
-            .cut
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = false;
-        self.state.healed.notify_all();
+        self.set(Cut::Nothing);
     }
 }
 
@@ -140,19 +201,19 @@ fn connect(state: &Arc<State>, client: TcpStream, server: TcpStream) {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .extend([a, b]);
     }
-    for (from, to) in [(client, server_out), (server, client_out)] {
+    for (from, to, reply) in [(client, server_out, false), (server, client_out, true)] {
         let state = state.clone();
-        std::thread::spawn(move || pump(&state, from, to));
+        std::thread::spawn(move || pump(&state, from, to, reply));
     }
 }
 
 /// Copies `from` to `to` while the proxy is open; holds what it read while it is cut.
-fn pump(state: &State, mut from: TcpStream, mut to: TcpStream) {
+fn pump(state: &State, mut from: TcpStream, mut to: TcpStream, reply: bool) {
     let _ = from.set_read_timeout(Some(Duration::from_millis(50)));
     let mut buffer = [0u8; 16 * 1024];
     loop {
         // Not even read while cut: the bytes wait in the kernel's buffers.
-        if !state.wait_open() {
+        if !state.wait_open(reply) {
             return;
         }
         let n = match from.read(&mut buffer) {
@@ -161,8 +222,11 @@ fn pump(state: &State, mut from: TcpStream, mut to: TcpStream) {
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => continue,
             Err(_) => break,
         };
+        if !reply {
+            state.cut_replies_on(&buffer[..n]);
+        }
         // Cut after the read: the bytes wait here instead.
-        if !state.wait_open() || to.write_all(&buffer[..n]).is_err() {
+        if !state.wait_open(reply) || to.write_all(&buffer[..n]).is_err() {
             return;
         }
     }

@@ -14,7 +14,9 @@ use dlock_runtime::{LockOptions, Locker};
 use dlock_tests::{
     engines::{error_within_the_wait, extend_once_reachable, shared},
     etcd::EtcdCluster,
-    free_port, unique_key,
+    free_port,
+    proxy::Proxy,
+    unique_key,
 };
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use tokio::time::Instant;
@@ -239,6 +241,79 @@ async fn single_attempts_and_dropped_waiters_leave_nothing() {
             .await
             .is_empty()
     );
+}
+
+/// A waiter whose put reached etcd but whose reply was lost (the proxy forwards the put, then
+/// holds every reply back for longer than the request timeout): its retries find its key again
+/// by its lease instead of queueing a second one, and when it gives up it leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_put_reply_was_lost_queues_once_and_leaves_nothing() {
+    let etcd = single();
+    let key = unique_key("lost-put");
+    let name = format!("dlock:{key}");
+    let held = etcd
+        .locker()
+        .acquire(&key, LockOptions::new())
+        .await
+        .unwrap();
+    let endpoint = etcd.endpoints()[0].clone();
+    let port: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
+    let proxy = Proxy::start(port);
+    let waiter = Locker::builder()
+        .url(format!("etcd://127.0.0.1:{}", proxy.port()))
+        .request_timeout(Duration::from_millis(250))
+        .expire(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    // Connected already, so the put is the first request that names the line.
+    let warm = waiter
+        .try_acquire(&unique_key("lost-put-warm"), Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("free");
+    warm.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.cut_replies_on(format!("{name}/").as_bytes());
+    let waiting = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        tokio::spawn(async move {
+            waiter
+                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(2)))
+                .await
+        })
+    };
+    let keys = line_has(&etcd, &name, 2, Duration::from_secs(2)).await;
+    assert_eq!(keys.len(), 2, "the waiter's put reached etcd: {keys:?}");
+    assert!(proxy.replies_cut(), "the put's reply is held back");
+    let lease = i64::from_str_radix(keys[1].rsplit('/').next().unwrap(), 16).unwrap();
+    // Longer than the request timeout: the put's reply is lost, and the attempts after it too.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    proxy.heal();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let keys = line(&etcd, &name).await;
+    assert_eq!(
+        keys.len(),
+        2,
+        "after its put's reply was lost the waiter queued once: {keys:?}"
+    );
+    let err = waiting.await.unwrap().unwrap_err();
+    assert!(err.is_timeout(), "{err}");
+    let keys = line_has(&etcd, &name, 1, Duration::from_secs(2)).await;
+    assert_eq!(keys.len(), 1, "the waiter left its key: {keys:?}");
+    let mut etcd_client = client(&etcd).await;
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while etcd_client
+        .lease_time_to_live(lease, None)
+        .await
+        .is_ok_and(|ttl| ttl.ttl() > 0)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the waiter's lease was not revoked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    held.release().await.unwrap();
 }
 
 fn worker_processes(etcd: &EtcdCluster, mode: &str) {
