@@ -47,6 +47,7 @@
 //! | `DLOCK_REQUEST_TIMEOUT` | bound on one request to the server | `500ms` |
 //! | `DLOCK_NOTIFY` | wake waiters by release notifications, `on` or `off` | `on` |
 //! | `DLOCK_REDIS_WAIT` | replicas that must acknowledge an acquisition (Redis `WAIT`); 0 is off | `0` |
+//! | `DLOCK_ZK_SESSION_TIMEOUT` | the session timeout asked of ZooKeeper (`zk://`): the longest a crashed holder keeps its lock | `10s` |
 //!
 //! A bad value is a [`LockError::Config`] naming the variable, reported on first use.
 #![deny(missing_docs)]
@@ -67,7 +68,8 @@ mod url;
 
 pub use config::{
     BackendKind, DEFAULT_EXPIRE, DEFAULT_KEY_PREFIX, DEFAULT_MAX_KEY_LEN, DEFAULT_REDIS_URL,
-    DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_TIMEOUT, PostgresUrl, RedisUrl,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_TIMEOUT, DEFAULT_ZK_SESSION_TIMEOUT, PostgresUrl,
+    RedisUrl,
 };
 pub use error::{BackendError, LockError};
 pub use guard::LockGuard;

@@ -10,7 +10,7 @@ use crate::{
 /// What the recognised schemes are, for error messages.
 const EXPECTED: &str = "a URL like `redis://host:port`, `redis+cluster://h1:p1,h2:p2`, \
     `redis+sentinel://s1:p1,s2:p2/<master>`, `redis+redlock://h1:p1,h2:p2,h3:p3`, \
-    `postgres://user@host/db` or `memory://`";
+    `postgres://user@host/db`, `zk://h1:p1,h2:p2[/chroot]` or `memory://`";
 
 /// Reads an engine URL. `var` names where it came from (`DLOCK_URL`, …) for the error.
 pub(crate) fn parse(var: &str, url: &str) -> Result<BackendKind, LockError> {
@@ -55,7 +55,12 @@ pub(crate) fn parse(var: &str, url: &str) -> Result<BackendKind, LockError> {
             Ok(BackendKind::RedLock(RedisUrl::trusted(url)))
         }
         "etcd" | "etcds" => Err(not_yet(var, scheme, "etcd")),
-        "zk" => Err(not_yet(var, scheme, "zookeeper")),
+        "zk" => {
+            needs(var, scheme, "zookeeper", cfg!(feature = "zookeeper"))?;
+            #[cfg(feature = "zookeeper")]
+            crate::backend::zookeeper::connect_string(var, url)?;
+            Ok(BackendKind::ZooKeeper(url.to_owned()))
+        }
         "postgres" | "postgresql" => {
             needs(var, scheme, "postgres", cfg!(feature = "postgres"))?;
             #[cfg(feature = "postgres")]
@@ -262,7 +267,6 @@ mod tests {
         for (url, feature) in [
             ("etcd://a:2379", "`etcd`"),
             ("etcds://a:2379", "`etcd`"),
-            ("zk://a:2181/app", "`zookeeper`"),
         ] {
             let err = parse("DLOCK_URL", url).unwrap_err().to_string();
             assert!(
@@ -270,6 +274,18 @@ mod tests {
                 "{url}: {err}"
             );
             assert!(!err.contains("pw"), "{err}");
+        }
+    }
+
+    #[test]
+    fn zookeeper_urls_need_their_feature() {
+        let zk = parse("DLOCK_URL", "zk://a:2181,b:2182/app");
+        if cfg!(feature = "zookeeper") {
+            assert!(matches!(zk, Ok(BackendKind::ZooKeeper(_))));
+            let bad = parse("DLOCK_URL", "zk://u:pw@a:2181").unwrap_err().to_string();
+            assert!(bad.contains("DLOCK_URL") && !bad.contains("pw"), "{bad}");
+        } else {
+            assert!(zk.unwrap_err().to_string().contains("`zookeeper` feature"));
         }
     }
 

@@ -11,7 +11,7 @@ use dlock_runtime::{LockError, LockGuard, LockOptions, Locker};
 
 use crate::{
     PostgresServer, RedisServer, cluster::RedisCluster, redlock::RedLockServers,
-    sentinel::RedisSentinels,
+    sentinel::RedisSentinels, zookeeper::ZkEnsemble,
 };
 
 /// The names of the engines the shared suite runs on; [`engine_suite!`](crate::engine_suite)
@@ -26,6 +26,9 @@ use crate::{
 /// - `redlock`: RedLock over 5 independent `redis-server`s (one set per test binary, shared).
 /// - `postgres`: a throwaway PostgreSQL cluster (one per test binary, shared; `initdb` takes a
 ///   second or two).
+/// - `zookeeper`: one standalone ZooKeeper server (one per test binary, shared: a JVM takes a
+///   second to start).
+/// - `zookeeper_ensemble`: a 3-server ZooKeeper ensemble (one per test binary, shared).
 /// - `memory`: the embedded backend.
 pub const ENGINES: &[&str] = &[
     "redis",
@@ -35,6 +38,8 @@ pub const ENGINES: &[&str] = &[
     "redis_sentinel",
     "redlock",
     "postgres",
+    "zookeeper",
+    "zookeeper_ensemble",
     "memory",
 ];
 
@@ -48,7 +53,7 @@ pub const ENGINES: &[&str] = &[
 macro_rules! engine_suite {
     ($($case:ident),* $(,)?) => {
         $crate::engine_suite!(
-            @engines [redis, redis_acl, redis_acl_no_channels, redis_cluster, redis_sentinel, redlock, postgres, memory]
+            @engines [redis, redis_acl, redis_acl_no_channels, redis_cluster, redis_sentinel, redlock, postgres, zookeeper, zookeeper_ensemble, memory]
             [$($case),*]
         );
     };
@@ -168,6 +173,24 @@ impl Engine {
                 let url = server.url();
                 Self::Shared {
                     deployment: server,
+                    url,
+                }
+            }
+            "zookeeper" => {
+                static ZOOKEEPER: Mutex<Weak<ZkEnsemble>> = Mutex::new(Weak::new());
+                let server = shared(&ZOOKEEPER, ZkEnsemble::single);
+                let url = server.url();
+                Self::Shared {
+                    deployment: server,
+                    url,
+                }
+            }
+            "zookeeper_ensemble" => {
+                static ENSEMBLE: Mutex<Weak<ZkEnsemble>> = Mutex::new(Weak::new());
+                let ensemble = shared(&ENSEMBLE, || ZkEnsemble::start(3));
+                let url = ensemble.url();
+                Self::Shared {
+                    deployment: ensemble,
                     url,
                 }
             }
