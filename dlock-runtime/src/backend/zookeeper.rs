@@ -184,7 +184,7 @@ impl Conn {
     }
 
     /// The live session, opened on first use and again after one ended.
-    async fn session(&self) -> Result<Session, BackendError> {
+    async fn session(self: &Arc<Self>) -> Result<Session, BackendError> {
         if let Some(session) = self.current().as_ref().filter(|s| !s.is_ended()) {
             return Ok(session.clone());
         }
@@ -211,16 +211,43 @@ impl Conn {
         *epochs += 1;
         let (ended_tx, ended) = watch::channel(false);
         let mut states = client.state_watcher();
+        // Curator's LOST: the ensemble expires a session it has not heard from for the session
+        // timeout. A connection is found lost at most 2/5 of it after the last reply
+        // (`zookeeper-client`'s connection timeout), so one still lost half the session
+        // timeout later counts as expired, before the servers can have expired it (0.9 of it
+        // at most since the last reply). The client would wait 7/5 of it.
+        let grace = client.session_timeout() / 2;
+        let (conn, epoch) = (Arc::downgrade(self), *epochs);
         tokio::spawn(async move {
+            let mut disconnected = false;
             loop {
-                let state = states.changed().await;
+                let state = if disconnected {
+                    tokio::select! {
+                        state = states.changed() => state,
+                        () = tokio::time::sleep(grace) => {
+                            tracing::warn!(?grace, "zookeeper connection lost for half the session timeout: the session counts as expired, its holds are lost");
+                            break;
+                        }
+                    }
+                } else {
+                    states.changed().await
+                };
                 if state.is_terminated() {
                     tracing::warn!(?state, "zookeeper session ended: its holds are lost");
-                    let _ = ended_tx.send(true);
-                    return;
+                    break;
                 }
-                if state == SessionState::Disconnected {
+                disconnected = state == SessionState::Disconnected;
+                if disconnected {
                     tracing::debug!("zookeeper connection lost; the session lives on while it reconnects");
+                }
+            }
+            let _ = ended_tx.send(true);
+            // Its client goes with the last task holding it: a session still open on the
+            // servers is closed then, deleting its nodes.
+            if let Some(conn) = conn.upgrade() {
+                let mut current = conn.current();
+                if current.as_ref().is_some_and(|s| s.epoch == epoch) {
+                    *current = None;
                 }
             }
         });
@@ -514,6 +541,8 @@ impl ZooKeeperBackend {
             loop {
                 let at = *until.borrow_and_update();
                 tokio::select! {
+                    // The node went with the session (and the hold is lost through it).
+                    () = live.clone().end() => return,
                     () = tokio::time::sleep_until(at) => {
                         if *until.borrow() == at {
                             break;
@@ -605,8 +634,11 @@ impl ZooKeeperBackend {
             {
                 Ok((None, _)) => {}
                 Ok((Some(_), watcher)) => {
-                    let event = watcher.changed().await;
-                    if event.event_type == EventType::Session {
+                    let event = tokio::select! {
+                        event = watcher.changed() => Some(event),
+                        () = session.clone().end() => None,
+                    };
+                    if event.is_none_or(|e| e.event_type == EventType::Session) {
                         // The session ended: the next attempt finds out.
                         notify.notify_waiters();
                         return;
