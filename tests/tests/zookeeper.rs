@@ -216,7 +216,8 @@ async fn a_hundred_cancelled_waiters_leave_no_node() {
 
 /// The create request is held in a cut proxy past the request timeout and delivered after:
 /// the node exists though its creator never heard of it. The retries find it by its uuid and
-/// use it: one node in line, never two; the release leaves none.
+/// use it: one node in line, never two. A wait that gives up deletes the node its lost create
+/// made.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_whose_reply_was_lost_is_found_and_used() {
     let zk = server();
@@ -224,13 +225,16 @@ async fn a_create_whose_reply_was_lost_is_found_and_used() {
     let proxy = Proxy::start(zk.port(0));
     let through = Locker::builder()
         .url(format!("zk://127.0.0.1:{}", proxy.port()))
-        .timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(10))
         .request_timeout(Duration::from_millis(200))
         .build()
         .unwrap();
     // The session is up before the cut.
     dlock_tests::acquire_and_release(&through, &unique_key("warm")).await;
     let key = unique_key("lost-reply");
+    // Held directly, so the lock node exists and the lost create does make a node.
+    let holder = locker(&zk.url());
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
     proxy.cut();
     let acquiring = {
         let (through, key) = (through.clone(), key.clone());
@@ -238,16 +242,19 @@ async fn a_create_whose_reply_was_lost_is_found_and_used() {
     };
     // Past the create's request timeout, and a retry's.
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert!(line(&client, &key).await.is_empty(), "the cut let the create through");
+    assert_eq!(line(&client, &key).await.len(), 1, "the cut let the create through");
     proxy.heal();
+    // Delivered now, and retried after: still one node of the waiter's in line.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let nodes = line(&client, &key).await;
+    assert_eq!(nodes.len(), 2, "a retry put a second node in line: {nodes:?}");
+    held.release().await.unwrap();
     let guard = acquiring.await.unwrap().expect("the retries found their node");
-    let nodes = line_settles(&client, &key, 1).await;
-    assert_eq!(nodes.len(), 1, "a retry put a second node in line: {nodes:?}");
+    assert_eq!(line(&client, &key).await.len(), 1);
     guard.release().await.unwrap();
     assert!(line_settles(&client, &key, 0).await.is_empty());
 
-    // The same with a wait that gives up: the node its lost create made is deleted.
-    let holder = locker(&zk.url());
+    // A wait that gives up while its create's reply is lost.
     let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
     proxy.cut();
     let err = through
@@ -255,8 +262,11 @@ async fn a_create_whose_reply_was_lost_is_found_and_used() {
         .await
         .unwrap_err();
     assert!(err.is_backend() || err.is_timeout(), "{err:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
     proxy.heal();
-    let nodes = line_settles(&client, &key, 1).await;
+    // The create is delivered now; the give-up's cleanup finds the node and deletes it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let nodes = line(&client, &key).await;
     assert_eq!(nodes.len(), 1, "the given-up waiter left its node: {nodes:?}");
     held.release().await.unwrap();
 }

@@ -826,10 +826,41 @@ impl Backend for ZooKeeperBackend {
             };
             let node = match entry.node {
                 Some(node) => node,
-                // The create's reply was lost: delete what it made, if anything.
-                None => match self.find(&session, &entry.dir, &entry.protected).await? {
-                    Some(node) => node,
-                    None => return Ok(false),
+                // The create's reply was lost: delete what it made, if anything. Asked again in
+                // the background until it is known (a node left in line would block the lock
+                // for the session's life).
+                None => match self.find(&session, &entry.dir, &entry.protected).await {
+                    Ok(Some(node)) => node,
+                    Ok(None) => return Ok(false),
+                    Err(e) => {
+                        let conn = self.conn.clone();
+                        tokio::spawn(async move {
+                            while !session.is_ended() {
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                                let found = conn
+                                    .call(
+                                        "look for a node whose create reply was lost",
+                                        session.client.list_children(&entry.dir),
+                                    )
+                                    .await;
+                                match found {
+                                    Ok(children) => {
+                                        if let Some(node) =
+                                            children.iter().find(|c| c.starts_with(&entry.protected))
+                                        {
+                                            let path = format!("{}/{node}", entry.dir);
+                                            let client = session.client.clone();
+                                            delete_until_gone(&conn, &client, &session, &path).await;
+                                        }
+                                        return;
+                                    }
+                                    Err(Failure::Zk(zookeeper_client::Error::NoNode, _)) => return,
+                                    Err(_) => {}
+                                }
+                            }
+                        });
+                        return Err(e);
+                    }
                 },
             };
             let path = format!("{}/{node}", entry.dir);
