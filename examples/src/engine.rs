@@ -18,6 +18,7 @@ use crate::throwaway::{
     redlock::RedLockServers,
     sentinel::INSTALL_SENTINEL,
     sentinel::RedisSentinels,
+    zookeeper::{INSTALL_ZOOKEEPER, ZkEnsemble},
 };
 
 /// A Redis engine the examples can run on.
@@ -34,13 +35,16 @@ pub enum Engine {
     RedLock,
     /// A PostgreSQL cluster (`postgres://`): the lock table in its database.
     Postgres,
+    /// A standalone ZooKeeper server (`zk://`): Curator's lock recipe.
+    ZooKeeper,
 }
 
 impl Engine {
     /// The names [`FromStr`](std::str::FromStr) takes, for a usage text.
-    pub const NAMES: &str = "redis|redis-cluster|redis-sentinel|redlock|postgres";
+    pub const NAMES: &str = "redis|redis-cluster|redis-sentinel|redlock|postgres|zookeeper";
 
-    /// `redis`, `redis-cluster`, `redis-sentinel`, `redlock` or `postgres`: the flag's value.
+    /// `redis`, `redis-cluster`, `redis-sentinel`, `redlock`, `postgres` or `zookeeper`: the
+    /// flag's value.
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
@@ -49,6 +53,7 @@ impl Engine {
             Self::RedisSentinel => "redis-sentinel",
             Self::RedLock => "redlock",
             Self::Postgres => "postgres",
+            Self::ZooKeeper => "zookeeper",
         }
     }
 }
@@ -75,6 +80,7 @@ impl std::str::FromStr for Engine {
             "redis-sentinel" => Ok(Self::RedisSentinel),
             "redlock" => Ok(Self::RedLock),
             "postgres" => Ok(Self::Postgres),
+            "zookeeper" => Ok(Self::ZooKeeper),
             other => Err(format!(
                 "unknown engine `{other}`; expected one of {}",
                 Self::NAMES
@@ -103,6 +109,8 @@ pub enum Deployment {
     RedLock(RedLockServers),
     /// A PostgreSQL cluster.
     Postgres(PostgresServer),
+    /// A standalone ZooKeeper server.
+    ZooKeeper(ZkEnsemble),
 }
 
 impl Deployment {
@@ -121,6 +129,7 @@ impl Deployment {
             ),
             Engine::RedisSentinel if !RedisSentinels::available() => Some(INSTALL_SENTINEL),
             Engine::Postgres if !PostgresServer::available() => Some(INSTALL_POSTGRES),
+            Engine::ZooKeeper if !ZkEnsemble::available() => Some(INSTALL_ZOOKEEPER),
             _ => None,
         };
         if let Some(missing) = missing {
@@ -139,6 +148,7 @@ impl Deployment {
             Engine::Postgres => PostgresServer::try_start()
                 .map(Self::Postgres)
                 .map_err(|e| e.to_string()),
+            Engine::ZooKeeper => Ok(Self::ZooKeeper(ZkEnsemble::single())),
         })
         .await;
         match started {
@@ -164,12 +174,14 @@ impl Deployment {
             Self::Sentinels(_) => Engine::RedisSentinel,
             Self::RedLock(_) => Engine::RedLock,
             Self::Postgres(_) => Engine::Postgres,
+            Self::ZooKeeper(_) => Engine::ZooKeeper,
         }
     }
 
     /// The URL lockers (and [`Connection::open`]) take: `redis://127.0.0.1:p`,
     /// `redis+cluster://127.0.0.1:p1,…` (the masters), `redis+sentinel://127.0.0.1:s1,…/mymaster`
-    /// `redis+redlock://127.0.0.1:p1,…` (the 5 masters) or `postgres://dlock@127.0.0.1:p/postgres`.
+    /// `redis+redlock://127.0.0.1:p1,…` (the 5 masters), `postgres://dlock@127.0.0.1:p/postgres`
+    /// or `zk://127.0.0.1:p`.
     #[must_use]
     pub fn url(&self) -> String {
         match self {
@@ -178,6 +190,7 @@ impl Deployment {
             Self::Sentinels(sentinels) => sentinels.url(),
             Self::RedLock(masters) => masters.url(),
             Self::Postgres(server) => server.url(),
+            Self::ZooKeeper(server) => server.url(),
         }
     }
 
@@ -191,6 +204,7 @@ impl Deployment {
             Self::Sentinels(sentinels) => vec![sentinels.master_port()],
             Self::RedLock(masters) => masters.ports(),
             Self::Postgres(server) => vec![server.port()],
+            Self::ZooKeeper(server) => vec![server.port(0)],
         }
     }
 
@@ -202,6 +216,7 @@ impl Deployment {
     pub fn describe(&self) -> String {
         let version = match self {
             Self::Postgres(_) => PostgresServer::version(),
+            Self::ZooKeeper(server) => server.version(),
             _ => RedisServer::version(),
         }
         .map_or_else(String::new, |v| format!(" {v}"));
@@ -233,6 +248,11 @@ impl Deployment {
                  3 sentinels on 127.0.0.1:{}",
                 sentinels.master_port(),
                 ports(&sentinels.sentinel_ports())
+            ),
+            Self::ZooKeeper(server) => format!(
+                "throwaway ZooKeeper{version} standalone server on 127.0.0.1:{} (a JVM; data in a \
+                 temporary directory)",
+                server.port(0)
             ),
             Self::RedLock(masters) => format!(
                 "{} throwaway redis-server{version} as independent RedLock masters on 127.0.0.1:{}",

@@ -225,6 +225,15 @@ impl ZkEnsemble {
         })
     }
 
+    /// The version the first running server reports (`3.8.0`).
+    #[must_use]
+    pub fn version(&self) -> Option<String> {
+        let port = self.servers.iter().find(|s| s.child.is_some())?.client_port;
+        let reply = srvr(port)?;
+        let line = reply.lines().find_map(|l| l.strip_prefix("Zookeeper version: "))?;
+        Some(line.split(['-', ',']).next()?.trim().to_owned())
+    }
+
     /// Kills server `i` (SIGKILL) and waits for it.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut child) = self.servers[i].child.take() {
@@ -296,16 +305,21 @@ impl Drop for ZkEnsemble {
     }
 }
 
-/// The `Mode:` a server on `port` reports to `srvr` (`standalone`, `leader`, `follower`), or
-/// `None` when it does not serve now.
-#[must_use]
-pub fn mode(port: u16) -> Option<String> {
+/// What a server on `port` answers to `srvr`, or `None` when it does not answer.
+fn srvr(port: u16) -> Option<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
     stream.write_all(b"srvr").ok()?;
     let mut reply = String::new();
     stream.read_to_string(&mut reply).ok()?;
-    reply
+    Some(reply)
+}
+
+/// The `Mode:` a server on `port` reports to `srvr` (`standalone`, `leader`, `follower`), or
+/// `None` when it does not serve now.
+#[must_use]
+pub fn mode(port: u16) -> Option<String> {
+    srvr(port)?
         .lines()
         .find_map(|l| l.strip_prefix("Mode: "))
         .map(|m| m.trim().to_owned())
