@@ -8,6 +8,7 @@
 //! cargo run --release --example bench -- --engine redis-sentinel  # on a throwaway Sentinel setup
 //! cargo run --release --example bench -- --engine redlock  # RedLock on 5 throwaway masters
 //! cargo run --release --example bench -- --engine postgres        # on a throwaway PostgreSQL
+//! cargo run --release --example bench -- --engine zookeeper       # on a throwaway ZooKeeper
 //! ```
 //!
 //! Every variant runs `--rounds` times (5 by default), taking turns with the others so that a
@@ -45,7 +46,9 @@
 //!
 //! With `--engine postgres` the workloads run on a throwaway PostgreSQL cluster against the floor
 //! of `pg_try_advisory_lock`/`pg_advisory_unlock` on one connection per client, with statements
-//! per acquisition from `pg_stat_statements` (see `bench_postgres.rs`).
+//! per acquisition from `pg_stat_statements` (see `bench_postgres.rs`). With `--engine zookeeper`
+//! they run on a throwaway ZooKeeper server against the floor of `zookeeper-client`'s own lock
+//! recipe (see `bench_zookeeper.rs`).
 //!
 //! All loops are bounded by count and by time. The exit code is non-zero when a counter is wrong.
 
@@ -68,6 +71,10 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 /// `--engine postgres`: the same workloads against PostgreSQL's advisory locks.
 #[path = "bench_postgres.rs"]
 mod postgres;
+
+/// `--engine zookeeper`: the same workloads against `zookeeper-client`'s own lock recipe.
+#[path = "bench_zookeeper.rs"]
+mod zookeeper;
 
 #[derive(Clone, Copy)]
 struct Sizes {
@@ -1481,8 +1488,13 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    if args.engine == Engine::Postgres {
-        return match postgres::bench(&args).await {
+    if matches!(args.engine, Engine::Postgres | Engine::ZooKeeper) {
+        let outcome = if args.engine == Engine::Postgres {
+            postgres::bench(&args).await
+        } else {
+            zookeeper::bench(&args).await
+        };
+        return match outcome {
             Ok(true) => std::process::ExitCode::SUCCESS,
             Ok(false) => {
                 eprintln!("bench: a W3 counter is wrong: the lock let two clients overlap");

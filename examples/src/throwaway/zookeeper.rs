@@ -225,6 +225,28 @@ impl ZkEnsemble {
         })
     }
 
+    /// The process ids of the running servers.
+    #[must_use]
+    pub fn pids(&self) -> Vec<u32> {
+        self.servers
+            .iter()
+            .filter_map(|s| s.child.as_ref().map(Child::id))
+            .collect()
+    }
+
+    /// Requests (packets, pings included) server `i` has received since it started, from
+    /// `srvr`'s `Received:`.
+    #[must_use]
+    pub fn received(&self, i: usize) -> Option<u64> {
+        let reply = srvr(self.servers[i].client_port)?;
+        reply
+            .lines()
+            .find_map(|l| l.strip_prefix("Received: "))?
+            .trim()
+            .parse()
+            .ok()
+    }
+
     /// The version the first running server reports (`3.8.0`).
     #[must_use]
     pub fn version(&self) -> Option<String> {
