@@ -39,7 +39,7 @@ use tokio::{
     task::JoinHandle,
     time::Instant,
 };
-use zookeeper_client::{Acls, Client, CreateMode, EventType, SessionState};
+use zookeeper_client::{Acls, Client, CreateMode, SessionState};
 
 use super::{
     Attempt, Backend, BoxFuture, FairOrder, LossSignal, NextInLine, Request, Token, Watch,
@@ -333,6 +333,26 @@ struct Entry {
     timer: Option<AbortOnDrop>,
     /// Sent `true` when the engine let the hold go (its `expire` ran out).
     gone: watch::Sender<bool>,
+    /// While it waits: the node just before its own, as the last look at the line found it.
+    predecessor: Option<String>,
+    /// While it waits with a wake-up ([`Backend::watch`]): the wake-up, and the exists-watch on
+    /// the predecessor that rings it.
+    waiting: Option<Waiting>,
+}
+
+/// A waiter's wake-up: an exists-watch on its predecessor, and what it found.
+#[derive(Debug)]
+struct Waiting {
+    notify: Arc<Notify>,
+    /// The predecessor the watch is on.
+    on: String,
+    /// The watch fired (the predecessor is gone or changed), failed, or the session ended: the
+    /// next attempt must look at the line.
+    rang: Arc<std::sync::atomic::AtomicBool>,
+    /// The next attempt may answer from the watch alone (once per watch: the attempt the
+    /// waiting loop makes right after arming it).
+    quiet: bool,
+    _task: AbortOnDrop,
 }
 
 type Entries = Arc<Mutex<HashMap<String, Entry>>>;
@@ -358,8 +378,8 @@ impl fmt::Debug for ZooKeeperBackend {
 enum Place {
     /// First, with this fence.
     First(u64),
-    /// Behind another node.
-    Behind,
+    /// Behind another node: the one just before it.
+    Behind(String),
     /// The node is not in the line any more (its session ended, or it was deleted).
     Gone,
 }
@@ -511,7 +531,7 @@ impl ZooKeeperBackend {
                 }
             }
             Some(0) => Ok(Place::First(fence_of(parent.pzxid))),
-            Some(_) => Ok(Place::Behind),
+            Some(i) => Ok(Place::Behind(line[i - 1].clone())),
         }
     }
 
@@ -527,6 +547,8 @@ impl ZooKeeperBackend {
             };
         };
         entry.granted = true;
+        entry.predecessor = None;
+        entry.waiting = None;
         let (deadline, mut until) = watch::channel(sent_at + lease);
         entry.deadline = Some(deadline);
         let gone = entry.gone.subscribe();
@@ -597,56 +619,67 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// Waits until no node before `node` is left in `dir`'s line, then notifies; each wake-up
-    /// is the deletion of its predecessor (Curator's exists-watch).
-    async fn wait_turn(conn: Arc<Conn>, session: Session, dir: String, node: String, notify: Arc<Notify>) {
-        loop {
-            if session.is_ended() {
-                notify.notify_waiters();
-                return;
-            }
-            let children = match conn
-                .call("read the lock's line", session.client.list_children(&dir))
-                .await
-            {
-                Ok(children) => line_of(children),
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
-                }
-            };
-            let Some(mine) = children.iter().position(|c| *c == node) else {
-                // Gone: the next attempt joins again.
-                notify.notify_waiters();
-                return;
-            };
-            if mine == 0 {
-                notify.notify_waiters();
-                return;
-            }
-            let before = format!("{dir}/{}", children[mine - 1]);
-            match conn
-                .call(
-                    "watch the waiter ahead",
-                    session.client.check_and_watch_stat(&before),
-                )
-                .await
-            {
-                Ok((None, _)) => {}
-                Ok((Some(_), watcher)) => {
-                    let event = tokio::select! {
-                        event = watcher.changed() => Some(event),
-                        () = session.clone().end() => None,
-                    };
-                    if event.is_none_or(|e| e.event_type == EventType::Session) {
-                        // The session ended: the next attempt finds out.
-                        notify.notify_waiters();
-                        return;
+    /// Sets the exists-watch of `token`'s waiting entry on its predecessor (Curator's: the
+    /// waiter watches the node just before its own, and only that one), unless it is on it
+    /// already. The watch rings the entry's wake-up when the predecessor is deleted (or changes,
+    /// or the watch cannot be kept): the next attempt then looks at the line.
+    fn watch_predecessor(&self, token: &Token, session: &Session) {
+        let mut entries = self.entries();
+        let Some(entry) = entries.get_mut(&token.0) else {
+            return;
+        };
+        let Some(predecessor) = entry.predecessor.clone() else {
+            return;
+        };
+        let Some(notify) = entry.waiting.as_ref().map(|w| w.notify.clone()) else {
+            return;
+        };
+        if entry.waiting.as_ref().is_some_and(|w| {
+            w.on == predecessor && !w.rang.load(std::sync::atomic::Ordering::Acquire)
+        }) {
+            return;
+        }
+        let rang = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let path = format!("{}/{predecessor}", entry.dir);
+        let task = tokio::spawn({
+            let (conn, session, rang, notify) =
+                (self.conn.clone(), session.clone(), rang.clone(), notify.clone());
+            async move {
+                let watched = conn
+                    .call(
+                        "watch the waiter ahead",
+                        session.client.check_and_watch_stat(&path),
+                    )
+                    .await;
+                if let Ok((Some(_), watcher)) = watched {
+                    tokio::select! {
+                        _ = watcher.changed() => {}
+                        () = session.end() => {}
                     }
                 }
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+                rang.store(true, std::sync::atomic::Ordering::Release);
+                notify.notify_waiters();
             }
-        }
+        });
+        entry.waiting = Some(Waiting {
+            notify,
+            on: predecessor,
+            rang,
+            quiet: true,
+            _task: AbortOnDrop::new(task),
+        });
+    }
+
+    /// A waiter whose watch on its predecessor is set and has not rung: still behind, known
+    /// without asking (once per watch).
+    fn still_behind(&self, token: &Token) -> bool {
+        let mut entries = self.entries();
+        let Some(waiting) = entries.get_mut(&token.0).and_then(|e| e.waiting.as_mut()) else {
+            return false;
+        };
+        let quiet = waiting.quiet && !waiting.rang.load(std::sync::atomic::Ordering::Acquire);
+        waiting.quiet = false;
+        quiet
     }
 }
 
@@ -734,6 +767,12 @@ impl Backend for ZooKeeperBackend {
             // repetition; bounded all the same.
             for _ in 0..3 {
                 let session = self.conn.session().await?;
+                if self.still_behind(token) {
+                    return Ok(Attempt::Held {
+                        ttl: None,
+                        queued: true,
+                    });
+                }
                 let known = self
                     .entries()
                     .get(&token.0)
@@ -760,6 +799,8 @@ impl Backend for ZooKeeperBackend {
                                 deadline: None,
                                 timer: None,
                                 gone: watch::channel(false).0,
+                                predecessor: None,
+                                waiting: None,
                             },
                         );
                         (dir, protected, None, false)
@@ -793,7 +834,11 @@ impl Backend for ZooKeeperBackend {
                     Place::First(fence) => {
                         return Ok(self.acquired(token, &session, fence, request.lease));
                     }
-                    Place::Behind => {
+                    Place::Behind(predecessor) => {
+                        if let Some(entry) = self.entries().get_mut(&token.0) {
+                            entry.predecessor = Some(predecessor);
+                        }
+                        self.watch_predecessor(token, &session);
                         return Ok(Attempt::Held {
                             ttl: None,
                             queued: true,
@@ -887,25 +932,37 @@ impl Backend for ZooKeeperBackend {
 
     fn watch<'a>(&'a self, _key: &'a str, token: &'a Token) -> BoxFuture<'a, Option<Watch>> {
         Box::pin(async move {
-            let (dir, node, epoch) = {
-                let entries = self.entries();
-                let entry = entries.get(&token.0)?;
-                (entry.dir.clone(), entry.node.clone()?, entry.epoch)
+            let epoch = {
+                let mut entries = self.entries();
+                let entry = entries.get_mut(&token.0)?;
+                entry.predecessor.as_ref()?;
+                let notify = Arc::new(Notify::new());
+                // Armed below; the placeholder task rings at once, so that nothing is missed
+                // should arming fail.
+                let rang = Arc::new(std::sync::atomic::AtomicBool::new(true));
+                entry.waiting = Some(Waiting {
+                    notify,
+                    on: String::new(),
+                    rang,
+                    quiet: false,
+                    _task: AbortOnDrop(None),
+                });
+                entry.epoch
             };
             let session = self
                 .conn
                 .current()
                 .clone()
-                .filter(|s| s.epoch == epoch)?;
-            let notify = Arc::new(Notify::new());
-            let task = tokio::spawn(Self::wait_turn(
-                self.conn.clone(),
-                session,
-                dir,
-                node,
-                notify.clone(),
-            ));
-            Some(Watch::new(notify, NextInLine::default(), AbortOnDrop::new(task)).reliable())
+                .filter(|s| s.epoch == epoch && !s.is_ended())?;
+            self.watch_predecessor(token, &session);
+            let notify = self
+                .entries()
+                .get(&token.0)?
+                .waiting
+                .as_ref()?
+                .notify
+                .clone();
+            Some(Watch::new(notify, NextInLine::default(), ()).reliable())
         })
     }
 
