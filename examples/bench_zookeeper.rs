@@ -351,8 +351,7 @@ async fn w3(
     let exact = u64::try_from(sections.len()).is_ok_and(|n| n == counted);
     // The body's read and write are not the lock's: 2 per section.
     #[allow(clippy::cast_precision_loss)]
-    let requests_per_acquire =
-        (requests as f64 / sections.len().max(1) as f64 - 2.0).max(0.0);
+    let requests_per_acquire = (requests as f64 / sections.len().max(1) as f64 - 2.0).max(0.0);
     let (row, waits) = contended_row(
         "W3 8 clients, one key",
         mode.name(),

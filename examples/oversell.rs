@@ -167,7 +167,8 @@ mod zk_stock {
         match zk.set_data(&path, data.as_bytes(), None).await {
             Err(Error::NoNode) => {
                 let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
-                zk.mkdir(&format!("{}/sales", dir(sku)), &persistent).await?;
+                zk.mkdir(&format!("{}/sales", dir(sku)), &persistent)
+                    .await?;
                 zk.create(&path, data.as_bytes(), &persistent).await?;
                 Ok(())
             }
@@ -232,7 +233,9 @@ impl Store {
             tokio::spawn(connection);
             Ok(Self::Postgres(client))
         } else if let Some(hosts) = url.strip_prefix("zk://") {
-            Ok(Self::ZooKeeper(zookeeper_client::Client::connect(hosts).await?))
+            Ok(Self::ZooKeeper(
+                zookeeper_client::Client::connect(hosts).await?,
+            ))
         } else {
             Ok(Self::Redis(Connection::open(url).await?))
         }
@@ -340,7 +343,7 @@ impl Store {
                 db.execute("DELETE FROM oversell_stock WHERE sku = $1", &[&sku])
                     .await?;
             }
-            Self::ZooKeeper(zk) => zk_stock::remove(zk, &sku.to_owned()).await?,
+            Self::ZooKeeper(zk) => zk_stock::remove(zk, sku).await?,
             Self::Memory(_) => {}
         }
         Ok(())

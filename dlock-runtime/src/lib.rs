@@ -68,8 +68,8 @@ mod url;
 
 pub use config::{
     BackendKind, DEFAULT_EXPIRE, DEFAULT_KEY_PREFIX, DEFAULT_MAX_KEY_LEN, DEFAULT_REDIS_URL,
-    DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_TIMEOUT, DEFAULT_ZK_SESSION_TIMEOUT, PostgresUrl,
-    RedisUrl,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_TIMEOUT, DEFAULT_ZK_SESSION_TIMEOUT,
+    PostgresUrl, RedisUrl,
 };
 pub use error::{BackendError, LockError};
 pub use guard::LockGuard;

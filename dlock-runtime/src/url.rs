@@ -264,10 +264,7 @@ mod tests {
                     .contains("`redlock` feature")
             );
         }
-        for (url, feature) in [
-            ("etcd://a:2379", "`etcd`"),
-            ("etcds://a:2379", "`etcd`"),
-        ] {
+        for (url, feature) in [("etcd://a:2379", "`etcd`"), ("etcds://a:2379", "`etcd`")] {
             let err = parse("DLOCK_URL", url).unwrap_err().to_string();
             assert!(
                 err.contains(feature) && err.contains("DLOCK_URL"),
@@ -282,7 +279,9 @@ mod tests {
         let zk = parse("DLOCK_URL", "zk://a:2181,b:2182/app");
         if cfg!(feature = "zookeeper") {
             assert!(matches!(zk, Ok(BackendKind::ZooKeeper(_))));
-            let bad = parse("DLOCK_URL", "zk://u:pw@a:2181").unwrap_err().to_string();
+            let bad = parse("DLOCK_URL", "zk://u:pw@a:2181")
+                .unwrap_err()
+                .to_string();
             assert!(bad.contains("DLOCK_URL") && !bad.contains("pw"), "{bad}");
         } else {
             assert!(zk.unwrap_err().to_string().contains("`zookeeper` feature"));

@@ -76,8 +76,14 @@ async fn nodes_are_curators_and_exclude_its_recipe() {
     let node = &nodes[0];
     // `_c_<uuid>-lock-<10 digits>`, ephemeral, owned by the holder's session.
     let (protected, seq) = node.rsplit_once("-lock-").unwrap();
-    assert!(protected.starts_with("_c_") && protected.len() == 3 + 36, "{node}");
-    assert!(seq.len() == 10 && seq.bytes().all(|b| b.is_ascii_digit()), "{node}");
+    assert!(
+        protected.starts_with("_c_") && protected.len() == 3 + 36,
+        "{node}"
+    );
+    assert!(
+        seq.len() == 10 && seq.bytes().all(|b| b.is_ascii_digit()),
+        "{node}"
+    );
     let stat = client
         .check_stat(&format!("/dlock:{key}/{node}"))
         .await
@@ -85,7 +91,11 @@ async fn nodes_are_curators_and_exclude_its_recipe() {
         .unwrap();
     assert_ne!(stat.ephemeral_owner, 0, "not ephemeral");
     // The lock node is a container: it goes once its line is empty.
-    let parent = client.check_stat(&format!("/dlock:{key}")).await.unwrap().unwrap();
+    let parent = client
+        .check_stat(&format!("/dlock:{key}"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(parent.ephemeral_owner, 0);
 
     // The client's own Curator-compatible recipe waits behind dlock's holder…
@@ -102,7 +112,10 @@ async fn nodes_are_curators_and_exclude_its_recipe() {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!theirs.is_finished(), "Curator's recipe got in beside dlock");
+    assert!(
+        !theirs.is_finished(),
+        "Curator's recipe got in beside dlock"
+    );
     guard.release().await.unwrap();
     let path = theirs.await.unwrap();
     assert!(path.contains("/_c_") && path.contains("-lock-"), "{path}");
@@ -136,7 +149,11 @@ async fn keys_are_data_and_never_structure() {
         .await
         .unwrap()
         .expect("`a/b` is not part of `a`");
-    assert_eq!(line(&client, &base).await.len(), 1, "`a/b` went into `a`'s line");
+    assert_eq!(
+        line(&client, &base).await.len(),
+        1,
+        "`a/b` went into `a`'s line"
+    );
     assert_eq!(line(&client, &format!("{base}%2Fb")).await.len(), 1);
     // An encoded-looking key is a third lock.
     let literal = a
@@ -152,13 +169,26 @@ async fn keys_are_data_and_never_structure() {
         .key_prefix(format!("{}/", unique_key("dir")).replace(':', "-"))
         .build()
         .unwrap();
-    for key in [".", "..", "../x", "a\0b", "tab\there", "\u{7f}\u{9f}", "\u{e000}", "/", "//x"] {
+    for key in [
+        ".",
+        "..",
+        "../x",
+        "a\0b",
+        "tab\there",
+        "\u{7f}\u{9f}",
+        "\u{e000}",
+        "/",
+        "//x",
+    ] {
         let guard = prefixed
             .try_acquire(key, Duration::from_secs(30))
             .await
             .unwrap_or_else(|e| panic!("{key:?}: {e}"))
             .unwrap_or_else(|| panic!("{key:?} was busy"));
-        let again = prefixed.try_acquire(key, Duration::from_secs(30)).await.unwrap();
+        let again = prefixed
+            .try_acquire(key, Duration::from_secs(30))
+            .await
+            .unwrap();
         assert!(again.is_none(), "{key:?} did not exclude");
         guard.release().await.unwrap();
     }
@@ -175,8 +205,15 @@ async fn keys_are_data_and_never_structure() {
     );
 
     // `/zookeeper` is the server's: a key that would land there is refused, nothing sent.
-    let bare = Locker::builder().url(zk.url()).key_prefix("").build().unwrap();
-    let err = bare.acquire("zookeeper", LockOptions::new()).await.unwrap_err();
+    let bare = Locker::builder()
+        .url(zk.url())
+        .key_prefix("")
+        .build()
+        .unwrap();
+    let err = bare
+        .acquire("zookeeper", LockOptions::new())
+        .await
+        .unwrap_err();
     assert!(err.is_invalid_key(), "{err:?}");
     // A prefix that is no path is a configuration error.
     let err = Locker::builder()
@@ -184,7 +221,10 @@ async fn keys_are_data_and_never_structure() {
         .key_prefix("/locks/")
         .build()
         .unwrap_err();
-    assert!(err.is_config() && err.to_string().contains("DLOCK_KEY_PREFIX"), "{err}");
+    assert!(
+        err.is_config() && err.to_string().contains("DLOCK_KEY_PREFIX"),
+        "{err}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,7 +242,10 @@ async fn a_hundred_cancelled_waiters_leave_no_node() {
             let _ = tokio::time::timeout(Duration::from_millis(i % 13), wait).await;
         } else {
             let err = waiter
-                .acquire(&key, LockOptions::new().timeout(Duration::from_millis(i % 7)))
+                .acquire(
+                    &key,
+                    LockOptions::new().timeout(Duration::from_millis(i % 7)),
+                )
                 .await
                 .unwrap_err();
             assert!(err.is_timeout(), "{err:?}");
@@ -242,14 +285,25 @@ async fn a_create_whose_reply_was_lost_is_found_and_used() {
     };
     // Past the create's request timeout, and a retry's.
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(line(&client, &key).await.len(), 1, "the cut let the create through");
+    assert_eq!(
+        line(&client, &key).await.len(),
+        1,
+        "the cut let the create through"
+    );
     proxy.heal();
     // Delivered now, and retried after: still one node of the waiter's in line.
     tokio::time::sleep(Duration::from_millis(600)).await;
     let nodes = line(&client, &key).await;
-    assert_eq!(nodes.len(), 2, "a retry put a second node in line: {nodes:?}");
+    assert_eq!(
+        nodes.len(),
+        2,
+        "a retry put a second node in line: {nodes:?}"
+    );
     held.release().await.unwrap();
-    let guard = acquiring.await.unwrap().expect("the retries found their node");
+    let guard = acquiring
+        .await
+        .unwrap()
+        .expect("the retries found their node");
     assert_eq!(line(&client, &key).await.len(), 1);
     guard.release().await.unwrap();
     assert!(line_settles(&client, &key, 0).await.is_empty());
@@ -267,7 +321,11 @@ async fn a_create_whose_reply_was_lost_is_found_and_used() {
     // The create is delivered now; the give-up's cleanup finds the node and deletes it.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let nodes = line(&client, &key).await;
-    assert_eq!(nodes.len(), 1, "the given-up waiter left its node: {nodes:?}");
+    assert_eq!(
+        nodes.len(),
+        1,
+        "the given-up waiter left its node: {nodes:?}"
+    );
     held.release().await.unwrap();
 }
 
@@ -290,7 +348,10 @@ async fn four_processes_lose_no_update() {
         assert!(child.wait().unwrap().success());
     }
     let client = raw(&zk).await;
-    let (data, _) = client.get_data(&format!("/dlock-test/{key}")).await.unwrap();
+    let (data, _) = client
+        .get_data(&format!("/dlock-test/{key}"))
+        .await
+        .unwrap();
     assert_eq!(String::from_utf8_lossy(&data), "100", "updates were lost");
 }
 
@@ -318,7 +379,13 @@ async fn holder_frozen_past_its_session_is_fenced_off() {
         .parse()
         .unwrap();
     let pid = child.id().to_string();
-    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
 
     let next = locker(&zk.url());
     let started = Instant::now();
@@ -343,7 +410,13 @@ async fn holder_frozen_past_its_session_is_fenced_off() {
         .await
         .unwrap();
 
-    assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    assert!(
+        Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
     child.stdin.take().unwrap().write_all(b"go\n").unwrap();
     let mut report = String::new();
     out.read_line(&mut report).unwrap();
@@ -357,7 +430,10 @@ async fn holder_frozen_past_its_session_is_fenced_off() {
     assert!(String::from_utf8_lossy(&data).ends_with("written by the new holder"));
     assert!(second.is_held());
     assert!(
-        next.try_acquire(&key, Duration::from_secs(1)).await.unwrap().is_none(),
+        next.try_acquire(&key, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_none(),
         "the stale release deleted the new lock"
     );
     second.release().await.unwrap();
@@ -394,7 +470,10 @@ async fn leader_killed_while_held_and_waited_for() {
         .expect("the hold survived the failover");
     assert!(held.is_held());
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiting.is_finished(), "the waiter got in beside the holder");
+    assert!(
+        !waiting.is_finished(),
+        "the waiter got in beside the holder"
+    );
     let fence = held.fencing_token();
     held.release().await.unwrap();
     let second = waiting.await.unwrap().expect("the waiter got the lock");
@@ -425,7 +504,11 @@ async fn restart_keeps_holds_and_all_down_is_a_backend_error() {
         .expect("the hold survived the restart");
     let other = locker(&url);
     assert!(
-        other.try_acquire(&key, Duration::from_secs(10)).await.unwrap().is_none(),
+        other
+            .try_acquire(&key, Duration::from_secs(10))
+            .await
+            .unwrap()
+            .is_none(),
         "the restart freed a held lock"
     );
     let fence = held.fencing_token();
@@ -446,7 +529,11 @@ async fn restart_keeps_holds_and_all_down_is_a_backend_error() {
         .await
         .unwrap_err();
     assert!(err.is_backend(), "{err:?}");
-    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
     // The holder's session runs out without a server: every hold of it is lost.
     tokio::time::timeout(Duration::from_secs(15), next.lost())
         .await

@@ -18,14 +18,18 @@
 //!   runs out, the node is deleted and the hold is lost; a renewal (`expire = "auto"`) pushes
 //!   that deadline on while the node is still this session's. A connection lost and found again
 //!   within the session timeout loses nothing (Curator's SUSPENDED); the session's expiry makes
-//!   every hold of it lost at once (Curator's LOST), and the next request opens a new session.
+//!   every hold of it lost at once (Curator's LOST), and the next request opens a new session. A
+//!   connection still lost half the session timeout after it was found lost counts as expired
+//!   (before the ensemble can have expired it).
 //! - **Fence**: the parent's `pzxid` (the zxid of the last change to the line) read in the same
 //!   reply that shows the holder's node first. The next holder is first only after this one's
 //!   node is deleted, a later change, so fences strictly increase per key. A retry of an
 //!   acquisition already granted re-writes its node and takes that write's zxid instead.
 //! - **Waiting**: a waiter sets an exists-watch on the node just before its own (its
-//!   predecessor) and is woken only when no earlier node is left: no herd, first come first
-//!   served by sequence.
+//!   predecessor, as its attempt's look at the line found it) and is woken when that node goes:
+//!   no herd, first come first served by sequence. The attempt it then makes looks at the line
+//!   again and, still behind (the predecessor was a waiter that left), watches the new one.
+//!   Nodes deleted by hand are noticed at the next renewal or release of their holder.
 
 use std::{
     collections::HashMap,
@@ -57,7 +61,11 @@ const LOCK_NAME: &str = "lock-";
 /// the prefix as is, then the key with `%`, `/` and the characters ZooKeeper refuses encoded.
 pub(crate) fn path_of(prefix_len: usize, key: &str) -> String {
     let split = prefix_len.min(key.len());
-    let (prefix, name) = key.split_at(if key.is_char_boundary(split) { split } else { 0 });
+    let (prefix, name) = key.split_at(if key.is_char_boundary(split) {
+        split
+    } else {
+        0
+    });
     let mut path = String::with_capacity(key.len() + 8);
     path.push('/');
     path.push_str(prefix);
@@ -238,7 +246,9 @@ impl Conn {
                 }
                 disconnected = state == SessionState::Disconnected;
                 if disconnected {
-                    tracing::debug!("zookeeper connection lost; the session lives on while it reconnects");
+                    tracing::debug!(
+                        "zookeeper connection lost; the session lives on while it reconnects"
+                    );
                 }
             }
             let _ = ended_tx.send(true);
@@ -519,10 +529,7 @@ impl ZooKeeperBackend {
                 let path = format!("{dir}/{node}");
                 match self
                     .conn
-                    .call(
-                        "renew the fence",
-                        session.client.set_data(&path, &[], None),
-                    )
+                    .call("renew the fence", session.client.set_data(&path, &[], None))
                     .await
                 {
                     Ok(stat) => Ok(Place::First(fence_of(stat.mzxid))),
@@ -585,7 +592,9 @@ impl ZooKeeperBackend {
             let Some(mut entry) = entry else { return };
             let _ = entry.gone.send(true);
             // This very task: not aborted by dropping the entry.
-            entry.timer.take().map(AbortOnDrop::detach);
+            if let Some(timer) = entry.timer.take() {
+                timer.detach();
+            }
             delete_until_gone(&conn, &client, &live, &path).await;
         })));
         let (session, all, key) = (session.clone(), self.entries.clone(), token.0.clone());
@@ -642,8 +651,12 @@ impl ZooKeeperBackend {
         let rang = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let path = format!("{}/{predecessor}", entry.dir);
         let task = tokio::spawn({
-            let (conn, session, rang, notify) =
-                (self.conn.clone(), session.clone(), rang.clone(), notify.clone());
+            let (conn, session, rang, notify) = (
+                self.conn.clone(),
+                session.clone(),
+                rang.clone(),
+                notify.clone(),
+            );
             async move {
                 let watched = conn
                     .call(
@@ -687,7 +700,10 @@ impl ZooKeeperBackend {
 /// session ends (which deletes it anyway).
 async fn delete_until_gone(conn: &Conn, client: &Client, session: &Session, path: &str) {
     while !session.is_ended() {
-        match conn.call("delete the lock node", client.delete(path, None)).await {
+        match conn
+            .call("delete the lock node", client.delete(path, None))
+            .await
+        {
             Ok(()) => return,
             Err(Failure::Zk(zookeeper_client::Error::NoNode, _)) => return,
             Err(e) if e.zk().is_some_and(ended) => return,
@@ -773,10 +789,15 @@ impl Backend for ZooKeeperBackend {
                         queued: true,
                     });
                 }
-                let known = self
-                    .entries()
-                    .get(&token.0)
-                    .map(|e| (e.dir.clone(), e.protected.clone(), e.node.clone(), e.epoch, e.granted));
+                let known = self.entries().get(&token.0).map(|e| {
+                    (
+                        e.dir.clone(),
+                        e.protected.clone(),
+                        e.node.clone(),
+                        e.epoch,
+                        e.granted,
+                    )
+                });
                 let was_known = known.is_some();
                 let (dir, protected, node, granted) = match known {
                     Some((_, _, _, epoch, _)) if epoch != session.epoch => {
@@ -890,12 +911,14 @@ impl Backend for ZooKeeperBackend {
                                     .await;
                                 match found {
                                     Ok(children) => {
-                                        if let Some(node) =
-                                            children.iter().find(|c| c.starts_with(&entry.protected))
+                                        if let Some(node) = children
+                                            .iter()
+                                            .find(|c| c.starts_with(&entry.protected))
                                         {
                                             let path = format!("{}/{node}", entry.dir);
                                             let client = session.client.clone();
-                                            delete_until_gone(&conn, &client, &session, &path).await;
+                                            delete_until_gone(&conn, &client, &session, &path)
+                                                .await;
                                         }
                                         return;
                                     }
@@ -1077,9 +1100,18 @@ mod tests {
             connect_string("X", "zk://a:1,b:2/app/locks/").unwrap(),
             "a:1,b:2/app/locks"
         );
-        for bad in ["zk://a", "zk://u:pw@a:1", "zk://a:1/x//y", "zk://a:1?x=1", "zk://a:1/.."] {
+        for bad in [
+            "zk://a",
+            "zk://u:pw@a:1",
+            "zk://a:1/x//y",
+            "zk://a:1?x=1",
+            "zk://a:1/..",
+        ] {
             let err = connect_string("DLOCK_URL", bad).unwrap_err().to_string();
-            assert!(err.contains("DLOCK_URL") && !err.contains("pw"), "{bad}: {err}");
+            assert!(
+                err.contains("DLOCK_URL") && !err.contains("pw"),
+                "{bad}: {err}"
+            );
         }
     }
 }

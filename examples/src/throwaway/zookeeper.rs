@@ -137,12 +137,21 @@ impl ZkEnsemble {
         let dir = self.server_dir(i);
         let log = std::fs::File::create(dir.join("server.log"))?;
         let child = Command::new("java")
-            .args(["-Xms32m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"])
+            .args([
+                "-Xms32m",
+                "-Xmx256m",
+                "-XX:+UseSerialGC",
+                "-XX:TieredStopAtLevel=1",
+            ])
             .arg("-Dzookeeper.admin.enableServer=false")
             .arg("-Dzookeeper.fsync.warningthresholdms=100000")
             // A system property, not a zoo.cfg key: empty lock nodes go within a second.
             .arg("-Dznode.container.checkIntervalMs=500")
-            .args(["-cp", JAR, "org.apache.zookeeper.server.quorum.QuorumPeerMain"])
+            .args([
+                "-cp",
+                JAR,
+                "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+            ])
             .arg(dir.join("zoo.cfg"))
             .current_dir(&dir)
             .stdin(Stdio::null())
@@ -252,7 +261,9 @@ impl ZkEnsemble {
     pub fn version(&self) -> Option<String> {
         let port = self.servers.iter().find(|s| s.child.is_some())?.client_port;
         let reply = srvr(port)?;
-        let line = reply.lines().find_map(|l| l.strip_prefix("Zookeeper version: "))?;
+        let line = reply
+            .lines()
+            .find_map(|l| l.strip_prefix("Zookeeper version: "))?;
         Some(line.split(['-', ',']).next()?.trim().to_owned())
     }
 

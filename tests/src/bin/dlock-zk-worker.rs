@@ -121,7 +121,12 @@ async fn run() -> Result<(), WorkerError> {
 
 /// Writes `value` to the resource only if `fence` is not below the highest fence it has seen
 /// (kept in its data as `<fence> <value>`, compare-and-set on its version).
-async fn fenced_write(zk: &Client, path: &str, fence: u64, value: &str) -> Result<bool, WorkerError> {
+async fn fenced_write(
+    zk: &Client,
+    path: &str,
+    fence: u64,
+    value: &str,
+) -> Result<bool, WorkerError> {
     loop {
         let (data, stat) = zk.get_data(path).await?;
         let text = String::from_utf8_lossy(&data);
@@ -134,7 +139,11 @@ async fn fenced_write(zk: &Client, path: &str, fence: u64, value: &str) -> Resul
             return Ok(false);
         }
         match zk
-            .set_data(path, format!("{fence} {value}").as_bytes(), Some(stat.version))
+            .set_data(
+                path,
+                format!("{fence} {value}").as_bytes(),
+                Some(stat.version),
+            )
             .await
         {
             Ok(_) => return Ok(true),
@@ -156,13 +165,20 @@ async fn pause_holder(locker: &Locker, key: &str, zk: &Client) -> Result<(), Wor
         .await
         .is_ok();
     let held = guard.is_held();
-    let accepted = fenced_write(zk, &resource, guard.fencing_token(), "written by the old holder")
-        .await?;
+    let accepted = fenced_write(
+        zk,
+        &resource,
+        guard.fencing_token(),
+        "written by the old holder",
+    )
+    .await?;
     let release = match guard.release().await {
         Ok(()) => "ok",
         Err(e) if e.is_lost() => "lost",
         Err(_) => "error",
     };
-    println!("held={held} lost_resolved={lost_resolved} write_accepted={accepted} release={release}");
+    println!(
+        "held={held} lost_resolved={lost_resolved} write_accepted={accepted} release={release}"
+    );
     Ok(())
 }
