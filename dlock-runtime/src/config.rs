@@ -421,8 +421,10 @@ mod tests {
             ("DLOCK_REQUEST_TIMEOUT", "2s"),
             ("DLOCK_NOTIFY", "off"),
             ("DLOCK_REDIS_WAIT", "2"),
+            ("DLOCK_ZK_SESSION_TIMEOUT", "6s"),
         ])
         .unwrap();
+        assert_eq!(s.zk_session_timeout, Duration::from_secs(6));
         assert_eq!(s.redis_wait, 2);
         assert_eq!(s.backend, BackendKind::Memory);
         assert_eq!(s.key_prefix, "app:");
@@ -494,6 +496,8 @@ mod tests {
             ("DLOCK_REDIS_WAIT", "-1"),
             ("DLOCK_REDIS_WAIT", "all"),
             ("DLOCK_URL", "redis+cluster://"),
+            ("DLOCK_ZK_SESSION_TIMEOUT", "0s"),
+            ("DLOCK_ZK_SESSION_TIMEOUT", "long"),
         ] {
             let err = env(&[(var, value)]).unwrap_err();
             assert!(err.is_config(), "{var}={value}: {err:?}");
