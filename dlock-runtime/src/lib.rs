@@ -36,7 +36,7 @@
 //!
 //! | variable | meaning | default |
 //! | --- | --- | --- |
-//! | `DLOCK_URL` | the engine and its address: `redis://…`, `rediss://…`, `redis+cluster://h1:p1,h2:p2` (feature `redis-cluster`), `redis+sentinel://s1:p1,s2:p2/<master>` (feature `redis-sentinel`), `redis+redlock://h1:p1,h2:p2,h3:p3` (feature `redlock`), `postgres://…` (feature `postgres`), `memory://`; wins over the next two | — |
+//! | `DLOCK_URL` | the engine and its address: `redis://…`, `rediss://…`, `redis+cluster://h1:p1,h2:p2` (feature `redis-cluster`), `redis+sentinel://s1:p1,s2:p2/<master>` (feature `redis-sentinel`), `redis+redlock://h1:p1,h2:p2,h3:p3` (feature `redlock`), `postgres://…` (feature `postgres`), `zk://h1:p1,h2:p2[/chroot]` (feature `zookeeper`), `memory://`; wins over the next two | — |
 //! | `DLOCK_BACKEND` | `redis` or `memory` (kept for compatibility) | `redis` |
 //! | `DLOCK_REDIS_URL` | `redis://[user[:password]@]host[:port][/db]`, `rediss://…` with feature `tls`; `REDIS_URL` when unset | `redis://127.0.0.1:6379` |
 //! | `DLOCK_KEY_PREFIX` | prefix of every lock key | `dlock:` |
