@@ -227,6 +227,58 @@ async fn keys_are_data_and_never_structure() {
     );
 }
 
+/// The URL's chroot scopes every lock node; a chroot that does not exist is a `Backend` error
+/// at once (asking again cannot create it), naming the chroot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chroot_scopes_the_locks() {
+    let zk = server();
+    let client = raw(&zk).await;
+    let app = format!("/{}", unique_key("app").replace(':', "-"));
+    client
+        .create(
+            &app,
+            b"",
+            &zookeeper_client::CreateMode::Persistent.with_acls(Acls::anyone_all()),
+        )
+        .await
+        .unwrap();
+    let scoped = locker(&format!("{}{app}", zk.url()));
+    let key = unique_key("rooted");
+    let guard = scoped.acquire(&key, LockOptions::new()).await.unwrap();
+    let nodes = client
+        .list_children(&format!("{app}/dlock:{key}"))
+        .await
+        .unwrap();
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    assert!(
+        line(&client, &key).await.is_empty(),
+        "a lock outside the chroot"
+    );
+    // The same key without the chroot is another lock.
+    let outside = locker(&zk.url());
+    let other = outside
+        .try_acquire(&key, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(other.is_some(), "the chroot did not scope the lock");
+    guard.release().await.unwrap();
+
+    let missing = locker(&format!(
+        "{}/no-such-chroot-{}",
+        zk.url(),
+        std::process::id()
+    ));
+    let started = Instant::now();
+    let err = missing.acquire(&key, LockOptions::new()).await.unwrap_err();
+    assert!(err.is_backend(), "{err:?}");
+    assert!(err.to_string().contains("chroot"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_cancelled_waiters_leave_no_node() {
     let zk = server();
