@@ -202,7 +202,8 @@ async fn w2(target: &Target, variant: Variant, sizes: Sizes, run: usize) -> Resu
                     // The same few keys per client, over and over: the lock nodes stay (a fresh
                     // key per cycle would measure the container's creation too, as W1 does).
                     let key = format!("w2-{run}-{c}-{}", i % 4);
-                    let n = (run * 1000 + c) * 100_000 + i;
+                    // The attribute's key is `bench:attr:<n>`: the same 4 per client too.
+                    let n = (run * 1000 + c) * 100_000 + i % 4;
                     cycle(&floor, &locker, variant, &key, n).await?;
                     done += 1;
                 }
