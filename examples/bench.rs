@@ -9,6 +9,7 @@
 //! cargo run --release --example bench -- --engine redlock  # RedLock on 5 throwaway masters
 //! cargo run --release --example bench -- --engine postgres        # on a throwaway PostgreSQL
 //! cargo run --release --example bench -- --engine etcd            # on a throwaway etcd member
+//! cargo run --release --example bench -- --engine zookeeper       # on a throwaway ZooKeeper
 //! ```
 //!
 //! `--engine etcd` runs the same workloads against a floor made of etcd's own lock service
@@ -50,7 +51,9 @@
 //!
 //! With `--engine postgres` the workloads run on a throwaway PostgreSQL cluster against the floor
 //! of `pg_try_advisory_lock`/`pg_advisory_unlock` on one connection per client, with statements
-//! per acquisition from `pg_stat_statements` (see `bench_postgres.rs`).
+//! per acquisition from `pg_stat_statements` (see `bench_postgres.rs`). With `--engine zookeeper`
+//! they run on a throwaway ZooKeeper server against the floor of `zookeeper-client`'s own lock
+//! recipe (see `bench_zookeeper.rs`).
 //!
 //! All loops are bounded by count and by time. The exit code is non-zero when a counter is wrong.
 
@@ -81,6 +84,10 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 /// `--engine postgres`: the same workloads against PostgreSQL's advisory locks.
 #[path = "bench_postgres.rs"]
 mod postgres;
+
+/// `--engine zookeeper`: the same workloads against `zookeeper-client`'s own lock recipe.
+#[path = "bench_zookeeper.rs"]
+mod zookeeper;
 
 #[derive(Clone, Copy)]
 struct Sizes {
@@ -1508,6 +1515,7 @@ async fn main() -> std::process::ExitCode {
     let own_floor = match args.engine {
         Engine::Postgres => Some(postgres::bench(&args).await),
         Engine::Etcd => Some(etcd::bench(&args).await),
+        Engine::ZooKeeper => Some(zookeeper::bench(&args).await),
         _ => None,
     };
     if let Some(outcome) = own_floor {

@@ -13,6 +13,7 @@
 //! cargo run --example oversell -- --engine redlock         # RedLock over 5 throwaway masters
 //! cargo run --example oversell -- --engine postgres        # on a throwaway PostgreSQL cluster
 //! cargo run --example oversell -- --engine etcd            # locks on a throwaway etcd
+//! cargo run --example oversell -- --engine zookeeper       # on a throwaway ZooKeeper server
 //! ```
 //!
 //! Backend, said in the output:
@@ -24,6 +25,8 @@
 //!   throwaway PostgreSQL cluster (`initdb` into a temporary directory, needs the `postgresql`
 //!   package), whose database holds the locks and the stock alike. `--engine etcd`: the locks on
 //!   a throwaway etcd member (needs `etcd`), the stock on a throwaway `redis-server` beside it.
+//!   `--engine zookeeper`: a throwaway standalone ZooKeeper server (a JVM; needs the `zookeeper`
+//!   package and a JRE), whose znodes hold the locks and the stock alike.
 //! - Else (`--engine redis`, the default): `DLOCK_REDIS_URL` (or `REDIS_URL`) when set: that
 //!   Redis;
 //! - else, with `redis-server` on `PATH`: a throwaway server on a free loopback port
@@ -64,7 +67,7 @@ use tokio::{
 
 const USAGE: &str = "\
 usage: oversell [--instances N] [--buyers N] [--stock N] [--embedded]
-                [--engine redis|redis-cluster|redis-sentinel|redlock|postgres]
+                [--engine redis|redis-cluster|redis-sentinel|redlock|postgres|zookeeper]
 
   --instances N   instances of the shop service (default 4)
   --buyers N      buyers, each trying to buy one item at the same moment (default 200)
@@ -75,7 +78,8 @@ usage: oversell [--instances N] [--buyers N] [--stock N] [--embedded]
                   (3 masters, 3 replicas); redis-sentinel: a throwaway master, 2 replicas and
                   3 sentinels; redlock: RedLock over 5 throwaway independent masters;
                   postgres: a throwaway PostgreSQL cluster (locks and stock in
-                  its database)
+                  its database); zookeeper: a throwaway ZooKeeper server (locks
+                  and stock in its znodes)
 
 Backend: DLOCK_REDIS_URL or REDIS_URL when set; else a throwaway redis-server when one is on
 PATH; else the embedded backend, instances as tasks of this process.";
@@ -138,8 +142,70 @@ enum Store {
     /// `oversell_stock` read with `SELECT` and written with `UPDATE` (not atomic on purpose),
     /// sales in `oversell_sales`.
     Postgres(tokio_postgres::Client),
+    /// The stock in ZooKeeper (`--engine zookeeper`): the znode `/oversell/<sku>/stock` read
+    /// and written back (not atomic on purpose), sales as sequential children of
+    /// `/oversell/<sku>/sales`.
+    ZooKeeper(zookeeper_client::Client),
     /// The stock in this process, read and written with separate loads and stores.
     Memory(Arc<MemoryStore>),
+}
+
+/// The znodes of the stock on ZooKeeper.
+mod zk_stock {
+    use zookeeper_client::{Acls, Client, CreateMode, Error};
+
+    fn dir(sku: &str) -> String {
+        format!("/oversell/{sku}")
+    }
+
+    pub(super) async fn stock(zk: &Client, sku: &str) -> Result<u64, Error> {
+        let (data, _) = zk.get_data(&format!("{}/stock", dir(sku))).await?;
+        Ok(String::from_utf8_lossy(&data).parse().unwrap_or(0))
+    }
+
+    pub(super) async fn set_stock(zk: &Client, sku: &str, n: u64) -> Result<(), Error> {
+        let path = format!("{}/stock", dir(sku));
+        let data = n.to_string();
+        match zk.set_data(&path, data.as_bytes(), None).await {
+            Err(Error::NoNode) => {
+                let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+                zk.mkdir(&format!("{}/sales", dir(sku)), &persistent)
+                    .await?;
+                zk.create(&path, data.as_bytes(), &persistent).await?;
+                Ok(())
+            }
+            other => other.map(drop),
+        }
+    }
+
+    pub(super) async fn record_sale(zk: &Client, sku: &str, buyer: u32) -> Result<(), Error> {
+        let sequential = CreateMode::PersistentSequential.with_acls(Acls::anyone_all());
+        let path = format!("{}/sales/s-", dir(sku));
+        zk.create(&path, buyer.to_string().as_bytes(), &sequential)
+            .await?;
+        Ok(())
+    }
+
+    pub(super) async fn sales(zk: &Client, sku: &str) -> Result<u64, Error> {
+        match zk.check_stat(&format!("{}/sales", dir(sku))).await? {
+            Some(stat) => Ok(u64::try_from(stat.num_children).unwrap_or(0)),
+            None => Ok(0),
+        }
+    }
+
+    pub(super) async fn remove(zk: &Client, sku: &str) -> Result<(), Error> {
+        let sales = format!("{}/sales", dir(sku));
+        for child in zk.list_children(&sales).await.unwrap_or_default() {
+            zk.delete(&format!("{sales}/{child}"), None).await?;
+        }
+        for path in [sales, format!("{}/stock", dir(sku)), dir(sku)] {
+            match zk.delete(&path, None).await {
+                Ok(()) | Err(Error::NoNode) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Default)]
@@ -168,6 +234,10 @@ impl Store {
             let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
             tokio::spawn(connection);
             Ok(Self::Postgres(client))
+        } else if let Some(hosts) = url.strip_prefix("zk://") {
+            Ok(Self::ZooKeeper(
+                zookeeper_client::Client::connect(hosts).await?,
+            ))
         } else {
             Ok(Self::Redis(Connection::open(url).await?))
         }
@@ -184,6 +254,7 @@ impl Store {
                 .query_opt("SELECT stock FROM oversell_stock WHERE sku = $1", &[&sku])
                 .await?
                 .map_or(0, |row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0)),
+            Self::ZooKeeper(zk) => zk_stock::stock(zk, sku).await?,
             Self::Memory(m) => m.stock.load(Ordering::SeqCst),
         })
     }
@@ -200,6 +271,7 @@ impl Store {
                 )
                 .await?;
             }
+            Self::ZooKeeper(zk) => zk_stock::set_stock(zk, sku, n).await?,
             Self::Memory(m) => m.stock.store(n, Ordering::SeqCst),
         }
         Ok(())
@@ -218,6 +290,7 @@ impl Store {
                 )
                 .await?;
             }
+            Self::ZooKeeper(zk) => zk_stock::record_sale(zk, sku, buyer).await?,
             Self::Memory(m) => {
                 m.sales.fetch_add(1, Ordering::SeqCst);
             }
@@ -238,6 +311,7 @@ impl Store {
                     .get(0);
                 u64::try_from(n).unwrap_or(0)
             }
+            Self::ZooKeeper(zk) => zk_stock::sales(zk, sku).await?,
             Self::Memory(m) => m.sales.load(Ordering::SeqCst),
         })
     }
@@ -252,7 +326,7 @@ impl Store {
                 db.execute("DELETE FROM oversell_sales WHERE sku = $1", &[&sku])
                     .await?;
             }
-            Self::Memory(_) => {}
+            Self::ZooKeeper(_) | Self::Memory(_) => {}
         }
         self.set_stock(sku, stock).await
     }
@@ -271,6 +345,7 @@ impl Store {
                 db.execute("DELETE FROM oversell_stock WHERE sku = $1", &[&sku])
                     .await?;
             }
+            Self::ZooKeeper(zk) => zk_stock::remove(zk, sku).await?,
             Self::Memory(_) => {}
         }
         Ok(())
@@ -315,6 +390,13 @@ enum ShopError {
     Lock(LockError),
     Store(redis::RedisError),
     Postgres(tokio_postgres::Error),
+    ZooKeeper(zookeeper_client::Error),
+}
+
+impl From<zookeeper_client::Error> for ShopError {
+    fn from(e: zookeeper_client::Error) -> Self {
+        Self::ZooKeeper(e)
+    }
 }
 
 impl From<LockError> for ShopError {
@@ -341,6 +423,7 @@ impl fmt::Display for ShopError {
             Self::Lock(e) => write!(f, "lock: {e}"),
             Self::Store(e) => write!(f, "stock store: {e}"),
             Self::Postgres(e) => write!(f, "stock store (PostgreSQL): {e}"),
+            Self::ZooKeeper(e) => write!(f, "stock store (ZooKeeper): {e}"),
         }
     }
 }
@@ -650,7 +733,9 @@ impl Backend {
             data_url: deployment.data_url(),
             about: match engine {
                 // A throwaway cluster: its directory goes with it.
-                Engine::Postgres => format!("{} (removed at exit)", deployment.describe()),
+                Engine::Postgres | Engine::ZooKeeper => {
+                    format!("{} (removed at exit)", deployment.describe())
+                }
                 _ => format!(
                     "{} (no persistence; stopped at exit)",
                     deployment.describe()
@@ -708,6 +793,8 @@ async fn demo(config: Config) -> Result<bool, String> {
             }
             let stock = if *engine == Engine::Postgres {
                 "stock in a PostgreSQL table (SELECT then UPDATE)"
+            } else if *engine == Engine::ZooKeeper {
+                "stock in a znode (read, then write back)"
             } else {
                 "stock in Redis (GET then SET)"
             };

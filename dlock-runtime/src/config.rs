@@ -20,6 +20,12 @@ pub const DEFAULT_RETRY: (Duration, Duration) =
 /// Default bound on one backend request (`DLOCK_REQUEST_TIMEOUT`): a reply that takes longer
 /// counts as a failed (ambiguous) attempt.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_millis(500);
+/// Default ZooKeeper session timeout (`DLOCK_ZK_SESSION_TIMEOUT`): how long a crashed or paused
+/// holder keeps its lock at most, and how long a lost connection may last without losing
+/// anything. 10s rides out a leader election (a few seconds) and sits inside the servers'
+/// default bounds (4s to 40s with the default `tickTime` of 2s); Curator's 60s keeps a dead
+/// holder's lock six times as long.
+pub const DEFAULT_ZK_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Which backend a [`Locker`](crate::Locker) talks to.
 #[derive(Clone, PartialEq, Eq)]
@@ -42,6 +48,9 @@ pub enum BackendKind {
     /// An etcd cluster reached through these endpoints (`etcd://[user:password@]h1:p1,h2:p2`,
     /// `etcds://` for TLS; feature `etcd`).
     Etcd(RedisUrl),
+    /// A ZooKeeper ensemble (`zk://h1:p1,h2:p2[/chroot]`; feature `zookeeper`): Curator's lock
+    /// recipe under the chroot.
+    ZooKeeper(String),
     /// The embedded in-process backend.
     Memory,
 }
@@ -55,6 +64,7 @@ impl fmt::Debug for BackendKind {
             Self::RedLock(url) => f.debug_tuple("RedLock").field(url).finish(),
             Self::Postgres(url) => f.debug_tuple("Postgres").field(url).finish(),
             Self::Etcd(url) => f.debug_tuple("Etcd").field(url).finish(),
+            Self::ZooKeeper(url) => f.debug_tuple("ZooKeeper").field(url).finish(),
             Self::Memory => f.write_str("Memory"),
         }
     }
@@ -232,6 +242,9 @@ pub(crate) struct Settings {
     pub(crate) notify: bool,
     /// `DLOCK_REDIS_WAIT`: replicas that must acknowledge an acquisition; 0 = off.
     pub(crate) redis_wait: u32,
+    /// `DLOCK_ZK_SESSION_TIMEOUT`: the session timeout asked of ZooKeeper.
+    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
+    pub(crate) zk_session_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -246,6 +259,7 @@ impl Default for Settings {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             notify: true,
             redis_wait: 0,
+            zk_session_timeout: DEFAULT_ZK_SESSION_TIMEOUT,
         }
     }
 }
@@ -315,6 +329,9 @@ impl Settings {
                      acquisition, a whole number like `1` (0 turns it off)",
                 )
             })?;
+        }
+        if let Some(v) = get("DLOCK_ZK_SESSION_TIMEOUT") {
+            settings.zk_session_timeout = parse_duration("DLOCK_ZK_SESSION_TIMEOUT", &v, false)?;
         }
         settings.validate()?;
         Ok(settings)
@@ -408,8 +425,10 @@ mod tests {
             ("DLOCK_REQUEST_TIMEOUT", "2s"),
             ("DLOCK_NOTIFY", "off"),
             ("DLOCK_REDIS_WAIT", "2"),
+            ("DLOCK_ZK_SESSION_TIMEOUT", "6s"),
         ])
         .unwrap();
+        assert_eq!(s.zk_session_timeout, Duration::from_secs(6));
         assert_eq!(s.redis_wait, 2);
         assert_eq!(s.backend, BackendKind::Memory);
         assert_eq!(s.key_prefix, "app:");
@@ -481,6 +500,8 @@ mod tests {
             ("DLOCK_REDIS_WAIT", "-1"),
             ("DLOCK_REDIS_WAIT", "all"),
             ("DLOCK_URL", "redis+cluster://"),
+            ("DLOCK_ZK_SESSION_TIMEOUT", "0s"),
+            ("DLOCK_ZK_SESSION_TIMEOUT", "long"),
         ] {
             let err = env(&[(var, value)]).unwrap_err();
             assert!(err.is_config(), "{var}={value}: {err:?}");

@@ -132,7 +132,12 @@ impl BackendError {
 
     /// An error that asking again cannot cure (a permission the server's ACL denies, a lock key
     /// holding another type): an acquisition fails at once instead of retrying to its deadline.
-    #[cfg(any(feature = "redis", feature = "postgres", feature = "etcd"))]
+    #[cfg(any(
+        feature = "redis",
+        feature = "postgres",
+        feature = "etcd",
+        feature = "zookeeper"
+    ))]
     pub(crate) fn refused(mut self) -> Self {
         self.refused = true;
         self

@@ -36,7 +36,7 @@
 //!
 //! | variable | meaning | default |
 //! | --- | --- | --- |
-//! | `DLOCK_URL` | the engine and its address: `redis://…`, `rediss://…`, `redis+cluster://h1:p1,h2:p2` (feature `redis-cluster`), `redis+sentinel://s1:p1,s2:p2/<master>` (feature `redis-sentinel`), `redis+redlock://h1:p1,h2:p2,h3:p3` (feature `redlock`), `postgres://…` (feature `postgres`), `memory://`; wins over the next two | — |
+//! | `DLOCK_URL` | the engine and its address: `redis://…`, `rediss://…`, `redis+cluster://h1:p1,h2:p2` (feature `redis-cluster`), `redis+sentinel://s1:p1,s2:p2/<master>` (feature `redis-sentinel`), `redis+redlock://h1:p1,h2:p2,h3:p3` (feature `redlock`), `postgres://…` (feature `postgres`), `zk://h1:p1,h2:p2[/chroot]` (feature `zookeeper`), `memory://`; wins over the next two | — |
 //! | `DLOCK_BACKEND` | `redis` or `memory` (kept for compatibility) | `redis` |
 //! | `DLOCK_REDIS_URL` | `redis://[user[:password]@]host[:port][/db]`, `rediss://…` with feature `tls`; `REDIS_URL` when unset | `redis://127.0.0.1:6379` |
 //! | `DLOCK_KEY_PREFIX` | prefix of every lock key | `dlock:` |
@@ -47,6 +47,7 @@
 //! | `DLOCK_REQUEST_TIMEOUT` | bound on one request to the server | `500ms` |
 //! | `DLOCK_NOTIFY` | wake waiters by release notifications, `on` or `off` | `on` |
 //! | `DLOCK_REDIS_WAIT` | replicas that must acknowledge an acquisition (Redis `WAIT`); 0 is off | `0` |
+//! | `DLOCK_ZK_SESSION_TIMEOUT` | the session timeout asked of ZooKeeper (`zk://`): the longest a crashed holder keeps its lock | `10s` |
 //!
 //! A bad value is a [`LockError::Config`] naming the variable, reported on first use.
 #![deny(missing_docs)]
@@ -67,7 +68,8 @@ mod url;
 
 pub use config::{
     BackendKind, DEFAULT_EXPIRE, DEFAULT_KEY_PREFIX, DEFAULT_MAX_KEY_LEN, DEFAULT_REDIS_URL,
-    DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_TIMEOUT, PostgresUrl, RedisUrl,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_TIMEOUT, DEFAULT_ZK_SESSION_TIMEOUT,
+    PostgresUrl, RedisUrl,
 };
 pub use error::{BackendError, LockError};
 pub use guard::LockGuard;

@@ -910,7 +910,7 @@ impl LockerBuilder {
     /// `redis+redlock://[user:password@]h1:p1,h2:p2,h3:p3` (`rediss+redlock`; feature `redlock`:
     /// an odd number of at least 3 independent masters, and a request timeout at most a fifth
     /// of the lease), `postgres://[user[:password]@]host[:port]/dbname` or `postgresql://…`
-    /// (feature `postgres`), or
+    /// (feature `postgres`), `zk://h1:p1,h2:p2[/chroot]` (feature `zookeeper`), or
     /// `memory://` (the process's shared embedded table). Checked by [`build`](Self::build).
     /// Default: `redis://127.0.0.1:6379`.
     pub fn url(mut self, url: impl Into<String>) -> Self {
@@ -985,6 +985,14 @@ impl LockerBuilder {
         self
     }
 
+    /// The session timeout asked of ZooKeeper (`zk://` URLs): the longest a crashed or paused
+    /// holder keeps its lock, and the longest a lost connection lasts without losing the holds.
+    /// Default: 10s (`DLOCK_ZK_SESSION_TIMEOUT`).
+    pub fn zk_session_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.zk_session_timeout = timeout;
+        self
+    }
+
     /// Checks the settings and builds the locker, without any I/O.
     ///
     /// # Errors
@@ -1010,6 +1018,10 @@ impl LockerBuilder {
             BackendKind::Etcd(_) => Arc::new(crate::backend::etcd::EtcdBackend::from_settings(
                 &self.settings,
             )?),
+            #[cfg(feature = "zookeeper")]
+            BackendKind::ZooKeeper(_) => Arc::new(
+                crate::backend::zookeeper::ZooKeeperBackend::from_settings(&self.settings)?,
+            ),
             #[cfg(feature = "redis")]
             _ => Arc::new(crate::backend::redis::RedisBackend::from_settings(
                 &self.settings,

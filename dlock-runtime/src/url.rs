@@ -10,7 +10,7 @@ use crate::{
 /// What the recognised schemes are, for error messages.
 const EXPECTED: &str = "a URL like `redis://host:port`, `redis+cluster://h1:p1,h2:p2`, \
     `redis+sentinel://s1:p1,s2:p2/<master>`, `redis+redlock://h1:p1,h2:p2,h3:p3`, \
-    `postgres://user@host/db` or `memory://`";
+    `postgres://user@host/db`, `zk://h1:p1,h2:p2[/chroot]` or `memory://`";
 
 /// Reads an engine URL. `var` names where it came from (`DLOCK_URL`, …) for the error.
 pub(crate) fn parse(var: &str, url: &str) -> Result<BackendKind, LockError> {
@@ -65,7 +65,12 @@ pub(crate) fn parse(var: &str, url: &str) -> Result<BackendKind, LockError> {
             HostList::parse(var, url, "etcd://[user:password@]h1:p1,h2:p2")?;
             Ok(BackendKind::Etcd(RedisUrl::trusted(url)))
         }
-        "zk" => Err(not_yet(var, scheme, "zookeeper")),
+        "zk" => {
+            needs(var, scheme, "zookeeper", cfg!(feature = "zookeeper"))?;
+            #[cfg(feature = "zookeeper")]
+            crate::backend::zookeeper::connect_string(var, url)?;
+            Ok(BackendKind::ZooKeeper(url.to_owned()))
+        }
         "postgres" | "postgresql" => {
             needs(var, scheme, "postgres", cfg!(feature = "postgres"))?;
             #[cfg(feature = "postgres")]
@@ -96,14 +101,6 @@ fn tls_needs(var: &str, scheme: &str) -> Result<(), LockError> {
         "tls",
         !scheme.starts_with("rediss") || cfg!(feature = "tls"),
     )
-}
-
-/// A scheme of the *Engines* table whose engine this version does not have yet.
-fn not_yet(var: &str, scheme: &str, feature: &str) -> LockError {
-    LockError::config(format!(
-        "{var}: `{scheme}://` is provided by dlock-runtime's `{feature}` feature, which this \
-         version does not have yet"
-    ))
 }
 
 /// A multi-host URL taken apart: `scheme://[userinfo@]h1:p1,h2:p2[/path][?query]`.
@@ -278,14 +275,26 @@ mod tests {
         } else {
             assert!(etcd.unwrap_err().to_string().contains("`etcd` feature"));
         }
-        let err = parse("DLOCK_URL", "zk://u:pw@a:2181/app")
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("`zookeeper`") && err.contains("DLOCK_URL"),
-            "{err}"
-        );
-        assert!(!err.contains("pw"), "{err}");
+        let zk = parse("DLOCK_URL", "zk://a:2181,b:2181/app");
+        if cfg!(feature = "zookeeper") {
+            assert!(matches!(zk, Ok(BackendKind::ZooKeeper(_))));
+        } else {
+            assert!(zk.unwrap_err().to_string().contains("`zookeeper` feature"));
+        }
+    }
+
+    #[test]
+    fn zookeeper_urls_need_their_feature() {
+        let zk = parse("DLOCK_URL", "zk://a:2181,b:2182/app");
+        if cfg!(feature = "zookeeper") {
+            assert!(matches!(zk, Ok(BackendKind::ZooKeeper(_))));
+            let bad = parse("DLOCK_URL", "zk://u:pw@a:2181")
+                .unwrap_err()
+                .to_string();
+            assert!(bad.contains("DLOCK_URL") && !bad.contains("pw"), "{bad}");
+        } else {
+            assert!(zk.unwrap_err().to_string().contains("`zookeeper` feature"));
+        }
     }
 
     #[test]

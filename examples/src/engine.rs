@@ -20,6 +20,7 @@ use crate::throwaway::{
     redlock::RedLockServers,
     sentinel::INSTALL_SENTINEL,
     sentinel::RedisSentinels,
+    zookeeper::{INSTALL_ZOOKEEPER, ZkEnsemble},
 };
 
 /// A Redis engine the examples can run on.
@@ -38,14 +39,16 @@ pub enum Engine {
     RedLock,
     /// A PostgreSQL cluster (`postgres://`): the lock table in its database.
     Postgres,
+    /// A standalone ZooKeeper server (`zk://`): Curator's lock recipe.
+    ZooKeeper,
 }
 
 impl Engine {
     /// The names [`FromStr`](std::str::FromStr) takes, for a usage text.
-    pub const NAMES: &str = "redis|redis-cluster|redis-sentinel|redlock|postgres|etcd";
+    pub const NAMES: &str = "redis|redis-cluster|redis-sentinel|redlock|postgres|etcd|zookeeper";
 
-    /// `redis`, `redis-cluster`, `redis-sentinel`, `redlock`, `postgres` or `etcd`: the flag's
-    /// value.
+    /// `redis`, `redis-cluster`, `redis-sentinel`, `redlock`, `postgres`, `etcd` or `zookeeper`:
+    /// the flag's value.
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
@@ -55,6 +58,7 @@ impl Engine {
             Self::RedLock => "redlock",
             Self::Postgres => "postgres",
             Self::Etcd => "etcd",
+            Self::ZooKeeper => "zookeeper",
         }
     }
 }
@@ -83,6 +87,7 @@ impl std::str::FromStr for Engine {
             "redlock" => Ok(Self::RedLock),
             "postgres" => Ok(Self::Postgres),
             "etcd" => Ok(Self::Etcd),
+            "zookeeper" => Ok(Self::ZooKeeper),
             other => Err(format!(
                 "unknown engine `{other}`; expected one of {}",
                 Self::NAMES
@@ -118,6 +123,8 @@ pub enum Deployment {
         /// Where the examples keep their data (the demo's stock, the benchmark's counter).
         data: RedisServer,
     },
+    /// A standalone ZooKeeper server.
+    ZooKeeper(ZkEnsemble),
 }
 
 impl Deployment {
@@ -138,6 +145,7 @@ impl Deployment {
             Engine::Postgres if !PostgresServer::available() => Some(INSTALL_POSTGRES),
             Engine::Etcd if !EtcdCluster::available() => Some(crate::throwaway::etcd::INSTALL_ETCD),
             Engine::Etcd if !RedisServer::available() => Some(crate::throwaway::INSTALL_REDIS),
+            Engine::ZooKeeper if !ZkEnsemble::available() => Some(INSTALL_ZOOKEEPER),
             _ => None,
         };
         if let Some(missing) = missing {
@@ -162,6 +170,7 @@ impl Deployment {
                     data,
                 })
                 .map_err(|e| e.to_string()),
+            Engine::ZooKeeper => Ok(Self::ZooKeeper(ZkEnsemble::single())),
         })
         .await;
         match started {
@@ -188,12 +197,14 @@ impl Deployment {
             Self::RedLock(_) => Engine::RedLock,
             Self::Postgres(_) => Engine::Postgres,
             Self::Etcd { .. } => Engine::Etcd,
+            Self::ZooKeeper(_) => Engine::ZooKeeper,
         }
     }
 
     /// The URL lockers (and [`Connection::open`]) take: `redis://127.0.0.1:p`,
     /// `redis+cluster://127.0.0.1:p1,…` (the masters), `redis+sentinel://127.0.0.1:s1,…/mymaster`
-    /// `redis+redlock://127.0.0.1:p1,…` (the 5 masters) or `postgres://dlock@127.0.0.1:p/postgres`.
+    /// `redis+redlock://127.0.0.1:p1,…` (the 5 masters), `postgres://dlock@127.0.0.1:p/postgres`
+    /// or `zk://127.0.0.1:p`.
     #[must_use]
     pub fn url(&self) -> String {
         match self {
@@ -203,6 +214,7 @@ impl Deployment {
             Self::RedLock(masters) => masters.url(),
             Self::Postgres(server) => server.url(),
             Self::Etcd { etcd, .. } => etcd.url(),
+            Self::ZooKeeper(server) => server.url(),
         }
     }
 
@@ -228,6 +240,7 @@ impl Deployment {
             Self::RedLock(masters) => masters.ports(),
             Self::Postgres(server) => vec![server.port()],
             Self::Etcd { data, .. } => vec![data.port()],
+            Self::ZooKeeper(server) => vec![server.port(0)],
         }
     }
 
@@ -239,6 +252,7 @@ impl Deployment {
     pub fn describe(&self) -> String {
         let version = match self {
             Self::Postgres(_) => PostgresServer::version(),
+            Self::ZooKeeper(server) => server.version(),
             _ => RedisServer::version(),
         }
         .map_or_else(String::new, |v| format!(" {v}"));
@@ -270,6 +284,11 @@ impl Deployment {
                  3 sentinels on 127.0.0.1:{}",
                 sentinels.master_port(),
                 ports(&sentinels.sentinel_ports())
+            ),
+            Self::ZooKeeper(server) => format!(
+                "throwaway ZooKeeper{version} standalone server on 127.0.0.1:{} (a JVM; data in a \
+                 temporary directory)",
+                server.port(0)
             ),
             Self::RedLock(masters) => format!(
                 "{} throwaway redis-server{version} as independent RedLock masters on 127.0.0.1:{}",

@@ -21,7 +21,7 @@ pub mod throwaway;
 
 /// A Redis URL fit for printing: any `user:password@` part is replaced by `***@`
 /// ([`dlock_runtime::RedisUrl`]'s `Display`, and the same for the multi-host
-/// `redis+cluster://`, `redis+sentinel://` and `redis+redlock://` forms, and
+/// `redis+cluster://`, `redis+sentinel://`, `redis+redlock://` and `zk://` forms, and
 /// [`dlock_runtime::PostgresUrl`]'s for
 /// `postgres://`); a URL that is none of these is not shown
 /// at all.
@@ -51,6 +51,7 @@ pub fn redact_url(url: &str) -> String {
         "rediss+cluster://",
         "rediss+sentinel://",
         "rediss+redlock://",
+        "zk://",
     ]
     .iter()
     .find_map(|scheme| Some((*scheme, url.strip_prefix(scheme)?)));

@@ -11,7 +11,7 @@ use dlock_runtime::{LockError, LockGuard, LockOptions, Locker};
 
 use crate::{
     PostgresServer, RedisServer, cluster::RedisCluster, etcd::EtcdCluster, redlock::RedLockServers,
-    sentinel::RedisSentinels,
+    sentinel::RedisSentinels, zookeeper::ZkEnsemble,
 };
 
 /// The names of the engines the shared suite runs on; [`engine_suite!`](crate::engine_suite)
@@ -29,6 +29,9 @@ use crate::{
 /// - `etcd`: one etcd member (one per test binary, shared).
 /// - `etcd_cluster`: 3 etcd members of one cluster, local processes (one per test binary,
 ///   shared).
+/// - `zookeeper`: one standalone ZooKeeper server (one per test binary, shared: a JVM takes a
+///   second to start).
+/// - `zookeeper_ensemble`: a 3-server ZooKeeper ensemble (one per test binary, shared).
 /// - `memory`: the embedded backend.
 pub const ENGINES: &[&str] = &[
     "redis",
@@ -40,6 +43,8 @@ pub const ENGINES: &[&str] = &[
     "postgres",
     "etcd",
     "etcd_cluster",
+    "zookeeper",
+    "zookeeper_ensemble",
     "memory",
 ];
 
@@ -53,7 +58,7 @@ pub const ENGINES: &[&str] = &[
 macro_rules! engine_suite {
     ($($case:ident),* $(,)?) => {
         $crate::engine_suite!(
-            @engines [redis, redis_acl, redis_acl_no_channels, redis_cluster, redis_sentinel, redlock, postgres, etcd, etcd_cluster, memory]
+            @engines [redis, redis_acl, redis_acl_no_channels, redis_cluster, redis_sentinel, redlock, postgres, etcd, etcd_cluster, zookeeper, zookeeper_ensemble, memory]
             [$($case),*]
         );
     };
@@ -190,6 +195,24 @@ impl Engine {
                 let url = server.url();
                 Self::Shared {
                     deployment: server,
+                    url,
+                }
+            }
+            "zookeeper" => {
+                static ZOOKEEPER: Mutex<Weak<ZkEnsemble>> = Mutex::new(Weak::new());
+                let server = shared(&ZOOKEEPER, ZkEnsemble::single);
+                let url = server.url();
+                Self::Shared {
+                    deployment: server,
+                    url,
+                }
+            }
+            "zookeeper_ensemble" => {
+                static ENSEMBLE: Mutex<Weak<ZkEnsemble>> = Mutex::new(Weak::new());
+                let ensemble = shared(&ENSEMBLE, || ZkEnsemble::start(3));
+                let url = ensemble.url();
+                Self::Shared {
+                    deployment: ensemble,
                     url,
                 }
             }

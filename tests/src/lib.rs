@@ -20,7 +20,7 @@ pub mod pg;
 pub mod proxy;
 pub use dlock_examples::throwaway::postgres::{self, PostgresServer};
 pub use dlock_examples::throwaway::{
-    INSTALL_REDIS, RedisServer, cluster, etcd, free_port, redlock, sentinel,
+    INSTALL_REDIS, RedisServer, cluster, etcd, free_port, redlock, sentinel, zookeeper,
 };
 pub use engines::Engine;
 

@@ -16,6 +16,8 @@ pub(crate) mod postgres;
 pub(crate) mod redis;
 #[cfg(feature = "redlock")]
 pub(crate) mod redlock;
+#[cfg(feature = "zookeeper")]
+pub(crate) mod zookeeper;
 
 /// What follows the key prefix in the names of the fencing counters; lock keys may not start so.
 pub(crate) const FENCE_PREFIX: &str = "__fence:";

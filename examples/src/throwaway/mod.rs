@@ -8,7 +8,8 @@
 //! migrated).
 //!
 //! A throwaway PostgreSQL cluster ([`PostgresServer`](postgres::PostgresServer)) runs the same
-//! way for the PostgreSQL engine.
+//! way for the PostgreSQL engine, and a ZooKeeper server or ensemble of local JVMs
+//! ([`ZkEnsemble`](zookeeper::ZkEnsemble)) for the ZooKeeper engine.
 //!
 //! A missing binary is reported with the command that installs it ([`INSTALL_REDIS`]).
 
@@ -26,6 +27,7 @@ pub mod redlock;
 mod resp;
 pub mod sentinel;
 mod server;
+pub mod zookeeper;
 
 pub use server::RedisServer;
 
