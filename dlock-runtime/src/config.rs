@@ -476,7 +476,7 @@ mod tests {
             BackendKind::Redis(RedisUrl("redis://u:1".into()))
         );
         let err = env(&[
-            ("DLOCK_URL", "zk://e:2181"),
+            ("DLOCK_URL", "nosuch://e:2181"),
             ("DLOCK_REDIS_URL", "redis://d:2"),
         ])
         .unwrap_err();
