@@ -1386,25 +1386,7 @@ async fn bench(target: &Target, args: &Args) -> Result<bool, Error> {
             w4s[i].push((row, Vec::new()));
         }
     }
-    let mut rows = Vec::new();
-    let mut floors = Vec::new();
-    let mut series = Vec::new();
-    let groups = std::iter::once(w1s).chain(w2s).chain([w3s]);
-    for group in groups {
-        for (i, rounds) in group.into_iter().enumerate() {
-            if rounds.is_empty() {
-                continue;
-            }
-            let (row, waits) = median(rounds);
-            if i == 0 {
-                floors.push((row.workload, row.per_sec));
-            }
-            if !waits.is_empty() {
-                series.push((row.variant, waits));
-            }
-            rows.push(row);
-        }
-    }
+    let (mut rows, mut floors, series) = medians(std::iter::once(w1s).chain(w2s).chain([w3s]));
     // W4 has no floor of its own: its × column is against W3's floor (one process per client,
     // retrying SET NX every 1ms), to compare the hot key with W3's contention.
     let w3_floor = floors
@@ -1424,7 +1406,53 @@ async fn bench(target: &Target, args: &Args) -> Result<bool, Error> {
         rows.push(row);
     }
     eprintln!();
-    println!("{}", table(&rows, &floors));
+    report(args, target.engine, &rows, &floors, &series, None)
+}
+
+/// What a group's rounds came to: each variant's median round, the first variant of every group
+/// being its floor (`(workload, per second)`), and the wait times of the variants that have them
+/// (W3, for the plot). Variants that did not run (`--only`) are left out.
+#[allow(clippy::type_complexity)]
+fn medians(
+    groups: impl IntoIterator<Item = Vec<Rounds>>,
+) -> (
+    Vec<Row>,
+    Vec<(&'static str, f64)>,
+    Vec<(&'static str, Vec<Duration>)>,
+) {
+    let (mut rows, mut floors, mut series) = (Vec::new(), Vec::new(), Vec::new());
+    for group in groups {
+        for (i, rounds) in group.into_iter().enumerate() {
+            if rounds.is_empty() {
+                continue;
+            }
+            let (row, waits) = median(rounds);
+            if i == 0 {
+                floors.push((row.workload, row.per_sec));
+            }
+            if !waits.is_empty() {
+                series.push((row.variant, waits));
+            }
+            rows.push(row);
+        }
+    }
+    (rows, floors, series)
+}
+
+/// Prints the table (and `note` under it), writes `--json` and `--plot`; `true` when every
+/// counter was exact.
+fn report(
+    args: &Args,
+    engine: Engine,
+    rows: &[Row],
+    floors: &[(&'static str, f64)],
+    series: &[(&'static str, Vec<Duration>)],
+    note: Option<&str>,
+) -> Result<bool, Error> {
+    println!("{}", table(rows, floors));
+    if let Some(note) = note {
+        println!("{note}");
+    }
     if let Some(path) = &args.json {
         let lines: String = rows
             .iter()
@@ -1433,14 +1461,16 @@ async fn bench(target: &Target, args: &Args) -> Result<bool, Error> {
                     .iter()
                     .find(|(w, _)| *w == r.workload)
                     .map_or(1.0, |(_, f)| *f);
-                r.json(target.engine, floor) + "\n"
+                r.json(engine, floor) + "\n"
             })
             .collect();
         std::fs::write(path, lines)?;
         println!("JSON lines written to {path}");
     }
-    if let Some(path) = &args.plot {
-        std::fs::write(path, plot(&series))?;
+    if let Some(path) = &args.plot
+        && !series.is_empty()
+    {
+        std::fs::write(path, plot(series))?;
         println!("W3 wait-time plot written to {path}");
     }
     Ok(rows.iter().all(|r| r.exact != Some(false)))

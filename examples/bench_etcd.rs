@@ -22,7 +22,9 @@ use dlock_runtime::{LockOptions, Locker};
 use etcd_client::{Client, LockOptions as EtcdLockOptions};
 use redis::AsyncCommands as _;
 
-use super::{Args, Error, Rounds, Row, client_cpu_so_far, locked_noop, median, percentile, table};
+use super::{
+    Args, Error, Rounds, Row, client_cpu_so_far, locked_noop, medians, percentile, report,
+};
 
 struct Target {
     /// `etcd://127.0.0.1:p`.
@@ -442,32 +444,7 @@ pub(crate) async fn bench(args: &Args) -> Result<bool, Error> {
             w3s[i].push(w3(&target, args, mode, round * 10 + i).await?);
         }
     }
+    let (rows, floors, series) = medians([w1s, w2s, w3s]);
     eprintln!();
-    let mut rows = Vec::new();
-    let mut floors = Vec::new();
-    for group in [w1s, w2s, w3s] {
-        for (i, rounds) in group.into_iter().enumerate() {
-            let (row, _) = median(rounds);
-            if i == 0 {
-                floors.push((row.workload, row.per_sec));
-            }
-            rows.push(row);
-        }
-    }
-    println!("{}", table(&rows, &floors));
-    if let Some(path) = &args.json {
-        let lines: String = rows
-            .iter()
-            .map(|r| {
-                let floor = floors
-                    .iter()
-                    .find(|(w, _)| *w == r.workload)
-                    .map_or(1.0, |(_, f)| *f);
-                r.json(Engine::Etcd, floor) + "\n"
-            })
-            .collect();
-        std::fs::write(path, lines)?;
-        println!("JSON lines written to {path}");
-    }
-    Ok(rows.iter().all(|r| r.exact != Some(false)))
+    report(args, Engine::Etcd, &rows, &floors, &series, None)
 }

@@ -17,7 +17,7 @@ use tokio_postgres::{Client, NoTls, Statement};
 
 use super::{
     Args, Error, Rounds, Row, Section, Sizes, client_cpu_so_far, contended_row, locked_noop,
-    median, percentile, plot, table,
+    medians, percentile, report,
 };
 
 const ENGINE: dlock_examples::engine::Engine = dlock_examples::engine::Engine::Postgres;
@@ -465,41 +465,14 @@ pub(super) async fn bench(args: &Args) -> Result<bool, Error> {
             w3s[i].push(w3(&target, mode, sizes, round * 10 + i).await?);
         }
     }
-    let mut rows = Vec::new();
-    let mut floors = Vec::new();
-    let mut series = Vec::new();
-    for group in [w1s, w2s, w3s] {
-        for (i, rounds) in group.into_iter().enumerate() {
-            let (row, waits) = median(rounds);
-            if i == 0 {
-                floors.push((row.workload, row.per_sec));
-            }
-            if !waits.is_empty() {
-                series.push((row.variant, waits));
-            }
-            rows.push(row);
-        }
-    }
+    let (rows, floors, series) = medians([w1s, w2s, w3s]);
     eprintln!();
-    println!("{}", table(&rows, &floors));
-    println!("cmds/acq: statements PostgreSQL executed per acquisition (pg_stat_statements).");
-    if let Some(path) = &args.json {
-        let lines: String = rows
-            .iter()
-            .map(|r| {
-                let floor = floors
-                    .iter()
-                    .find(|(w, _)| *w == r.workload)
-                    .map_or(1.0, |(_, f)| *f);
-                r.json(ENGINE, floor) + "\n"
-            })
-            .collect();
-        std::fs::write(path, lines)?;
-        println!("JSON lines written to {path}");
-    }
-    if let Some(path) = &args.plot {
-        std::fs::write(path, plot(&series))?;
-        println!("W3 wait-time plot written to {path}");
-    }
-    Ok(rows.iter().all(|r| r.exact != Some(false)))
+    report(
+        args,
+        ENGINE,
+        &rows,
+        &floors,
+        &series,
+        Some("cmds/acq: statements PostgreSQL executed per acquisition (pg_stat_statements)."),
+    )
 }
