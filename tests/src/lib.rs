@@ -147,3 +147,76 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
         self.clone()
     }
 }
+
+/// A worker process in `pause-holder` mode (every worker binary has it) that took a lock and was
+/// then frozen with SIGSTOP while holding it.
+#[derive(Debug)]
+pub struct FrozenHolder {
+    child: std::process::Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+    /// The fencing token the worker's acquisition got.
+    pub fence: u64,
+}
+
+impl FrozenHolder {
+    /// Starts `exe args…` (the last argument `pause-holder`), waits for its `acquired <fence>`,
+    /// then stops it.
+    ///
+    /// # Panics
+    /// When the worker cannot start, says anything else, or cannot be stopped.
+    #[must_use]
+    pub fn start(exe: &str, args: &[&str]) -> Self {
+        use std::io::BufRead as _;
+        let mut child = std::process::Command::new(exe)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {exe}: {e}"));
+        let mut out = std::io::BufReader::new(child.stdout.take().expect("piped stdout"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("the worker's first line");
+        let fence = line
+            .trim()
+            .strip_prefix("acquired ")
+            .and_then(|f| f.parse().ok())
+            .unwrap_or_else(|| panic!("worker said {line:?}"));
+        signal(&child, "-STOP");
+        Self { child, out, fence }
+    }
+
+    /// Continues the worker, lets it try its fenced write and release (`go`), and returns what
+    /// it reports (`held=… lost_resolved=… write_accepted=… release=…`) once it exited cleanly.
+    ///
+    /// # Panics
+    /// When the worker cannot be continued, says nothing, or fails.
+    #[must_use]
+    pub fn resume(mut self) -> String {
+        use std::io::{BufRead as _, Write as _};
+        signal(&self.child, "-CONT");
+        self.child
+            .stdin
+            .take()
+            .expect("piped stdin")
+            .write_all(b"go\n")
+            .expect("tell the worker to go on");
+        let mut report = String::new();
+        self.out
+            .read_line(&mut report)
+            .expect("the worker's report");
+        assert!(self.child.wait().expect("the worker ends").success());
+        report.trim().to_owned()
+    }
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`, …) to `child` with kill(1).
+///
+/// # Panics
+/// When kill fails.
+pub fn signal(child: &std::process::Child, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {signal} failed");
+}

@@ -4,7 +4,7 @@
 //! restarted, every endpoint down). Servers: Debian's `etcd-server` and `etcd-client` packages.
 
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
+    io::{BufRead as _, BufReader},
     process::{Child, Command, Stdio},
     sync::{Mutex, Weak, mpsc},
     time::Duration,
@@ -12,11 +12,12 @@ use std::{
 
 use dlock_runtime::{LockOptions, Locker};
 use dlock_tests::{
+    FrozenHolder,
     engines::{error_within_the_wait, extend_once_reachable, shared},
     etcd::EtcdCluster,
     free_port,
     proxy::Proxy,
-    unique_key,
+    signal, unique_key,
 };
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use tokio::time::Instant;
@@ -73,14 +74,6 @@ fn lines_of(child: &mut Child) -> mpsc::Receiver<String> {
         }
     });
     rx
-}
-
-fn signal(child: &Child, signal: &str) {
-    let status = Command::new("kill")
-        .args([signal, &child.id().to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill {signal} failed");
 }
 
 /// `etcdctl lock <prefix+key>` and dlock on the key exclude each other, both ways round: etcdctl
@@ -434,22 +427,11 @@ async fn holder_frozen_past_its_lease_is_fenced_off() {
     data.put(format!("resource/{key}/fence"), padded(0), None)
         .await
         .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dlock-etcd-worker"))
-        .args([&etcd.url(), &key, "1", "pause-holder"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    let first: u64 = line
-        .trim()
-        .strip_prefix("acquired ")
-        .unwrap_or_else(|| panic!("worker said {line:?}"))
-        .parse()
-        .unwrap();
-    signal(&child, "-STOP");
+    let frozen = FrozenHolder::start(
+        env!("CARGO_BIN_EXE_dlock-etcd-worker"),
+        &[&etcd.url(), &key, "1", "pause-holder"],
+    );
+    let first = frozen.fence;
 
     let locker = failover_locker(&etcd);
     let second = locker.acquire(&key, LockOptions::new()).await.unwrap();
@@ -467,13 +449,8 @@ async fn holder_frozen_past_its_lease_is_fenced_off() {
         ]);
     assert!(data.txn(write).await.unwrap().succeeded());
 
-    signal(&child, "-CONT");
-    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    let mut report = String::new();
-    out.read_line(&mut report).unwrap();
-    assert!(child.wait().unwrap().success());
     assert_eq!(
-        report.trim(),
+        frozen.resume(),
         "held=false lost_resolved=true write_accepted=false release=lost",
         "the frozen holder's view"
     );

@@ -2,14 +2,10 @@
 //! server, a stalled server, killed connections, cancellation at random points, panics and
 //! runtime shutdown. Each test is bounded (well under 60s).
 
-use std::{
-    io::{BufRead as _, BufReader, Write as _},
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::time::Duration;
 
 use dlock_runtime::{LockOptions, Locker};
-use dlock_tests::{RedisServer, unique_key};
+use dlock_tests::{FrozenHolder, RedisServer, unique_key};
 use redis::Commands as _;
 use tokio::time::Instant;
 
@@ -36,29 +32,11 @@ fn locker_with(server: &RedisServer, expire: Duration) -> Locker {
 async fn paused_holder_is_fenced_off() {
     let server = RedisServer::start();
     let key = unique_key("paused");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dlock-worker"))
-        .args([&server.url(), &key, "1", "pause-holder"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    let first: u64 = line
-        .trim()
-        .strip_prefix("acquired ")
-        .unwrap()
-        .parse()
-        .unwrap();
-    let pid = child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-STOP", &pid])
-            .status()
-            .unwrap()
-            .success()
+    let frozen = FrozenHolder::start(
+        env!("CARGO_BIN_EXE_dlock-worker"),
+        &[&server.url(), &key, "1", "pause-holder"],
     );
+    let first = frozen.fence;
 
     let locker = server.locker();
     let started = Instant::now();
@@ -81,19 +59,8 @@ async fn paused_holder_is_fenced_off() {
         .unwrap();
     assert_eq!(accepted, 1);
 
-    assert!(
-        Command::new("kill")
-            .args(["-CONT", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    let mut report = String::new();
-    out.read_line(&mut report).unwrap();
-    assert!(child.wait().unwrap().success());
     assert_eq!(
-        report.trim(),
+        frozen.resume(),
         "held=false lost_resolved=true write_accepted=false release=lost",
         "the paused holder's view"
     );

@@ -4,15 +4,11 @@
 //! terminated mid-hold, a frozen server, a frozen holder. Tests that freeze or restart a server
 //! start their own; the others share one cluster per binary, each in its own keys or database.
 
-use std::{
-    io::{BufRead as _, BufReader, Write as _},
-    process::{Command, Stdio},
-    time::Duration,
-};
+use std::{process::Command, time::Duration};
 
 use dlock_runtime::{LockOptions, Locker};
 use dlock_tests::{
-    PostgresServer,
+    FrozenHolder, PostgresServer,
     pg::{self, FENCED_WRITE},
     unique_key,
 };
@@ -623,29 +619,11 @@ async fn a_frozen_holder_is_fenced_off() {
     let server = pg::shared_server();
     let db = pg::client(&server.url()).await;
     let key = unique_key("paused");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dlock-pg-worker"))
-        .args([&server.url(), &key, "1", "pause-holder"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    let first: u64 = line
-        .trim()
-        .strip_prefix("acquired ")
-        .unwrap_or_else(|| panic!("worker said {line:?}"))
-        .parse()
-        .unwrap();
-    let pid = child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-STOP", &pid])
-            .status()
-            .unwrap()
-            .success()
+    let frozen = FrozenHolder::start(
+        env!("CARGO_BIN_EXE_dlock-pg-worker"),
+        &[&server.url(), &key, "1", "pause-holder"],
     );
+    let first = frozen.fence;
 
     let locker = locker(&server.url());
     let started = Instant::now();
@@ -665,19 +643,8 @@ async fn a_frozen_holder_is_fenced_off() {
         .unwrap();
     assert_eq!(accepted, 1);
 
-    assert!(
-        Command::new("kill")
-            .args(["-CONT", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    let mut report = String::new();
-    out.read_line(&mut report).unwrap();
-    assert!(child.wait().unwrap().success());
     assert_eq!(
-        report.trim(),
+        frozen.resume(),
         "held=false lost_resolved=true write_accepted=false release=lost",
         "the frozen holder's view"
     );

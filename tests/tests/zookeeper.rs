@@ -7,14 +7,13 @@
 //! deployment it breaks.
 
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
-    process::{Command, Stdio},
+    process::Command,
     sync::{Mutex, Weak},
     time::Duration,
 };
 
 use dlock_runtime::{LockOptions, Locker};
-use dlock_tests::{proxy::Proxy, unique_key, zookeeper::ZkEnsemble};
+use dlock_tests::{FrozenHolder, proxy::Proxy, unique_key, zookeeper::ZkEnsemble};
 use tokio::time::Instant;
 use zookeeper_client::{Acls, Client, LockPrefix};
 
@@ -415,29 +414,11 @@ async fn four_processes_lose_no_update() {
 async fn holder_frozen_past_its_session_is_fenced_off() {
     let zk = server();
     let key = unique_key("frozen").replace(':', "-");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_dlock-zk-worker"))
-        .args([&zk.url(), &key, "1000", "pause-holder"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    let first: u64 = line
-        .trim()
-        .strip_prefix("acquired ")
-        .unwrap_or_else(|| panic!("{line:?}"))
-        .parse()
-        .unwrap();
-    let pid = child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-STOP", &pid])
-            .status()
-            .unwrap()
-            .success()
+    let frozen = FrozenHolder::start(
+        env!("CARGO_BIN_EXE_dlock-zk-worker"),
+        &[&zk.url(), &key, "1000", "pause-holder"],
     );
+    let first = frozen.fence;
 
     let next = locker(&zk.url());
     let started = Instant::now();
@@ -462,19 +443,8 @@ async fn holder_frozen_past_its_session_is_fenced_off() {
         .await
         .unwrap();
 
-    assert!(
-        Command::new("kill")
-            .args(["-CONT", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    child.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    let mut report = String::new();
-    out.read_line(&mut report).unwrap();
-    assert!(child.wait().unwrap().success());
     assert_eq!(
-        report.trim(),
+        frozen.resume(),
         "held=false lost_resolved=true write_accepted=false release=lost",
         "the frozen holder's view"
     );
