@@ -21,7 +21,7 @@ pub mod throwaway;
 
 /// A Redis URL fit for printing: any `user:password@` part is replaced by `***@`
 /// ([`dlock_runtime::RedisUrl`]'s `Display`, and the same for the multi-host
-/// `redis+cluster://`, `redis+sentinel://`, `redis+redlock://` and `zk://` forms, and
+/// `redis+cluster://`, `redis+sentinel://`, `redis+redlock://`, `etcd://` and `zk://` forms, and
 /// [`dlock_runtime::PostgresUrl`]'s for
 /// `postgres://`); a URL that is none of these is not shown
 /// at all.
@@ -40,6 +40,10 @@ pub mod throwaway;
 ///     dlock_examples::redact_url("postgres://app:s3cret@db/shop"),
 ///     "postgres://***@db/shop"
 /// );
+/// assert_eq!(
+///     dlock_examples::redact_url("etcds://app:s3cret@h1:2379,h2:2379"),
+///     "etcds://***@h1:2379,h2:2379"
+/// );
 /// assert_eq!(dlock_examples::redact_url("http://app:s3cret@h1"), "***");
 /// ```
 #[must_use]
@@ -51,6 +55,8 @@ pub fn redact_url(url: &str) -> String {
         "rediss+cluster://",
         "rediss+sentinel://",
         "rediss+redlock://",
+        "etcd://",
+        "etcds://",
         "zk://",
     ]
     .iter()

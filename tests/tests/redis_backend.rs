@@ -388,8 +388,10 @@ async fn replica_acknowledgement_on_a_single_server() {
     let alone = Locker::builder()
         .redis_url(server.url())
         .redis_wait(1)
-        .timeout(Duration::from_millis(600))
-        .request_timeout(Duration::from_millis(100))
+        .timeout(Duration::from_secs(2))
+        // WAIT blocks this long on the server, and its reply gets as long again: 100ms left
+        // too little room on a loaded 2-core CI machine ("WAIT got no reply").
+        .request_timeout(Duration::from_millis(300))
         .build()
         .unwrap();
     let key = unique_key("unacknowledged");
