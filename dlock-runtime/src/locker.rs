@@ -72,13 +72,12 @@ struct Inner {
     settings: Settings,
     backend: Arc<dyn Backend>,
     lines: Lines,
-    /// The engine keeps a queue of places ([`FairOrder::Queue`]): waiters wait in it.
-    queue_engine: bool,
-    /// Every attempt takes a place in the engine's own line ([`FairOrder::Native`]: etcd,
-    /// ZooKeeper): a waiter holding one there must never also wait behind this process's other
-    /// waiters here, or they would wait for each other. So every waiter joins the in-process
-    /// line before its first attempt there, as a fair one does everywhere.
-    native_line: bool,
+    /// How the engine orders waiters, read once: on [`FairOrder::Queue`] waiters wait in the
+    /// engine's queue of places; on [`FairOrder::Native`] (etcd, ZooKeeper) every attempt takes
+    /// a place in the engine's own line, so a waiter holding one there must never also wait
+    /// behind this process's other waiters here, or they would wait for each other: every waiter
+    /// joins the in-process line before its first attempt there, as a fair one does everywhere.
+    order: FairOrder,
 }
 
 /// The in-process lines of waiters, one per contended key: the waiters of a key on one locker
@@ -290,8 +289,7 @@ impl Locker {
         Self {
             inner: Arc::new(Inner {
                 settings,
-                queue_engine: backend.fair_order() == FairOrder::Queue,
-                native_line: backend.fair_order() == FairOrder::Native,
+                order: backend.fair_order(),
                 backend,
                 lines: Lines::default(),
             }),
@@ -354,7 +352,7 @@ impl Locker {
             return Ok(guard);
         }
         if options.fair
-            && let FairOrder::Unsupported(why) = self.backend().fair_order()
+            && let FairOrder::Unsupported(why) = self.inner.order
         {
             return Err(LockError::config(format!("fair: {why}")));
         }
@@ -524,7 +522,7 @@ impl Locker {
         let (key, token) = (&orphan.key, &orphan.token);
         // On an engine with a queue, a waiter first in its line waits in the queue through the
         // line's place; a fair waiter takes the lock only at the head of the queue.
-        let queue_engine = self.inner.queue_engine;
+        let queue_engine = self.inner.order == FairOrder::Queue;
         let liveness = waiter_liveness(settings);
         // A waiter's release wake-up: armed before its first attempt when it waits in line from
         // the start, else after its first refusal (then it tries again at once: the release may
@@ -534,7 +532,7 @@ impl Locker {
         let mut watch_asked = !settings.notify || timeout.is_zero();
         // The in-process line (see `Lines`): a fair waiter joins it before its first attempt
         // (even a single attempt: it asks from the line's place, so it never passes the queue),
-        // and so does any waiter on an engine with its own line (`native_line`) or of a key that
+        // and so does any waiter on an engine with its own line (`Inner::order`) or of a key that
         // has waiters here already; otherwise a waiter joins after its first refusal, so an
         // uncontended acquisition pays one atomic read for it.
         let lines = &self.inner.lines;
@@ -542,7 +540,7 @@ impl Locker {
         // The waiter before this one took the lock, having heard this many release wake-ups:
         // nothing to ask until another comes.
         let mut handed_on = None;
-        let native_line = self.inner.native_line;
+        let native_line = self.inner.order == FairOrder::Native;
         if fair || (!timeout.is_zero() && (native_line || lines.busy(key))) {
             match lines.turn(self, key, deadline).await? {
                 Some(first) => {

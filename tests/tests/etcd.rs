@@ -50,6 +50,23 @@ async fn line(etcd: &EtcdCluster, name: &str) -> Vec<String> {
         .collect()
 }
 
+/// Waits up to `within` for `lease` to be gone (revoked or expired): `false` if it still lives.
+async fn lease_revoked(etcd: &EtcdCluster, lease: i64, within: Duration) -> bool {
+    let mut etcd_client = client(etcd).await;
+    let deadline = Instant::now() + within;
+    while etcd_client
+        .lease_time_to_live(lease, None)
+        .await
+        .is_ok_and(|ttl| ttl.ttl() > 0)
+    {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    true
+}
+
 /// Waits up to `within` for `name`'s line to have `n` keys.
 async fn line_has(etcd: &EtcdCluster, name: &str, n: usize, within: Duration) -> Vec<String> {
     let deadline = Instant::now() + within;
@@ -206,19 +223,10 @@ async fn single_attempts_and_dropped_waiters_leave_nothing() {
     assert!(waiting.await.unwrap().is_err(), "the waiter was dropped");
     let keys = line_has(&etcd, &name, 1, Duration::from_secs(2)).await;
     assert_eq!(keys.len(), 1, "the dropped waiter left its key: {keys:?}");
-    let mut etcd_client = client(&etcd).await;
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while etcd_client
-        .lease_time_to_live(lease, None)
-        .await
-        .is_ok_and(|ttl| ttl.ttl() > 0)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the dropped waiter's lease was not revoked"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        lease_revoked(&etcd, lease, Duration::from_secs(2)).await,
+        "the dropped waiter's lease was not revoked"
+    );
 
     // A waiter that times out.
     let err = b
@@ -293,19 +301,10 @@ async fn a_waiter_whose_put_reply_was_lost_queues_once_and_leaves_nothing() {
     assert!(err.is_timeout(), "{err}");
     let keys = line_has(&etcd, &name, 1, Duration::from_secs(2)).await;
     assert_eq!(keys.len(), 1, "the waiter left its key: {keys:?}");
-    let mut etcd_client = client(&etcd).await;
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while etcd_client
-        .lease_time_to_live(lease, None)
-        .await
-        .is_ok_and(|ttl| ttl.ttl() > 0)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the waiter's lease was not revoked"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        lease_revoked(&etcd, lease, Duration::from_secs(2)).await,
+        "the waiter's lease was not revoked"
+    );
     held.release().await.unwrap();
 }
 
