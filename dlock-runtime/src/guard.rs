@@ -120,6 +120,7 @@ impl Hold {
             self.locker.clone(),
             self.key.clone(),
             self.token.clone(),
+            true,
         );
     }
 
@@ -418,7 +419,7 @@ impl LockGuard {
         // If this future is dropped before the reply, the request may never have been written:
         // hand the release to the runtime then.
         let mut in_flight = ReleaseInFlight(Some(hold));
-        let outcome = hold.locker.backend().release(&hold.key, &hold.token).await;
+        let outcome = hold.locker.let_go(&hold.key, &hold.token).await;
         in_flight.0 = None;
         match outcome {
             Ok(true) => {

@@ -4,7 +4,7 @@ use std::{
     fmt,
     sync::{
         Arc, OnceLock,
-        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -19,6 +19,7 @@ use crate::{
         memory::MemoryBackend,
     },
     config::{BackendKind, Settings},
+    error::BackendError,
     guard::{Hold, far_future},
     options::Lease,
 };
@@ -78,6 +79,8 @@ struct Inner {
     /// behind this process's other waiters here, or they would wait for each other: every waiter
     /// joins the in-process line before its first attempt there, as a fair one does everywhere.
     order: FairOrder,
+    /// The engine can pass a hold straight to another acquisition ([`Backend::pass`]).
+    passes: bool,
 }
 
 /// The in-process lines of waiters, one per contended key: the waiters of a key on one locker
@@ -105,6 +108,65 @@ struct Line {
     handed_on: AtomicU64,
     /// Waiters in the line (the first one included); changed under the map's lock.
     members: AtomicUsize,
+    /// The first waiter's offer to take the lock straight from a holder of this locker.
+    baton: std::sync::Mutex<Option<Baton>>,
+    /// Holds passed from one waiter of this line to the next in a row; a release passes only
+    /// while there were fewer than [`MAX_PASSES`], then lets the lock go round the processes.
+    passes: AtomicU32,
+}
+
+/// How many times in a row a hold goes straight to the next waiter of the same locker (see
+/// [`Baton`]) before a release frees the key and wakes the place first in the engine's queue:
+/// a process with a hot key keeps the lock for at most this many holds more while other
+/// processes wait, so none starves.
+const MAX_PASSES: u32 = 4;
+
+/// The first waiter of a line, in the default mode on an engine that can pass a hold
+/// ([`Backend::pass`]), offers to take the lock straight from the holder: a holder of the same
+/// locker that releases while the offer stands makes the key the waiter's in one request (a
+/// compare-and-set with a new fence) instead of deleting it, publishing a wake-up, and waiting
+/// for the waiter's own attempt. The waiter withdraws its offer before each attempt of its own,
+/// and once a holder took it, waits for that holder's answer instead: the key is never set for
+/// a waiter that does not know it.
+struct Baton {
+    token: Token,
+    lease: Duration,
+    reply: tokio::sync::oneshot::Sender<Passed>,
+}
+
+/// A holder's answer to a [`Baton`].
+enum Passed {
+    /// The key is the waiter's, with this fence, since a request sent at `sent_at`.
+    Held { fence: u64, sent_at: Instant },
+    /// The holder no longer held it: nothing changed.
+    Refused,
+    /// The pass failed without an answer (or the holder gave up waiting for one): the key may
+    /// be the waiter's.
+    Unknown,
+}
+
+impl Line {
+    fn baton(&self) -> std::sync::MutexGuard<'_, Option<Baton>> {
+        self.baton
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Offers to take the lock from a holder of this locker; the answer comes on the receiver.
+    fn offer(&self, token: &Token, lease: Duration) -> tokio::sync::oneshot::Receiver<Passed> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        *self.baton() = Some(Baton {
+            token: token.clone(),
+            lease,
+            reply,
+        });
+        answer
+    }
+
+    /// Takes `token`'s offer back; `false` when a holder took it first (its answer is coming).
+    fn withdraw(&self, token: &Token) -> bool {
+        self.baton().take_if(|b| b.token == *token).is_some()
+    }
 }
 
 /// [`Line::handed_on`] when the last waiter did not leave holding the lock, or its wake-ups were
@@ -144,6 +206,8 @@ impl Lines {
                         queued: AtomicBool::new(false),
                         handed_on: AtomicU64::new(NOT_HANDED_ON),
                         members: AtomicUsize::new(0),
+                        baton: std::sync::Mutex::new(None),
+                        passes: AtomicU32::new(0),
                     });
                     lines.insert(key.to_owned(), line.clone());
                     self.open.store(lines.len(), Ordering::Relaxed);
@@ -173,6 +237,19 @@ impl Lines {
         turn.permit = true;
         turn.waited = true;
         Ok(Some(turn))
+    }
+
+    /// The offer of `key`'s first waiter to take the lock from a holder (see [`Baton`]), unless
+    /// the line had its [`MAX_PASSES`] in a row.
+    fn baton(&self, key: &str) -> Option<Baton> {
+        if self.open.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let line = self.map().get(key)?.clone();
+        if line.passes.load(Ordering::Acquire) >= MAX_PASSES {
+            return None;
+        }
+        line.baton().take().filter(|b| !b.reply.is_closed())
     }
 }
 
@@ -215,6 +292,9 @@ impl Drop for Turn<'_> {
                 _ => NOT_HANDED_ON,
             };
             self.line.handed_on.store(handed_on, Ordering::Release);
+            // An offer of this waiter's that is still up goes with it (the wait withdraws it
+            // first; this is the safety net).
+            drop(self.line.baton().take());
             self.line.turns.add_permits(1);
         }
         let lines = &self.locker.inner.lines;
@@ -290,6 +370,7 @@ impl Locker {
             inner: Arc::new(Inner {
                 settings,
                 order: backend.fair_order(),
+                passes: backend.passes(),
                 backend,
                 lines: Lines::default(),
             }),
@@ -512,12 +593,16 @@ impl Locker {
         let started = Instant::now();
         let deadline = started.checked_add(timeout).unwrap_or_else(far_future);
         let fair = options.fair;
+        // Declared before the cleanup, so that a dropped wait withdraws its offer to take the
+        // lock (see `Baton`) while it is still first in line.
+        let mut turn = None;
         let mut orphan = OrphanCleanup {
             runtime: tokio::runtime::Handle::try_current().ok(),
             locker: self,
             key,
             token,
             armed: false,
+            baton: None,
         };
         let (key, token) = (&orphan.key, &orphan.token);
         // On an engine with a queue, a waiter first in its line waits in the queue through the
@@ -536,7 +621,10 @@ impl Locker {
         // has waiters here already; otherwise a waiter joins after its first refusal, so an
         // uncontended acquisition pays one atomic read for it.
         let lines = &self.inner.lines;
-        let mut turn = None;
+        // A first waiter in line offers to take the lock straight from a holder of this locker
+        // (see `Baton`); `passed` is the holder's answer, once it came.
+        let offers = !fair && self.inner.passes;
+        let mut passed = None;
         // The waiter before this one took the lock, having heard this many release wake-ups:
         // nothing to ask until another comes.
         let mut handed_on = None;
@@ -558,6 +646,30 @@ impl Locker {
         let mut attempts: u32 = 0;
         let mut last_error = None;
         loop {
+            // The offer is withdrawn before anything else; when a holder took it, its answer is
+            // awaited instead (the key may be this waiter's by now).
+            if passed.is_none()
+                && let Some((line, answer)) = orphan.baton.as_mut()
+                && !line.withdraw(token)
+            {
+                passed = Some(answer.await.unwrap_or(Passed::Unknown));
+            }
+            orphan.baton = None;
+            match passed.take() {
+                Some(Passed::Held { fence, sent_at }) => {
+                    tracing::debug!(attempts, waited = ?started.elapsed(), fencing_token = fence, "lock passed by a holder of this locker");
+                    if let Some(t) = &turn {
+                        t.line.passes.fetch_add(1, Ordering::AcqRel);
+                    }
+                    let heard = watch.as_ref().map(crate::backend::Watch::heard);
+                    let grant = (fence, sent_at, lease_len, None);
+                    return Ok(self.holding(turn, orphan, heard, grant, lease, options));
+                }
+                // The holder had lost it; or the pass may have made the key this waiter's,
+                // which its next attempt recognises (and giving up removes).
+                Some(Passed::Refused) | None => {}
+                Some(Passed::Unknown) => orphan.armed = true,
+            }
             // Armed before the request, so a release published while it is in flight still wakes us.
             let notify = watch.as_ref().map(crate::backend::Watch::notify);
             let mut notified = std::pin::pin!(notify.as_deref().map(tokio::sync::Notify::notified));
@@ -604,19 +716,15 @@ impl Locker {
                     }) => {
                         let waited = started.elapsed();
                         tracing::debug!(attempts, ?waited, fencing_token = fence, "lock acquired");
-                        if let Some(t) = turn.as_mut() {
-                            t.leaving_holder =
-                                Some(watch.as_ref().map(crate::backend::Watch::heard));
+                        if let Some(t) = &turn {
+                            t.line.passes.store(0, Ordering::Release);
                             if gives_up_place {
                                 t.line.queued.store(false, Ordering::Release);
                             }
                         }
-                        drop(turn);
-                        let (key, token) = orphan.disarm();
-                        let lease_len = granted.unwrap_or(lease_len);
-                        let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease_len);
-                        hold.follow_engine(lost);
-                        return Ok(LockGuard::new(hold, lease, options.max_hold));
+                        let heard = watch.as_ref().map(crate::backend::Watch::heard);
+                        let grant = (fence, sent_at, granted.unwrap_or(lease_len), lost);
+                        return Ok(self.holding(turn, orphan, heard, grant, lease, options));
                     }
                     Ok(Attempt::Held { ttl, queued }) => {
                         // A definite "not ours" clears nothing an earlier lost reply may have
@@ -706,34 +814,53 @@ impl Locker {
                 .as_ref()
                 .filter(|_| queue_engine)
                 .map(|t| &t.line.place);
-            match (notified.as_mut().as_pin_mut(), &watch, &notify) {
-                (Some(first), Some(watch), Some(notify)) => {
-                    let mut woken = tokio::select! {
-                        () = tokio::time::sleep_until(wake_at) => false,
-                        () = first => true,
-                    };
-                    // A release names the place first in line: the others keep waiting instead
-                    // of all asking at once.
-                    while woken
-                        && let Some(me) = me
-                        && !watch.may_be_for(me)
-                    {
-                        let mut again = std::pin::pin!(notify.notified());
-                        again.as_mut().enable();
-                        if watch.may_be_for(me) {
-                            break;
-                        }
-                        woken = tokio::select! {
-                            () = tokio::time::sleep_until(wake_at) => false,
-                            () = again => true,
-                        };
-                    }
-                }
-                _ => tokio::time::sleep_until(wake_at).await,
+            if offers && let Some(t) = &turn {
+                orphan.baton = Some((t.line.clone(), t.line.offer(token, lease_len)));
             }
+            let answer = &mut orphan.baton;
+            let mut answer = std::pin::pin!(async move {
+                match answer {
+                    Some((_, answer)) => answer.await.unwrap_or(Passed::Unknown),
+                    None => std::future::pending().await,
+                }
+            });
+            let mut sleep = std::pin::pin!(tokio::time::sleep_until(wake_at));
+            passed = 'wait: {
+                match (notified.as_mut().as_pin_mut(), &watch, &notify) {
+                    (Some(first), Some(watch), Some(notify)) => {
+                        let mut woken = tokio::select! {
+                            () = &mut sleep => false,
+                            () = first => true,
+                            answer = &mut answer => break 'wait Some(answer),
+                        };
+                        // A release names the place first in line: the others keep waiting
+                        // instead of all asking at once.
+                        while woken
+                            && let Some(me) = me
+                            && !watch.may_be_for(me)
+                        {
+                            let mut again = std::pin::pin!(notify.notified());
+                            again.as_mut().enable();
+                            if watch.may_be_for(me) {
+                                break;
+                            }
+                            woken = tokio::select! {
+                                () = &mut sleep => false,
+                                () = again => true,
+                                answer = &mut answer => break 'wait Some(answer),
+                            };
+                        }
+                        None
+                    }
+                    _ => tokio::select! {
+                        () = &mut sleep => None,
+                        answer = &mut answer => Some(answer),
+                    },
+                }
+            };
         }
-        drop(turn);
         orphan.cleanup_now();
+        drop(turn);
         let (key, _) = orphan.disarm();
         let waited = started.elapsed();
         match last_error {
@@ -754,6 +881,57 @@ impl Locker {
 }
 
 impl Locker {
+    /// The guard of the hold a wait got, `grant` being its fence, the instant the request that
+    /// set it was sent, its lease and the engine's loss signal. The waiter leaves its line
+    /// holding the lock, having heard `heard` release wake-ups: the next waiter there asks
+    /// nothing until another comes (or a pass does).
+    fn holding(
+        &self,
+        turn: Option<Turn<'_>>,
+        orphan: OrphanCleanup<'_>,
+        heard: Option<u64>,
+        grant: (u64, Instant, Duration, Option<crate::backend::LossSignal>),
+        lease: Lease,
+        options: &LockOptions,
+    ) -> LockGuard {
+        let (fence, sent_at, lease_len, lost) = grant;
+        if let Some(mut t) = turn {
+            t.leaving_holder = Some(heard);
+        }
+        let (key, token) = orphan.disarm();
+        let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease_len);
+        hold.follow_engine(lost);
+        LockGuard::new(hold, lease, options.max_hold)
+    }
+
+    /// Releases `token`'s hold of `key`, or passes it straight to the first waiter of the key
+    /// on this locker when that waiter offered to take it (see [`Baton`]). `Ok(false)` when
+    /// `token` no longer held the key (nothing changed).
+    pub(crate) async fn let_go(&self, key: &str, token: &Token) -> Result<bool, BackendError> {
+        let Some(Baton {
+            token: next,
+            lease,
+            reply,
+        }) = self.inner.lines.baton(key)
+        else {
+            return self.backend().release(key, token).await;
+        };
+        let sent_at = Instant::now();
+        let (answer, outcome) = match self.backend().pass(key, token, &next, lease).await {
+            Ok(Some(fence)) => {
+                tracing::debug!(key = %key, fencing_token = fence, "lock passed to the next waiter of this locker");
+                (Passed::Held { fence, sent_at }, Ok(true))
+            }
+            Ok(None) => (Passed::Refused, Ok(false)),
+            Err(error) => (Passed::Unknown, Err(error)),
+        };
+        if let Err(Passed::Held { .. } | Passed::Unknown) = reply.send(answer) {
+            // The waiter left meanwhile: what it may have been given goes.
+            spawn_release(None, self.clone(), key.to_owned(), next, false);
+        }
+        outcome
+    }
+
     /// A release wake-up for `key`: a subscription already up (no I/O), or else a new one.
     async fn wake_up(&self, key: &str, token: &Token) -> Option<crate::backend::Watch> {
         match self.backend().watching(key, token) {
@@ -772,16 +950,31 @@ struct OrphanCleanup<'a> {
     key: String,
     token: Token,
     armed: bool,
+    /// The wait's standing offer to take the lock from a holder (see [`Baton`]), and where the
+    /// answer comes.
+    baton: Option<(Arc<Line>, tokio::sync::oneshot::Receiver<Passed>)>,
 }
 
 impl OrphanCleanup<'_> {
     fn cleanup_now(&mut self) {
+        if let Some((line, mut answer)) = self.baton.take()
+            && !line.withdraw(&self.token)
+        {
+            // A holder took the offer. After `close` its answer either came, or will not come
+            // (its send fails, and it removes what it gave); either way the key may be this
+            // waiter's unless the holder said it changed nothing.
+            answer.close();
+            if !matches!(answer.try_recv(), Ok(Passed::Refused)) {
+                self.armed = true;
+            }
+        }
         if std::mem::take(&mut self.armed) {
             spawn_release(
                 self.runtime.as_ref(),
                 self.locker.clone(),
                 self.key.clone(),
                 self.token.clone(),
+                false,
             );
         }
     }
@@ -814,12 +1007,14 @@ impl Drop for OrphanCleanup<'_> {
 }
 
 /// Hands a compare-and-delete to `runtime` (the one the lock was taken on), or else to the
-/// current one; the lease is the backstop when there is none.
+/// current one; the lease is the backstop when there is none. A hold's release (`hold`) may
+/// pass the lock to a waiter instead ([`Locker::let_go`]).
 pub(crate) fn spawn_release(
     runtime: Option<&tokio::runtime::Handle>,
     locker: Locker,
     key: String,
     token: Token,
+    hold: bool,
 ) {
     let Some(runtime) = runtime
         .cloned()
@@ -829,7 +1024,12 @@ pub(crate) fn spawn_release(
         return;
     };
     runtime.spawn(async move {
-        if let Err(error) = locker.backend().release(&key, &token).await {
+        let released = if hold {
+            locker.let_go(&key, &token).await
+        } else {
+            locker.backend().release(&key, &token).await
+        };
+        if let Err(error) = released {
             tracing::error!(key = %key, error = %error, "lock release after drop failed; the lease will free it");
         }
     });

@@ -1,5 +1,5 @@
--- Shared by the acquire scripts: prepended to acquire.lua and acquire_fair.lua (Redis scripts
--- cannot include one another). A lock's value is its acquisition's token; the fencing token is
+-- Shared by the scripts that grant a lock: prepended to acquire.lua, acquire_queued.lua and
+-- pass.lua (Redis scripts cannot include one another). A lock's value is its acquisition's token; the fencing token is
 -- issued from the counter in the same script, so fences follow the order in which holds begin.
 -- Acquire replies with one integer: > 0 the lock is ours and that is its fence; < 0 someone else
 -- holds it for another (-1 - reply) ms; 0 it is free but another fair waiter is first in line.

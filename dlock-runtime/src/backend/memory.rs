@@ -209,6 +209,27 @@ impl Backend for MemoryBackend {
         Box::pin(std::future::ready(Ok(extended)))
     }
 
+    fn passes(&self) -> bool {
+        true
+    }
+
+    fn pass<'a>(
+        &'a self,
+        key: &'a str,
+        from: &'a Token,
+        to: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Option<u64>, BackendError>> {
+        let passed = self.with_table(|table, now| {
+            let entry = table.live(key, now).filter(|e| e.token == *from)?;
+            entry.token = to.clone();
+            entry.expires_at = now + lease;
+            table.fence += 1;
+            Some(table.fence)
+        });
+        Box::pin(std::future::ready(Ok(passed)))
+    }
+
     fn watch<'a>(&'a self, key: &'a str, _token: &'a Token) -> BoxFuture<'a, Option<Watch>> {
         Box::pin(std::future::ready(Some(self.watchers.register(key))))
     }

@@ -129,6 +129,9 @@ pub(crate) struct Queued<'a> {
 ///   engine with a queue, by naming the place now first in it.
 /// - `leave_queue`: take a [`Queued::place`] out of the key's queue (its process has no more
 ///   waiters), waking the place then first; engines without a queue have nothing to do.
+/// - `pass`: hand `from`'s hold straight to `to`, another acquisition of the same process,
+///   without freeing the key (a compare-and-set, with a new fence); engines that can say so in
+///   `passes`.
 /// - `extend`: reset the lease only while `token` holds the key; never re-creates it.
 /// - `watch`: a wake-up for when `token` may have become first (any release of the key, or the
 ///   deletion of `token`'s predecessor on an engine with a line), shared by this client's
@@ -165,6 +168,25 @@ pub(crate) trait Backend: Send + Sync + 'static {
         token: &'a Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>>;
+
+    /// Whether [`pass`](Self::pass) is implemented.
+    fn passes(&self) -> bool {
+        false
+    }
+
+    /// While `from` holds `key`, makes it `to`'s for `lease`, in one atomic step and without a
+    /// wake-up (the key was never free): the new hold's fence, greater than every earlier one;
+    /// `None` (nothing changed) when `from` does not hold it. Called only when
+    /// [`passes`](Self::passes).
+    fn pass<'a>(
+        &'a self,
+        _key: &'a str,
+        _from: &'a Token,
+        _to: &'a Token,
+        _lease: Duration,
+    ) -> BoxFuture<'a, Result<Option<u64>, BackendError>> {
+        Box::pin(std::future::ready(Ok(None)))
+    }
 
     /// How `fair` acquisitions are served.
     fn fair_order(&self) -> FairOrder {

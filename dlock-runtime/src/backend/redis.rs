@@ -24,6 +24,7 @@ use crate::{
 
 static ACQUIRE: OnceLock<Script> = OnceLock::new();
 static ACQUIRE_FAIR: OnceLock<Script> = OnceLock::new();
+static PASS: OnceLock<Script> = OnceLock::new();
 static RELEASE: OnceLock<Script> = OnceLock::new();
 static LEAVE: OnceLock<Script> = OnceLock::new();
 static EXTEND: OnceLock<Script> = OnceLock::new();
@@ -43,6 +44,14 @@ fn acquire_queued_script() -> &'static Script {
         Script::new(concat!(
             include_str!("lock.lua"),
             include_str!("acquire_queued.lua")
+        ))
+    })
+}
+fn pass_script() -> &'static Script {
+    PASS.get_or_init(|| {
+        Script::new(concat!(
+            include_str!("lock.lua"),
+            include_str!("pass.lua")
         ))
     })
 }
@@ -689,6 +698,36 @@ impl Backend for RedisBackend {
             call.arg(key).arg(token.as_str()).arg(lease_millis(lease));
             let extended: i64 = self.call("extend", call).await?;
             Ok(extended == 1)
+        })
+    }
+
+    fn passes(&self) -> bool {
+        true
+    }
+
+    fn pass<'a>(
+        &'a self,
+        key: &'a str,
+        from: &'a Token,
+        to: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Option<u64>, BackendError>> {
+        Box::pin(async move {
+            let mut call = Call::new(pass_script(), 2);
+            call.arg(key)
+                .arg(self.fence_key(key))
+                .arg(from.as_str())
+                .arg(to.as_str())
+                .arg(lease_millis(lease));
+            // pass.lua: the new hold's fence, or 0 when `from` did not hold the key.
+            let fence: u64 = self.call("pass", call).await?;
+            if fence == 0 {
+                return Ok(None);
+            }
+            if self.wait_replicas > 0 {
+                self.replicated(key, to).await?;
+            }
+            Ok(Some(fence))
         })
     }
 
