@@ -11,7 +11,9 @@ use std::{
 };
 
 use dlock_runtime::{LockOptions, Locker};
-use dlock_tests::{RedisServer, acquire_and_release, contend, racy_increment, unique_key};
+use dlock_tests::{
+    RedisServer, acquire_and_release, contend, proxy::Proxy, racy_increment, unique_key,
+};
 
 const WAITERS: u64 = 64;
 
@@ -176,6 +178,41 @@ async fn across_two_processes_a_release_wakes_one_waiter() {
             per_acquisition <= 3.5,
             "{mode}: {per_acquisition:.2} script calls per acquisition: releases woke a herd"
         );
+        let holders: Vec<String> = redis::Commands::lrange(
+            &mut server.client().get_connection().unwrap(),
+            format!("{key}:holders"),
+            0,
+            -1,
+        )
+        .unwrap();
+        let history: Vec<(u32, u64)> = holders
+            .iter()
+            .map(|h| {
+                let (pid, fence) = h.split_once(' ').unwrap();
+                (pid.parse().unwrap(), fence.parse().unwrap())
+            })
+            .collect();
+        assert_eq!(history.len() as u64, made, "{mode}: a hold went unrecorded");
+        assert!(
+            history.windows(2).all(|w| w[0].1 < w[1].1),
+            "{mode}: fencing tokens did not increase from one hold to the next"
+        );
+        let (run, share, both) = longest_run_while_both_wait(&history);
+        eprintln!(
+            "{mode}: {both} of {made} holds while both processes had holds to come; longest run \
+             of one process {run}, {:.0}% of hand-offs to the other",
+            share * 100.0
+        );
+        // The processes start together: one that kept the lock until it was done would leave
+        // no such stretch.
+        assert!(
+            both as u64 >= made / 2,
+            "{mode}: only {both} of {made} holds while both processes had holds to come"
+        );
+        assert!(
+            run <= 2 * (MAX_PASSES + 1),
+            "{mode}: one process held the lock {run} times in a row while the other waited"
+        );
         for left in [
             format!("dlock:{key}"),
             format!("dlock:__fair:{{dlock:{key}}}:queue"),
@@ -186,4 +223,174 @@ async fn across_two_processes_a_release_wakes_one_waiter() {
             );
         }
     }
+}
+
+/// How many holds in a row a process may get by passes (the runtime's bound), plus the hold
+/// that was not passed.
+const MAX_PASSES: usize = 4;
+
+/// Over the part of `history` (pid, fence) where both processes had holds to come (from the
+/// first hold of the later one to the last hold of the one done first): the longest run of
+/// consecutive holds by one process, the share of hand-offs from one process to the other,
+/// and how many holds that part has.
+#[allow(clippy::cast_precision_loss)]
+fn longest_run_while_both_wait(history: &[(u32, u64)]) -> (usize, f64, usize) {
+    let pids: std::collections::BTreeSet<u32> = history.iter().map(|h| h.0).collect();
+    assert_eq!(pids.len(), 2, "both processes held the lock");
+    let first = |pid: u32| history.iter().position(|h| h.0 == pid).unwrap();
+    let last = |pid: u32| history.iter().rposition(|h| h.0 == pid).unwrap();
+    let start = pids.iter().map(|&p| first(p)).max().unwrap();
+    let end = pids.iter().map(|&p| last(p)).min().unwrap();
+    if start > end {
+        return (0, 0.0, 0);
+    }
+    let both = &history[start..=end];
+    let mut longest = 1;
+    let mut run = 1;
+    let mut switches = 0;
+    for pair in both.windows(2) {
+        if pair[0].0 == pair[1].0 {
+            run += 1;
+            longest = longest.max(run);
+        } else {
+            run = 1;
+            switches += 1;
+        }
+    }
+    (
+        longest,
+        switches as f64 / (both.len().max(2) - 1) as f64,
+        both.len(),
+    )
+}
+
+/// A holder's release passes the lock straight to the next waiter of its locker (one script,
+/// no wake-up, no attempt of the waiter's own), at most `MAX_PASSES` times in a row: 20 waiters
+/// queued behind a holder cost about one script per acquisition. Releasing and acquiring
+/// instead would cost at least two. Every hold has a higher fence than the one before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_passes_the_lock_to_the_next_waiter_of_its_locker() {
+    const QUEUED: u64 = 20;
+    let server = RedisServer::start();
+    let locker = patient_locker(&server);
+    let key = unique_key("pass");
+    let first = locker.acquire(&key, LockOptions::new()).await.unwrap();
+    let fences = Arc::new(std::sync::Mutex::new(vec![first.fencing_token()]));
+    let counter = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..QUEUED)
+        .map(|_| {
+            let (locker, key) = (locker.clone(), key.clone());
+            let (fences, counter) = (fences.clone(), counter.clone());
+            tokio::spawn(async move {
+                let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
+                fences.lock().unwrap().push(guard.fencing_token());
+                racy_increment(&counter).await;
+                guard.release().await.unwrap();
+            })
+        })
+        .collect();
+    // Every waiter is in line, and the first has offered to take the lock.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = server.calls("evalsha");
+    first.release().await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), QUEUED, "holders overlapped");
+    let fences = fences.lock().unwrap().clone();
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "fences did not increase: {fences:?}"
+    );
+    #[allow(clippy::cast_precision_loss)]
+    let per_acquisition = (server.calls("evalsha") - before) as f64 / QUEUED as f64;
+    eprintln!("{per_acquisition:.2} script calls per acquisition");
+    assert!(
+        per_acquisition <= 1.6,
+        "{per_acquisition:.2} script calls per acquisition: releases did not pass the lock"
+    );
+    assert!(
+        server
+            .gone_within(&format!("dlock:{key}"), Duration::from_secs(2))
+            .await,
+        "the last holder's release left the key"
+    );
+}
+
+/// A pass whose reply is held back: the waiter waits for it (it never asks the server itself
+/// meanwhile, which could hold the lock twice over), and gets the lock once it arrives. Then a
+/// second waiter is dropped while the holder's pass is in flight: the key the pass gave it is
+/// removed, not left for its 30s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_in_flight_is_waited_for_and_a_dropped_waiter_leaves_no_lock() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let locker = Locker::builder()
+        .redis_url(format!("redis://127.0.0.1:{}", proxy.port()))
+        .timeout(Duration::from_secs(30))
+        .expire(Duration::from_secs(30))
+        .request_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let key = unique_key("pass-late");
+    let full_key = format!("dlock:{key}");
+    let other = server.locker();
+
+    // A late reply.
+    let holder = locker.acquire(&key, LockOptions::new()).await.unwrap();
+    let first_fence = holder.fencing_token();
+    let waiter = {
+        let (locker, key) = (locker.clone(), key.clone());
+        tokio::spawn(async move { locker.acquire(&key, LockOptions::new()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.cut_replies();
+    let release = tokio::spawn(holder.release());
+    // Several of the waiter's pauses (10-50ms) pass while the reply is held back.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter did not wait for the pass"
+    );
+    proxy.heal();
+    release.await.unwrap().unwrap();
+    let guard = waiter.await.unwrap().unwrap();
+    assert!(guard.fencing_token() > first_fence);
+    // Anything the holder does after its pass's reply (it would remove a lock it gave to a
+    // waiter that went away) is done by now.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(guard.is_held());
+    assert!(
+        other
+            .try_acquire(&key, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_none(),
+        "the passed lock is held"
+    );
+
+    // A waiter dropped while the pass is in flight.
+    let waiter = {
+        let (locker, key) = (locker.clone(), key.clone());
+        tokio::spawn(async move { locker.acquire(&key, LockOptions::new()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.cut_replies();
+    let release = tokio::spawn(guard.release());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    proxy.heal();
+    release.await.unwrap().unwrap();
+    assert!(
+        server.gone_within(&full_key, Duration::from_secs(3)).await,
+        "a waiter dropped during a pass left a lock"
+    );
+    assert!(
+        other
+            .try_acquire(&key, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_some()
+    );
 }

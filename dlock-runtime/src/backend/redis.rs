@@ -48,12 +48,7 @@ fn acquire_queued_script() -> &'static Script {
     })
 }
 fn pass_script() -> &'static Script {
-    PASS.get_or_init(|| {
-        Script::new(concat!(
-            include_str!("lock.lua"),
-            include_str!("pass.lua")
-        ))
-    })
+    PASS.get_or_init(|| Script::new(concat!(include_str!("lock.lua"), include_str!("pass.lua"))))
 }
 fn release_script() -> &'static Script {
     RELEASE.get_or_init(|| Script::new(include_str!("release.lua")))

@@ -14,7 +14,9 @@
 //!
 //! `dlock-worker <redis-url> <key> <waiters> <hot|hot-fair>`: `waiters` tasks on one locker each
 //! increment the counter 4 times under the lock (default or fair mode); every fourth task gives
-//! up somewhere in its second wait. Prints `done <increments made>`.
+//! up somewhere in its second wait; each hold appends `<pid> <fencing token>` to the list
+//! `<key>:holders`. Two such workers start together: each counts itself in `<key>:ready` and
+//! waits for the other. Prints `done <increments made>`.
 //!
 //! `dlock-worker <redis-url> <key> 1 pause-holder`: the paused-holder fault test's child. It
 //! takes the lock with a 1s lease, prints `acquired <fence>`, waits for a line on stdin (the test
@@ -156,6 +158,12 @@ async fn hot(
     } else {
         LockOptions::new()
     };
+    let ready = format!("{key}:ready");
+    let mut gate = redis.clone();
+    let _: i64 = gate.incr(&ready, 1).await?;
+    while gate.get::<_, i64>(&ready).await? < 2 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     let tasks: Vec<_> = (0..waiters)
         .map(|i| {
             let (locker, mut redis, key) = (locker.clone(), redis.clone(), key.to_owned());
@@ -175,6 +183,8 @@ async fn hot(
                         wait.await?
                     };
                     increment(&mut redis, &format!("{key}:counter")).await?;
+                    let held = format!("{} {}", std::process::id(), guard.fencing_token());
+                    let _: i64 = redis.rpush(format!("{key}:holders"), held).await?;
                     guard.release().await?;
                     made += 1;
                 }
