@@ -281,7 +281,9 @@ async fn watchdog(hold: Arc<Hold>, max_hold: Option<Duration>) {
 ///
 /// # Behavior
 /// - **Release**: [`release`](Self::release) deletes the key only while it still holds this
-///   acquisition's token, and says [`LockError::Lost`] (deleting nothing) when it does not.
+///   acquisition's token, and says [`LockError::Lost`] (deleting nothing) when it does not. When
+///   a waiter of the same locker is first in line, the release may pass the key to it instead
+///   (see [`Locker`](crate::Locker)'s *Passing*), under the same condition.
 /// - **Drop** (including a panic in the holder and a dropped future): the same release is handed
 ///   to the tokio runtime the lock was acquired on, even when the guard is dropped on another
 ///   thread; nothing blocks in `Drop`. When that runtime is gone (shut down), the lease frees the

@@ -62,6 +62,11 @@ use crate::{
 ///   the process's place in the key's queue, kept for the waiters behind it: a release names the
 ///   place first in line, so it wakes one waiter of one process. In the default mode a free lock
 ///   still goes to whoever asks first; `fair` takes it only at the head of the queue.
+/// - **Passing** (default mode, Redis and the embedded engine): a holder that releases while a
+///   waiter of its locker is first in line passes the lock straight to that waiter, in one
+///   request (a compare-and-set of the key to the waiter's token, with a new fence) instead of
+///   deleting it and waking someone. At most 4 times in a row; then the release frees the key
+///   and wakes the place first in the queue, so another process's waiters get their turn.
 /// - **Re-entry**: inside a `#[dlock]` body or [`LockGuard::scope`], acquiring a key that scope
 ///   holds through this locker (or a clone) returns at once; nowhere else.
 #[derive(Clone)]
@@ -648,11 +653,15 @@ impl Locker {
         loop {
             // The offer is withdrawn before anything else; when a holder took it, its answer is
             // awaited instead (the key may be this waiter's by now).
+            let mut late = false;
             if passed.is_none()
                 && let Some((line, answer)) = orphan.baton.as_mut()
                 && !line.withdraw(token)
             {
                 passed = Some(answer.await.unwrap_or(Passed::Unknown));
+                // An answer after the deadline ends the wait unless it is the lock: no attempt
+                // is made after the deadline.
+                late = Instant::now() > deadline;
             }
             orphan.baton = None;
             match passed.take() {
@@ -669,6 +678,9 @@ impl Locker {
                 // which its next attempt recognises (and giving up removes).
                 Some(Passed::Refused) | None => {}
                 Some(Passed::Unknown) => orphan.armed = true,
+            }
+            if late {
+                break;
             }
             // Armed before the request, so a release published while it is in flight still wakes us.
             let notify = watch.as_ref().map(crate::backend::Watch::notify);
