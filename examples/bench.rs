@@ -110,7 +110,7 @@ impl Sizes {
             w3_clients: 8,
             w3_sections: 2000,
             w4_sections: 2048,
-            w4_waiters: &[16, 64, 256],
+            w4_waiters: &[1, 16, 64, 256],
             time_cap: Duration::from_secs(20),
         }
     }
@@ -884,7 +884,9 @@ async fn w3(
 }
 
 /// W4 "hot key": `W4_PROCESSES` OS processes (this program, re-run as `--w4-child`), each with
-/// one `Locker` and `waiters` tasks, all on ONE key; the body is W3's non-atomic increment.
+/// one `Locker` and `waiters` tasks, all on ONE key; the body is W3's non-atomic increment. The
+/// row with 1 waiter per process is the baseline of a hand-off between processes: W3's clients
+/// share one process, so its hand-offs never cross one.
 const W4_PROCESSES: usize = 4;
 
 /// How a W4 child is told what to do, on its command line.
@@ -1135,6 +1137,7 @@ async fn w4(
         .collect();
     let n = sections.len();
     let workload = match waiters {
+        1 => "W4 4 processes × 1 waiter, one key",
         8 => "W4 4 processes × 8 waiters, one key",
         16 => "W4 4 processes × 16 waiters, one key",
         64 => "W4 4 processes × 64 waiters, one key",
