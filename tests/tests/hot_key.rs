@@ -341,16 +341,22 @@ async fn a_pass_in_flight_is_waited_for_and_a_dropped_waiter_leaves_no_lock() {
     let full_key = format!("dlock:{key}");
     let other = server.locker();
 
+    // A waiter in line behind `holder`, which then releases with every reply held back.
+    let pass_late = |holder: dlock_runtime::LockGuard| {
+        let (locker, key, proxy) = (locker.clone(), key.clone(), &proxy);
+        async move {
+            let waiter =
+                tokio::spawn(async move { locker.acquire(&key, LockOptions::new()).await });
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            proxy.cut_replies();
+            (waiter, tokio::spawn(holder.release()))
+        }
+    };
+
     // A late reply.
     let holder = locker.acquire(&key, LockOptions::new()).await.unwrap();
     let first_fence = holder.fencing_token();
-    let waiter = {
-        let (locker, key) = (locker.clone(), key.clone());
-        tokio::spawn(async move { locker.acquire(&key, LockOptions::new()).await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    proxy.cut_replies();
-    let release = tokio::spawn(holder.release());
+    let (waiter, release) = pass_late(holder).await;
     // Several of the waiter's pauses (10-50ms) pass while the reply is held back.
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(
@@ -375,13 +381,7 @@ async fn a_pass_in_flight_is_waited_for_and_a_dropped_waiter_leaves_no_lock() {
     );
 
     // A waiter dropped while the pass is in flight.
-    let waiter = {
-        let (locker, key) = (locker.clone(), key.clone());
-        tokio::spawn(async move { locker.acquire(&key, LockOptions::new()).await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    proxy.cut_replies();
-    let release = tokio::spawn(guard.release());
+    let (waiter, release) = pass_late(guard).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     waiter.abort();
     assert!(waiter.await.unwrap_err().is_cancelled());
