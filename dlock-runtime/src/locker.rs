@@ -254,7 +254,7 @@ impl Lines {
         if line.passes.load(Ordering::Acquire) >= MAX_PASSES {
             return None;
         }
-        line.baton().take().filter(|b| !b.reply.is_closed())
+        line.baton().take()
     }
 }
 
@@ -297,9 +297,6 @@ impl Drop for Turn<'_> {
                 _ => NOT_HANDED_ON,
             };
             self.line.handed_on.store(handed_on, Ordering::Release);
-            // An offer of this waiter's that is still up goes with it (the wait withdraws it
-            // first; this is the safety net).
-            drop(self.line.baton().take());
             self.line.turns.add_permits(1);
         }
         let lines = &self.locker.inner.lines;
@@ -599,7 +596,8 @@ impl Locker {
         let deadline = started.checked_add(timeout).unwrap_or_else(far_future);
         let fair = options.fair;
         // Declared before the cleanup, so that a dropped wait withdraws its offer to take the
-        // lock (see `Baton`) while it is still first in line.
+        // lock (see `Baton`) while it is still first in line: every wait withdraws its offer
+        // before its turn goes, so the next waiter never finds one in the line.
         let mut turn = None;
         let mut orphan = OrphanCleanup {
             runtime: tokio::runtime::Handle::try_current().ok(),
