@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use dlock_runtime::{LockOptions, Locker};
+use dlock_runtime::{LockError, LockOptions, Locker};
 use dlock_tests::{
     RedisServer, acquire_and_release, contend, proxy::Proxy, racy_increment, unique_key,
 };
@@ -397,5 +397,61 @@ async fn a_pass_in_flight_is_waited_for_and_a_dropped_waiter_leaves_no_lock() {
             .await
             .unwrap()
             .is_some()
+    );
+}
+
+/// A pass that does not answer before the waiter's deadline, and then answers without the lock
+/// (the holder's request timed out: the key may or may not be the waiter's), ends the wait with
+/// `Timeout`: no attempt after the deadline (one would find the key the pass set, and hold it
+/// past the deadline), and the key the pass set is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_answered_after_the_deadline_without_the_lock_ends_the_wait() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let locker = Locker::builder()
+        .redis_url(format!("redis://127.0.0.1:{}", proxy.port()))
+        .expire(Duration::from_secs(30))
+        // The holder's pass gives up after 2 × 200ms; the waiter's only pause lasts until its
+        // deadline.
+        .request_timeout(Duration::from_millis(200))
+        .retry(Duration::from_secs(1), Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let key = unique_key("pass-deadline");
+    let waiter_behind = |holder: dlock_runtime::LockGuard, timeout: Duration| {
+        let (locker, key) = (locker.clone(), key.clone());
+        async move {
+            let options = LockOptions::new().timeout(timeout);
+            let waiter = tokio::spawn(async move { locker.acquire(&key, options).await });
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            (holder, waiter)
+        }
+    };
+    // One pass with the replies flowing: the server has the pass script from then on (a first
+    // EVALSHA's NOSCRIPT reply, held back, would keep the pass from running at all).
+    let holder = locker.acquire(&key, LockOptions::new()).await.unwrap();
+    let (holder, waiter) = waiter_behind(holder, Duration::from_secs(5)).await;
+    holder.release().await.unwrap();
+    let holder = waiter.await.unwrap().unwrap();
+
+    let (holder, waiter) = waiter_behind(holder, Duration::from_millis(400)).await;
+    proxy.cut_replies();
+    // The pass reaches the server (the key becomes the waiter's); its reply does not come back.
+    let released = holder.release().await;
+    assert!(
+        matches!(released, Err(LockError::Backend(_))),
+        "{released:?}"
+    );
+    proxy.heal();
+    let outcome = waiter.await.unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::Timeout { .. })),
+        "the wait went on past its deadline: {outcome:?}"
+    );
+    assert!(
+        server
+            .gone_within(&format!("dlock:{key}"), Duration::from_secs(3))
+            .await,
+        "the key the pass set was left"
     );
 }
