@@ -583,11 +583,14 @@ async fn worker(args: &[String]) -> Result<(), Box<dyn std::error::Error>> {
     if go.trim() != "go" {
         return Ok(()); // The coordinator is gone.
     }
-    let instance = tokio::spawn(run_instance(shop, mode, buyers, tx));
+    let instance = tokio::spawn(run_instance(shop.clone(), mode, buyers, tx));
     while let Some(event) = rx.recv().await {
         emit(&event).await?;
     }
     instance.await?;
+    // A process that ends leaves nothing in the engine: releases still in the background and
+    // the engine's session or leases end here.
+    shop.locks.close().await?;
     Ok(())
 }
 

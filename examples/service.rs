@@ -228,7 +228,14 @@ async fn run() -> Result<(), String> {
     }
     let next = acme.deposit("bob", 1).await.map_err(|e| e.to_string())?;
     println!("    the locks are free again: acme/bob = {next}");
-    Ok(())
+
+    // Before the program ends: whatever the guards handed to the background is done, and
+    // nothing of this process stays in the engine.
+    dlock_runtime::global()
+        .map_err(|e| e.to_string())?
+        .close()
+        .await
+        .map_err(|e| e.to_string())
 }
 
 fn check(ok: bool, what: &str) -> Result<(), String> {

@@ -14,6 +14,7 @@ use crate::LockError;
 /// | --- | --- | --- |
 /// | [`Timeout`](LockError::Timeout) | 409 Conflict, `Retry-After: 1` | `resource busy, retry later` |
 /// | [`Backend`](LockError::Backend) | 503 Service Unavailable | `lock service unavailable` |
+/// | [`Closed`](LockError::Closed) | 503 Service Unavailable | `shutting down` |
 /// | [`InvalidKey`](LockError::InvalidKey) | 400 Bad Request | `invalid request` |
 /// | others | 500 Internal Server Error | `internal error` |
 ///
@@ -24,6 +25,7 @@ impl IntoResponse for LockError {
         let (status, body) = match &self {
             Self::Timeout { .. } => (StatusCode::CONFLICT, "resource busy, retry later"),
             Self::Backend(_) => (StatusCode::SERVICE_UNAVAILABLE, "lock service unavailable"),
+            Self::Closed { .. } => (StatusCode::SERVICE_UNAVAILABLE, "shutting down"),
             Self::InvalidKey { .. } => (StatusCode::BAD_REQUEST, "invalid request"),
             Self::Config(_) | Self::Lost { .. } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "internal error")

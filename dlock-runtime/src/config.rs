@@ -269,27 +269,12 @@ impl Settings {
     pub(crate) fn from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Self, LockError> {
         let mut settings = Self::default();
         let get = |name: &str| var(name).filter(|v| !v.trim().is_empty());
-        let url = match get("DLOCK_REDIS_URL") {
-            Some(url) => Some(RedisUrl::parse("DLOCK_REDIS_URL", &url)?),
-            None => get("REDIS_URL")
-                .map(|url| RedisUrl::parse("REDIS_URL", &url))
-                .transpose()?,
+        // The one URL that names any engine wins: the older variables are then not read at all
+        // (a platform's unrelated `REDIS_URL` cannot break a `DLOCK_URL=postgres://…`).
+        settings.backend = match get("DLOCK_URL") {
+            Some(url) => crate::url::parse("DLOCK_URL", &url)?,
+            None => Self::older_engine_variables(&get)?,
         };
-        settings.backend = match get("DLOCK_BACKEND").as_deref().map(str::trim) {
-            None | Some("redis") => {
-                BackendKind::Redis(url.unwrap_or_else(|| RedisUrl(DEFAULT_REDIS_URL.to_owned())))
-            }
-            Some("memory") => BackendKind::Memory,
-            Some(_) => {
-                return Err(LockError::config(
-                    "DLOCK_BACKEND: expected `redis` or `memory`",
-                ));
-            }
-        };
-        // The one URL that names any engine wins over the two variables above.
-        if let Some(url) = get("DLOCK_URL") {
-            settings.backend = crate::url::parse("DLOCK_URL", &url)?;
-        }
         if let Some(prefix) = var("DLOCK_KEY_PREFIX") {
             settings.key_prefix = prefix;
         }
@@ -335,6 +320,28 @@ impl Settings {
         }
         settings.validate()?;
         Ok(settings)
+    }
+
+    /// The engine from `DLOCK_BACKEND` and `DLOCK_REDIS_URL` (or `REDIS_URL`), when `DLOCK_URL`
+    /// is not set.
+    fn older_engine_variables(
+        get: &impl Fn(&str) -> Option<String>,
+    ) -> Result<BackendKind, LockError> {
+        // Checked whatever the backend, as it always was: a bad value is reported, not ignored.
+        let url = match get("DLOCK_REDIS_URL") {
+            Some(url) => RedisUrl::parse("DLOCK_REDIS_URL", &url)?,
+            None => match get("REDIS_URL") {
+                Some(url) => RedisUrl::parse("REDIS_URL", &url)?,
+                None => RedisUrl(DEFAULT_REDIS_URL.to_owned()),
+            },
+        };
+        match get("DLOCK_BACKEND").as_deref().map(str::trim) {
+            None | Some("redis") => Ok(BackendKind::Redis(url)),
+            Some("memory") => Ok(BackendKind::Memory),
+            Some(_) => Err(LockError::config(
+                "DLOCK_BACKEND: expected `redis` or `memory`",
+            )),
+        }
     }
 
     /// Checks what the builder cannot check field by field.
@@ -481,6 +488,23 @@ mod tests {
         ])
         .unwrap_err();
         assert!(err.to_string().contains("DLOCK_URL"), "{err}");
+    }
+
+    /// A hosting platform's `REDIS_URL` (TLS, or no URL at all) beside `DLOCK_URL` is not read.
+    #[test]
+    fn with_dlock_url_the_older_variables_are_not_read() {
+        for broken in ["rediss://default:pw@cache:6380", "not a url"] {
+            let s = env(&[
+                ("DLOCK_URL", "memory://"),
+                ("REDIS_URL", broken),
+                ("DLOCK_REDIS_URL", broken),
+                ("DLOCK_BACKEND", "etcd"),
+            ])
+            .unwrap_or_else(|e| panic!("{broken}: {e}"));
+            assert_eq!(s.backend, BackendKind::Memory);
+        }
+        // Without DLOCK_URL the same values are still errors.
+        assert!(env(&[("REDIS_URL", "not a url")]).is_err());
     }
 
     #[test]

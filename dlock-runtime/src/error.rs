@@ -52,6 +52,14 @@ pub enum LockError {
         /// The full lock key (prefix included).
         key: String,
     },
+    /// The locker was [closed](crate::Locker::close): no acquisition starts any more, and one
+    /// that was waiting gave up (after removing what it had put in the engine).
+    #[error("lock `{key}` not acquired: the locker was closed")]
+    #[non_exhaustive]
+    Closed {
+        /// The full lock key (prefix included).
+        key: String,
+    },
 }
 
 impl LockError {
@@ -85,13 +93,20 @@ impl LockError {
         matches!(self, Self::Lost { .. })
     }
 
+    /// `true` for [`LockError::Closed`]: the locker was closed.
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        matches!(self, Self::Closed { .. })
+    }
+
     /// The lock key this error is about, when it is about one.
     #[must_use]
     pub fn key(&self) -> Option<&str> {
         match self {
-            Self::Timeout { key, .. } | Self::InvalidKey { key, .. } | Self::Lost { key } => {
-                Some(key)
-            }
+            Self::Timeout { key, .. }
+            | Self::InvalidKey { key, .. }
+            | Self::Lost { key }
+            | Self::Closed { key } => Some(key),
             Self::Backend(_) | Self::Config(_) => None,
         }
     }

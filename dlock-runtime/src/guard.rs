@@ -3,7 +3,7 @@
 use std::{
     sync::{
         Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -42,6 +42,11 @@ pub(crate) struct Hold {
     /// Extensions (watchdog and `extend`) one at a time, so the client applies them in the
     /// order the server ran them.
     extending: tokio::sync::Mutex<()>,
+    /// Its number among its locker's holds ([`Locker::close`] releases those still held).
+    id: u64,
+    /// Its release was sent (or handed over): by the last guard, or by the locker's `close`.
+    /// Sent once, whichever comes first.
+    released: AtomicBool,
 }
 
 /// The part of a lease the client does not count on: the clock-drift allowance of the Redlock
@@ -71,8 +76,9 @@ impl Hold {
         let (state, _) = watch::channel(State::Held {
             valid_until: valid_until(sent_at, lease),
         });
-        Arc::new(Self {
-            locker,
+        let id = locker.next_hold_id();
+        let hold = Arc::new(Self {
+            locker: locker.clone(),
             key,
             token,
             fence,
@@ -83,7 +89,44 @@ impl Hold {
             watchdog: Mutex::new(None),
             runtime: tokio::runtime::Handle::try_current().ok(),
             extending: tokio::sync::Mutex::new(()),
-        })
+            id,
+            released: AtomicBool::new(false),
+        });
+        locker.register_hold(id, &hold);
+        hold
+    }
+
+    /// Claims the one release of this hold: `false` when it was claimed already (the locker
+    /// was closed, or the last guard released it).
+    pub(crate) fn claim_release(&self) -> bool {
+        !self.released.swap(true, Ordering::AcqRel)
+    }
+
+    /// What [`Locker::close`] does to a hold a guard still has: the hold is lost (a body
+    /// stopped on loss stops), renewal stops, and the key is released, unless its release was
+    /// sent already.
+    pub(crate) async fn close(&self) -> Result<(), crate::error::BackendError> {
+        self.mark_lost("the locker was closed");
+        self.stop_watchdog();
+        if !self.claim_release() {
+            return Ok(());
+        }
+        self.locker
+            .backend()
+            .release(&self.key, &self.token)
+            .await
+            .map(drop)
+    }
+
+    fn stop_watchdog(&self) {
+        if let Some(watchdog) = self
+            .watchdog
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            watchdog.abort();
+        }
     }
 
     /// Marks the hold lost when the engine reports it gone (`signal`), for as long as the hold
@@ -113,8 +156,16 @@ impl Hold {
         });
     }
 
-    /// Hands the compare-and-delete of this hold to the runtime it was acquired on.
+    /// Hands the compare-and-delete of this hold to the runtime it was acquired on (unless its
+    /// release was sent already).
     fn release_in_background(&self) {
+        if self.claim_release() {
+            self.hand_release_over();
+        }
+    }
+
+    /// Hands the release this hold claimed to the runtime it was acquired on.
+    fn hand_release_over(&self) {
         spawn_release(
             self.runtime.as_ref(),
             self.locker.clone(),
@@ -168,14 +219,8 @@ impl Hold {
     /// Removes a holder; `true` for the last one, who must release the key.
     fn leave(&self) -> bool {
         let last = self.holders.fetch_sub(1, Ordering::AcqRel) == 1;
-        if last
-            && let Some(watchdog) = self
-                .watchdog
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take()
-        {
-            watchdog.abort();
+        if last {
+            self.stop_watchdog();
         }
         last
     }
@@ -410,8 +455,9 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), LockError> {
         self.released = true;
         let hold = &self.hold;
-        if !hold.leave() {
-            // An outer holder on this task still holds it.
+        if !hold.leave() || !hold.claim_release() {
+            // An outer holder on this task still holds it, or the locker was closed (which
+            // released it and counts it lost).
             return if hold.is_held() {
                 Ok(())
             } else {
@@ -450,6 +496,12 @@ impl LockGuard {
     }
 }
 
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.locker.forget_hold(self.id);
+    }
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if !self.released && self.hold.leave() {
@@ -464,7 +516,7 @@ struct ReleaseInFlight<'a>(Option<&'a Hold>);
 impl Drop for ReleaseInFlight<'_> {
     fn drop(&mut self) {
         if let Some(hold) = self.0.take() {
-            hold.release_in_background();
+            hold.hand_release_over();
         }
     }
 }

@@ -10,6 +10,7 @@ use std::{
 };
 
 use tokio::time::Instant;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::Instrument as _;
 
 use crate::{
@@ -86,6 +87,33 @@ struct Inner {
     order: FairOrder,
     /// The engine can pass a hold straight to another acquisition ([`Backend::pass`]).
     passes: bool,
+    /// Acquisitions under way: [`Locker::close`] waits for them to give up.
+    acquiring: TaskTracker,
+    /// Releases and cleanups handed to the runtime (a guard dropped, a wait dropped, a
+    /// removal that outlasted its bound): [`Locker::close`] waits for them.
+    background: TaskTracker,
+    /// Cancelled by [`Locker::close`]: no acquisition starts, waits give up.
+    closing: CancellationToken,
+    /// The holds guards still have, for [`Locker::close`].
+    holds: Holds,
+}
+
+/// The holds of a locker's guards, by number, so that [`Locker::close`] can release those
+/// still held. A hold adds itself when it is made and goes when it is dropped.
+#[derive(Default)]
+struct Holds {
+    map: std::sync::Mutex<std::collections::HashMap<u64, std::sync::Weak<Hold>>>,
+    next: AtomicU64,
+}
+
+impl Holds {
+    fn map(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, std::sync::Weak<Hold>>> {
+        self.map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// The in-process lines of waiters, one per contended key: the waiters of a key on one locker
@@ -191,7 +219,8 @@ impl Lines {
         self.open.load(Ordering::Relaxed) > 0 && self.map().contains_key(key)
     }
 
-    /// Waits (until `deadline`) to be first in `key`'s line; `None` when the deadline came first.
+    /// Waits (until `deadline`) to be first in `key`'s line; `None` when the deadline (or the
+    /// locker's closing) came first.
     /// Dropping the future, or the turn, gives the place up at once. The turn says whether it
     /// had to wait for it.
     async fn turn<'a>(
@@ -229,13 +258,19 @@ impl Lines {
             permit: false,
             waited: false,
             leaving_holder: None,
+            departed: false,
         };
         // The permit is given back by hand when the turn is dropped.
         turn.permit = turn.line.turns.try_acquire().map(|p| p.forget()).is_ok();
         if turn.permit {
             return Ok(Some(turn));
         }
-        match tokio::time::timeout_at(deadline, turn.line.turns.acquire()).await {
+        let line = turn.line.clone();
+        let permit = tokio::select! {
+            permit = tokio::time::timeout_at(deadline, line.turns.acquire()) => permit,
+            () = locker.inner.closing.cancelled() => return Ok(None),
+        };
+        match permit {
             Ok(Ok(permit)) => permit.forget(),
             _ => return Ok(None),
         }
@@ -271,6 +306,8 @@ struct Turn<'a> {
     /// Leaves holding the lock, having heard this many release wake-ups (`Some(None)`: it had
     /// no watch to count them).
     leaving_holder: Option<Option<u64>>,
+    /// It left the line already ([`depart`](Self::depart)).
+    departed: bool,
 }
 
 impl Turn<'_> {
@@ -289,8 +326,13 @@ impl Turn<'_> {
     }
 }
 
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
+impl Turn<'_> {
+    /// Leaves the line (the next waiter's turn comes); when this was its last waiter and the
+    /// line's place may be in the engine's queue, the place, which must leave it.
+    fn depart(&mut self) -> Option<Token> {
+        if std::mem::replace(&mut self.departed, true) {
+            return None;
+        }
         if std::mem::take(&mut self.permit) {
             let handed_on = match self.leaving_holder {
                 Some(Some(heard)) => heard.saturating_add(1),
@@ -309,20 +351,20 @@ impl Drop for Turn<'_> {
             }
             last
         };
-        if last && self.line.queued.load(Ordering::Acquire) {
-            // Nobody here waits any more: the place leaves the engine's queue.
-            let (locker, key, place) = (
-                self.locker.clone(),
-                std::mem::take(&mut self.key),
-                self.line.place.clone(),
-            );
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
-                    if let Err(error) = locker.backend().leave_queue(&key, &place).await {
-                        tracing::debug!(key = %key, error = %error, "leaving the queue failed; the place lapses on its own");
-                    }
-                });
-            }
+        // Nobody here waits any more: the place leaves the engine's queue.
+        (last && self.line.queued.load(Ordering::Acquire)).then(|| self.line.place.clone())
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if let Some(place) = self.depart() {
+            let (locker, key) = (self.locker.clone(), std::mem::take(&mut self.key));
+            self.locker.spawn_background(None, async move {
+                if let Err(error) = locker.backend().leave_queue(&key, &place).await {
+                    tracing::debug!(key = %key, error = %error, "leaving the queue failed; the place lapses on its own");
+                }
+            });
         }
     }
 }
@@ -375,8 +417,114 @@ impl Locker {
                 passes: backend.passes(),
                 backend,
                 lines: Lines::default(),
+                acquiring: TaskTracker::new(),
+                background: TaskTracker::new(),
+                closing: CancellationToken::new(),
+                holds: Holds::default(),
             }),
         }
+    }
+
+    /// Closes the locker, and every clone of it, for a clean exit: a program that calls this
+    /// before it ends leaves nothing in the engine.
+    ///
+    /// 1. No acquisition starts any more ([`LockError::Closed`]), and those waiting give up
+    ///    with `Closed` once they removed what they had put in the engine.
+    /// 2. What guards still hold is released; those holds count as lost (a `#[dlock]` body
+    ///    still running under one is stopped, as on any loss, unless `on_lost = "continue"`).
+    /// 3. Releases and cleanups handed to the background (dropped guards and waits) finish.
+    /// 4. What the engine keeps for this client ends: the ZooKeeper session, etcd leases.
+    ///
+    /// All of it within about five request timeouts (`DLOCK_REQUEST_TIMEOUT`, at least 1s);
+    /// calling it again does nothing more.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), dlock_runtime::LockError> {
+    /// use dlock_runtime::{LockOptions, Locker};
+    ///
+    /// let locker = Locker::memory();
+    /// let guard = locker.acquire("nightly-report", LockOptions::new()).await?;
+    /// // … the job …
+    /// drop(guard); // its release goes to the background…
+    /// locker.close().await?; // …and is done when this returns.
+    /// assert!(locker.acquire("nightly-report", LockOptions::new()).await.unwrap_err().is_closed());
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] when something could not be removed within the bound (a server
+    /// down): it then lapses on the engine with its lease or session.
+    pub async fn close(&self) -> Result<(), LockError> {
+        let inner = &self.inner;
+        let bound = (inner.settings.request_timeout * 5).max(Duration::from_secs(1));
+        let deadline = Instant::now() + bound;
+        inner.closing.cancel();
+        inner.acquiring.close();
+        let waits_ended = tokio::time::timeout_at(deadline, inner.acquiring.wait())
+            .await
+            .is_ok();
+        let holds: Vec<Arc<Hold>> = inner
+            .holds
+            .map()
+            .values()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        for hold in holds {
+            self.spawn_background(None, async move {
+                if let Err(error) = hold.close().await {
+                    tracing::warn!(key = %hold.key(), error = %error, "closing the locker: the release failed; the lease will free the lock");
+                }
+            });
+        }
+        inner.background.close();
+        let background_ended = tokio::time::timeout_at(deadline, inner.background.wait())
+            .await
+            .is_ok();
+        let engine = tokio::time::timeout_at(deadline, self.backend().close()).await;
+        let left = match engine {
+            Ok(Ok(())) if waits_ended && background_ended => return Ok(()),
+            Ok(Ok(())) => format!(
+                "{} acquisitions and {} releases or cleanups were still under way after {bound:?}",
+                inner.acquiring.len(),
+                inner.background.len()
+            ),
+            Ok(Err(error)) => error.to_string(),
+            Err(_) => format!("the engine's session or leases did not end within {bound:?}"),
+        };
+        tracing::warn!(left = %left, "closing the locker: what could not be removed lapses with its lease or session");
+        Err(LockError::Backend(BackendError::new(format!(
+            "closing the locker: {left}"
+        ))))
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    fn is_closing(&self) -> bool {
+        self.inner.closing.is_cancelled()
+    }
+
+    /// Runs `task` on `runtime` (or the current one), counted by [`close`](Self::close); `None`
+    /// when there is no runtime to run it on.
+    pub(crate) fn spawn_background<T: Send + 'static>(
+        &self,
+        runtime: Option<&tokio::runtime::Handle>,
+        task: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Option<tokio::task::JoinHandle<T>> {
+        let runtime = runtime
+            .cloned()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())?;
+        Some(self.inner.background.spawn_on(task, &runtime))
+    }
+
+    pub(crate) fn next_hold_id(&self) -> u64 {
+        self.inner.holds.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn register_hold(&self, id: u64, hold: &Arc<Hold>) {
+        self.inner.holds.map().insert(id, Arc::downgrade(hold));
+    }
+
+    pub(crate) fn forget_hold(&self, id: u64) {
+        self.inner.holds.map().remove(&id);
     }
 
     /// The configured prefix of every lock key (`DLOCK_KEY_PREFIX`).
@@ -434,6 +582,11 @@ impl Locker {
         if let Some(guard) = self.reenter(&full_key) {
             return Ok(guard);
         }
+        if self.is_closing() {
+            return Err(LockError::Closed { key: full_key });
+        }
+        // Counted until it returns (or is dropped): `close` waits for it to give up.
+        let _acquiring = self.inner.acquiring.token();
         if options.fair
             && let FairOrder::Unsupported(why) = self.inner.order
         {
@@ -677,7 +830,7 @@ impl Locker {
                 Some(Passed::Refused) | None => {}
                 Some(Passed::Unknown) => orphan.armed = true,
             }
-            if late {
+            if late || self.is_closing() {
                 break;
             }
             // Armed before the request, so a release published while it is in flight still wakes us.
@@ -835,6 +988,8 @@ impl Locker {
                 }
             });
             let mut sleep = std::pin::pin!(tokio::time::sleep_until(wake_at));
+            // Closing ends the pause; the loop then gives up.
+            let mut closing = std::pin::pin!(self.inner.closing.cancelled());
             passed = 'wait: {
                 match (notified.as_mut().as_pin_mut(), &watch, &notify) {
                     (Some(first), Some(watch), Some(notify)) => {
@@ -842,6 +997,7 @@ impl Locker {
                             () = &mut sleep => false,
                             () = first => true,
                             answer = &mut answer => break 'wait Some(answer),
+                            () = &mut closing => break 'wait None,
                         };
                         // A release names the place first in line: the others keep waiting
                         // instead of all asking at once.
@@ -858,6 +1014,7 @@ impl Locker {
                                 () = &mut sleep => false,
                                 () = again => true,
                                 answer = &mut answer => break 'wait Some(answer),
+                                () = &mut closing => break 'wait None,
                             };
                         }
                         None
@@ -865,14 +1022,23 @@ impl Locker {
                     _ => tokio::select! {
                         () = &mut sleep => None,
                         answer = &mut answer => Some(answer),
+                        () = &mut closing => None,
                     },
                 }
             };
         }
-        orphan.cleanup_now();
+        // What the wait put in the engine goes before it returns: a lock an ambiguous attempt
+        // may have set, its place in line, the line's place in the queue when it was the last
+        // waiter here. The offer is withdrawn while the waiter is still first in line.
+        let (key, token) = orphan.give_up();
+        let place = turn.as_mut().and_then(Turn::depart);
         drop(turn);
-        let (key, _) = orphan.disarm();
+        self.remove_leftovers(&key, token, place, lease_len).await;
         let waited = started.elapsed();
+        if self.is_closing() {
+            tracing::debug!(attempts, ?waited, "lock wait ended: the locker was closed");
+            return Err(LockError::Closed { key });
+        }
         match last_error {
             Some(error) if error.is_refused() => {
                 tracing::error!(attempts, ?waited, error = %error, "lock backend refused the acquisition");
@@ -942,6 +1108,55 @@ impl Locker {
         outcome
     }
 
+    /// Removes what a wait that gives up left in the engine (`token`'s lock or place in line,
+    /// the line's `place` in the queue) before the wait returns, within two request timeouts.
+    /// A removal that fails, or takes longer, is said in a warning: the entry then lapses on
+    /// its own (a removal still under way goes on in the background).
+    async fn remove_leftovers(
+        &self,
+        key: &str,
+        token: Option<Token>,
+        place: Option<Token>,
+        lease: Duration,
+    ) {
+        if token.is_none() && place.is_none() {
+            return;
+        }
+        let (locker, owned_key) = (self.clone(), key.to_owned());
+        let removal = self.spawn_background(None, async move {
+            let backend = locker.backend();
+            let release = async {
+                match &token {
+                    Some(token) => backend.release(&owned_key, token).await.map(drop),
+                    None => Ok(()),
+                }
+            };
+            let leave = async {
+                match &place {
+                    Some(place) => backend.leave_queue(&owned_key, place).await,
+                    None => Ok(()),
+                }
+            };
+            let (released, left) = tokio::join!(release, leave);
+            released.and(left)
+        });
+        let Some(removal) = removal else { return };
+        let bound = self.inner.settings.request_timeout * 2;
+        let lapses_within = self.backend().lapses_within(lease);
+        match tokio::time::timeout(bound, removal).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(error))) => {
+                tracing::warn!(key = %key, error = %error, ?lapses_within, "could not remove what the failed acquisition left in the engine; it lapses on its own");
+            }
+            Ok(Err(_)) => {
+                tracing::warn!(key = %key, ?lapses_within, "the removal of what the failed acquisition left in the engine stopped; it lapses on its own");
+            }
+            Err(_) => {
+                tracing::warn!(key = %key, ?bound, ?lapses_within, "removing what the failed acquisition left in the engine takes longer than the bound; it goes on in the background, or lapses on its own");
+            }
+        }
+    }
+
     /// A release wake-up for `key`: a subscription already up (no I/O), or else a new one.
     async fn wake_up(&self, key: &str, token: &Token) -> Option<crate::backend::Watch> {
         match self.backend().watching(key, token) {
@@ -966,7 +1181,9 @@ struct OrphanCleanup<'a> {
 }
 
 impl OrphanCleanup<'_> {
-    fn cleanup_now(&mut self) {
+    /// Withdraws the wait's offer to take the lock from a holder; when a holder took it
+    /// already, the key may be this waiter's: the cleanup is armed.
+    fn withdraw_offer(&mut self) {
         if let Some((line, mut answer)) = self.baton.take()
             && !line.withdraw(&self.token)
         {
@@ -978,6 +1195,19 @@ impl OrphanCleanup<'_> {
                 self.armed = true;
             }
         }
+    }
+
+    /// The wait gives up: the key, and the token whose lock must be released when the engine
+    /// may hold something of it.
+    fn give_up(mut self) -> (String, Option<Token>) {
+        self.withdraw_offer();
+        let armed = std::mem::take(&mut self.armed);
+        let (key, token) = self.disarm();
+        (key, armed.then_some(token))
+    }
+
+    fn cleanup_now(&mut self) {
+        self.withdraw_offer();
         if std::mem::take(&mut self.armed) {
             spawn_release(
                 self.runtime.as_ref(),
@@ -992,7 +1222,11 @@ impl OrphanCleanup<'_> {
     /// The timeout of a wait that never got its turn in the in-process line: no request was
     /// sent, nothing is left to clean.
     fn timed_out(self, started: Instant) -> LockError {
+        let closing = self.locker.is_closing();
         let (key, _) = self.disarm();
+        if closing {
+            return LockError::Closed { key };
+        }
         tracing::info!(waited = ?started.elapsed(), "lock wait timed out in the in-process line");
         LockError::Timeout {
             key,
@@ -1026,14 +1260,8 @@ pub(crate) fn spawn_release(
     token: Token,
     hold: bool,
 ) {
-    let Some(runtime) = runtime
-        .cloned()
-        .or_else(|| tokio::runtime::Handle::try_current().ok())
-    else {
-        tracing::warn!(key = %key, "no tokio runtime to release the lock on; the lease will free it");
-        return;
-    };
-    runtime.spawn(async move {
+    let (background, warn_key) = (locker.clone(), key.clone());
+    let spawned = background.spawn_background(runtime, async move {
         let released = if hold {
             locker.let_go(&key, &token).await
         } else {
@@ -1043,6 +1271,9 @@ pub(crate) fn spawn_release(
             tracing::error!(key = %key, error = %error, "lock release after drop failed; the lease will free it");
         }
     });
+    if spawned.is_none() {
+        tracing::warn!(key = %warn_key, "no tokio runtime to release the lock on; the lease will free it");
+    }
 }
 
 /// How long a fair waiter keeps its place in the queue without trying again: several of its

@@ -108,9 +108,13 @@ pub async fn serve(listener: tokio::net::TcpListener, state: AppState) -> std::i
     let addr = listener.local_addr()?;
     println!("listening on {addr}");
     tracing::info!(%addr, "order service ready");
+    let locks = state.locks.clone();
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown_signal())
-        .await
+        .await?;
+    // The requests have drained: release what is left and end the engine's session or leases,
+    // so this instance leaves nothing behind.
+    locks.close().await.map_err(std::io::Error::other)
 }
 
 async fn shutdown_signal() {

@@ -265,6 +265,111 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// The URL its lockers connect with (`DLOCK_URL` for a process of its own); `None` for the
+    /// embedded engine, whose table lives in this process.
+    #[must_use]
+    pub fn url(&self) -> Option<&str> {
+        match self {
+            Self::Redis { url, .. } | Self::Shared { url, .. } => Some(url),
+            Self::Memory(_) => None,
+        }
+    }
+
+    /// What the engine holds for the full lock key `full_key` (a key without `/`, `%` or glob
+    /// characters, as [`unique_key`](crate::unique_key) makes), read with the engine's own
+    /// tools, one line per entry: Redis keys that name it on every data node (`redis-cli
+    /// --scan`: the lock and fair mode's queue), etcd keys in its line and every lease of the
+    /// cluster (`etcdctl`), ZooKeeper nodes in its line, PostgreSQL rows of the lock and of its
+    /// queue (`psql`). Nothing for the embedded engine, whose table lives in the process.
+    ///
+    /// # Panics
+    /// When the engine's tool cannot be run.
+    pub async fn leftovers(&self, full_key: &str) -> Vec<String> {
+        let deployment: &(dyn std::any::Any + Send + Sync) = match self {
+            Self::Redis { server, .. } => return redis_keys(&[server.port()], full_key),
+            Self::Shared { deployment, .. } => deployment.as_ref(),
+            Self::Memory(_) => return Vec::new(),
+        };
+        if let Some(cluster) = deployment.downcast_ref::<RedisCluster>() {
+            return redis_keys(&cluster.masters(), full_key);
+        }
+        if let Some(sentinels) = deployment.downcast_ref::<RedisSentinels>() {
+            return redis_keys(&[sentinels.master_port()], full_key);
+        }
+        if let Some(masters) = deployment.downcast_ref::<RedLockServers>() {
+            return redis_keys(&masters.ports(), full_key);
+        }
+        if let Some(server) = deployment.downcast_ref::<PostgresServer>() {
+            let rows = server
+                .sql(&format!(
+                    "SELECT 'lock ' || fence FROM dlock_locks WHERE key = '{full_key}' \
+                     UNION ALL SELECT 'place ' || place FROM dlock_waiters WHERE key = '{full_key}'"
+                ))
+                .expect("psql");
+            return rows.lines().map(str::to_owned).collect();
+        }
+        if let Some(etcd) = deployment.downcast_ref::<EtcdCluster>() {
+            let keys = etcdctl(
+                etcd,
+                &["get", "--prefix", "--keys-only", &format!("{full_key}/")],
+            );
+            let leases = etcdctl(etcd, &["lease", "list"]);
+            return keys
+                .lines()
+                .filter(|l| !l.is_empty())
+                .map(|k| format!("key {k}"))
+                .chain(
+                    leases
+                        .lines()
+                        .filter(|l| !l.is_empty() && !l.starts_with("found"))
+                        .map(|l| format!("lease {l}")),
+                )
+                .collect();
+        }
+        if let Some(zookeeper) = deployment.downcast_ref::<ZkEnsemble>() {
+            let client = zookeeper_client::Client::connect(&zookeeper.hosts())
+                .await
+                .expect("connect to ZooKeeper");
+            let path = format!("/{full_key}");
+            // A server that lags the leader catches up first.
+            client.sync(&path).await.expect("zookeeper sync");
+            return match client.list_children(&path).await {
+                Ok(children) => children.into_iter().map(|c| format!("node {c}")).collect(),
+                Err(zookeeper_client::Error::NoNode) => Vec::new(),
+                Err(e) => panic!("list the children of {path}: {e}"),
+            };
+        }
+        panic!("no tool to read this engine's entries")
+    }
+}
+
+/// The keys naming `full_key` on the Redis servers at `ports` (`redis-cli --scan`).
+fn redis_keys(ports: &[u16], full_key: &str) -> Vec<String> {
+    let mut keys = Vec::new();
+    for port in ports {
+        let out = std::process::Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "--scan", "--pattern"])
+            .arg(format!("*{full_key}*"))
+            .output()
+            .expect("run redis-cli (installed with redis-server)");
+        assert!(out.status.success(), "redis-cli: {out:?}");
+        keys.extend(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(|k| format!("{port} {k}")),
+        );
+    }
+    keys.sort();
+    keys
+}
+
+fn etcdctl(etcd: &EtcdCluster, args: &[&str]) -> String {
+    let out = etcd.etcdctl().args(args).output().expect("run etcdctl");
+    assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The password the ACL engines' user gets in place of the README's `>CHANGE-ME`.
 const ACL_PASSWORD: &str = "acl-test-pw";
 

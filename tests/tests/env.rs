@@ -29,6 +29,25 @@ fn memory_backend_from_the_environment_serves_the_attribute() {
     );
 }
 
+/// Hosting platforms set a `REDIS_URL` of their own (often `rediss://`, which needs the `tls`
+/// feature): beside `DLOCK_URL` it is not read at all, nor are the other older variables.
+#[test]
+fn with_dlock_url_a_broken_redis_url_is_not_read() {
+    let out = run(&[
+        ("DLOCK_URL", "memory://"),
+        ("REDIS_URL", "rediss://default:pw@cache.example:6380"),
+        ("DLOCK_REDIS_URL", "http://not-redis"),
+        ("DLOCK_BACKEND", "zookeeper"),
+    ]);
+    assert!(out.starts_with("ok ") && out.contains("Memory"), "{out}");
+    // Without DLOCK_URL the same REDIS_URL is read, and refused.
+    let out = run(&[("REDIS_URL", "http://not-redis")]);
+    assert!(
+        out.starts_with("error ") && out.contains("REDIS_URL"),
+        "{out}"
+    );
+}
+
 #[test]
 fn redis_backend_from_the_environment_serves_the_attribute() {
     let server = RedisServer::start();

@@ -33,6 +33,7 @@ dlock_tests::engine_suite!(
     same_task_reenters_and_the_outermost_releases,
     another_task_does_not_reenter,
     a_retry_that_finds_its_own_lock_gets_a_new_fence,
+    any_key_is_data,
 );
 
 const SHORT: Duration = Duration::from_millis(300);
@@ -316,6 +317,143 @@ async fn oversized_and_empty_keys_are_refused(env: Env) {
     // At the limit exactly it is accepted: the prefix counts.
     let fits = "k".repeat(1024 - "dlock:".len());
     let _guard = locker.acquire(&fits, LockOptions::new()).await.unwrap();
+}
+
+/// Pieces of random keys: what engines store specially (`/` and `.` segments, `%` escapes, the
+/// prefix, Cluster hash tags, NUL and control characters, the ranges ZooKeeper refuses,
+/// characters beyond U+FFFF, glob and quote characters) and plain text.
+const KEY_PIECES: &[&str] = &[
+    "/",
+    "//",
+    ".",
+    "..",
+    "%",
+    "%2F",
+    "%25",
+    "%00",
+    "dlock:",
+    "{",
+    "}",
+    "{t}",
+    "\0",
+    "\u{1}",
+    "\u{1f}",
+    "\u{7f}",
+    "\u{85}",
+    "\u{9f}",
+    "\u{d7ff}",
+    "\u{e000}",
+    "\u{f8ff}",
+    "\u{fff0}",
+    "\u{ffff}",
+    "🔒",
+    "\u{10ffff}",
+    "ключ",
+    "鍵",
+    "a",
+    "B",
+    " ",
+    "\n",
+    "*",
+    "?",
+    "[",
+    "\\",
+    "'",
+    "\"",
+    ":",
+];
+
+/// A random key: 1 to 6 pieces of [`KEY_PIECES`] or random characters.
+fn random_key(rng: &mut fastrand::Rng) -> String {
+    loop {
+        let key: String = (0..rng.usize(1..=6))
+            .map(|_| {
+                if rng.bool() {
+                    KEY_PIECES[rng.usize(..KEY_PIECES.len())].to_owned()
+                } else {
+                    rng.char(..).to_string()
+                }
+            })
+            .collect();
+        // dlock's own bookkeeping names (refused with InvalidKey on every engine alike).
+        if !key.starts_with("__fence:") && !key.starts_with("__fair:") {
+            return key;
+        }
+    }
+}
+
+/// Keys that an engine's escaping could confuse with `key` (`/` and `%2F`, NUL and `%00`, a
+/// character and its UTF-8 escape, a trailing dot): each must be a lock of its own.
+fn look_alikes(key: &str) -> Vec<String> {
+    let mut escaped = String::new();
+    for c in key.chars() {
+        if c.is_ascii_alphanumeric() {
+            escaped.push(c);
+        } else {
+            let mut buf = [0; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                escaped.push_str(&format!("%{b:02X}"));
+            }
+        }
+    }
+    [
+        escaped,
+        format!("{key}/"),
+        format!("{key}."),
+        format!("{key}\0"),
+        format!("%{key}"),
+    ]
+    .into_iter()
+    .filter(|k| k != key)
+    .collect()
+}
+
+/// Keys are data on every engine: any key (up to the length limit) is one lock of its own,
+/// excluding its holders and nobody else, and comes back as given in the guard.
+async fn any_key_is_data(env: Env) {
+    let seed = std::env::var("DLOCK_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let (a, b) = (env.locker(), env.locker());
+    let run = unique_key("any");
+    for i in 0..20 {
+        // A unique start keeps runs apart; the random part decides the rest.
+        let key = format!("{run}:{i}:{}", random_key(&mut rng));
+        let at = |what: &str| format!("seed {seed} (DLOCK_TEST_SEED), key {key:?}: {what}");
+        let held = a
+            .acquire(&key, LockOptions::new())
+            .await
+            .unwrap_or_else(|e| panic!("{}", at(&e.to_string())));
+        assert_eq!(
+            held.key(),
+            format!("dlock:{key}"),
+            "{}",
+            at("the guard's key")
+        );
+        let busy = b.try_acquire(&key, SHORT).await;
+        assert!(
+            busy.as_ref().is_ok_and(Option::is_none),
+            "{}",
+            at(&format!("another locker got it: {busy:?}"))
+        );
+        for other in look_alikes(&key) {
+            let free = b
+                .try_acquire(&other, SHORT)
+                .await
+                .unwrap_or_else(|e| panic!("{}", at(&format!("{other:?}: {e}"))));
+            let free =
+                free.unwrap_or_else(|| panic!("{}", at(&format!("{other:?} is the same lock"))));
+            free.release().await.unwrap();
+        }
+        held.release().await.unwrap();
+        let again = b
+            .try_acquire(&key, SHORT)
+            .await
+            .unwrap_or_else(|e| panic!("{}", at(&e.to_string())));
+        assert!(again.is_some(), "{}", at("not free after its release"));
+    }
 }
 
 async fn waiter_gets_the_lock_after_release(env: Env) {

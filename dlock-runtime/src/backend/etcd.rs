@@ -708,10 +708,12 @@ impl Backend for EtcdBackend {
             let Some(entry) = self.entries().remove(&token.0) else {
                 return Ok(false);
             };
+            let waiting = entry.keeper.is_some();
             drop(entry.keeper);
-            let Some(rev) = entry.rev else {
-                // The put's reply was lost (or never came): revoking the lease deletes the key
-                // if the put happened.
+            let Some(rev) = entry.rev.filter(|_| !waiting) else {
+                // A waiter, or a put whose reply was lost (or never came): revoking the lease
+                // deletes its key in line, if the put happened, in one request. It held nothing
+                // it knew of.
                 self.conn.revoke(entry.lease).await?;
                 return Ok(false);
             };
@@ -730,14 +732,40 @@ impl Backend for EtcdBackend {
                     |mut c| async move { c.txn(txn).await },
                 )
                 .await;
-            // The lease is of no use any more; revoked off the release's path (it expires on
-            // its own should this fail). After the delete: revoking first would delete the key
-            // and make the release look lost.
-            let conn = self.conn.clone();
-            tokio::spawn(async move {
-                let _ = conn.revoke(entry.lease).await;
-            });
-            deleted.map(|r| r.succeeded())
+            // The lease is of no use any more; revoked before the release returns, so a
+            // program that exits right after it leaves nothing (a lease without keys would
+            // still count against the server's leases until its TTL). After the delete:
+            // revoking first would delete the key and make the release look lost.
+            match (deleted, self.conn.revoke(entry.lease).await) {
+                (Ok(deleted), revoked) => {
+                    if let Err(error) = revoked {
+                        tracing::debug!(error = %error, "etcd: revoking a released lock's lease failed; it lapses with its TTL");
+                    }
+                    Ok(deleted.succeeded())
+                }
+                // The revoke deleted the key with its lease, if the lease was still there.
+                (Err(_), Ok(live)) => Ok(live),
+                (Err(error), Err(_)) => Err(error),
+            }
+        })
+    }
+
+    fn lapses_within(&self, lease: Duration) -> Duration {
+        Duration::from_secs(u64::try_from(lease_seconds(lease)).unwrap_or(u64::MAX))
+    }
+
+    fn close(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(async move {
+            // Every hold was released and every cleanup done: what is left is an entry whose
+            // removal failed. Its lease goes, and its key with it.
+            let left: Vec<Entry> = self.entries().drain().map(|(_, entry)| entry).collect();
+            let mut failed = None;
+            for entry in left {
+                if let Err(error) = self.conn.revoke(entry.lease).await {
+                    failed = Some(error);
+                }
+            }
+            failed.map_or(Ok(()), Err)
         })
     }
 

@@ -193,10 +193,23 @@ pub(crate) trait Backend: Send + Sync + 'static {
         FairOrder::Queue
     }
 
-    /// Why the engine cannot store the full lock key `key` (PostgreSQL `text` holds no NUL
-    /// byte), checked before any request is sent: the acquisition fails with `InvalidKey`.
+    /// Why the engine cannot store the full lock key `key` (longer than its index holds),
+    /// checked before any request is sent: the acquisition fails with `InvalidKey`.
     fn key_error(&self, _key: &str) -> Option<String> {
         None
+    }
+
+    /// How long an entry that could not be removed (a waiter's place, a lock set by an attempt
+    /// whose reply was lost) stays in the engine at most, for an acquisition with `lease`:
+    /// said in the warning when the removal fails.
+    fn lapses_within(&self, lease: Duration) -> Duration {
+        lease
+    }
+
+    /// Ends what the engine keeps for this client (a ZooKeeper session, etcd leases), once
+    /// every hold is released and every cleanup done ([`Locker::close`](crate::Locker::close)).
+    fn close(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(std::future::ready(Ok(())))
     }
 }
 

@@ -260,6 +260,33 @@ pub(crate) struct PostgresBackend {
     connecting: tokio::sync::Mutex<()>,
     /// Release notifications; `None` when turned off (`DLOCK_NOTIFY=off`).
     notifier: Option<Notifier>,
+    /// The length of the key prefix, which [`stored_key`] leaves as it is.
+    prefix_len: usize,
+}
+
+/// The full lock key `key` (its first `prefix_len` bytes the prefix) as the table stores it: the
+/// prefix as is, then the key with NUL, which a `text` value cannot hold, written `%00`, and
+/// `%` written `%25` so that no two keys share a row. A key with neither is stored as it is.
+fn stored_key(prefix_len: usize, key: &str) -> std::borrow::Cow<'_, str> {
+    let split = if key.is_char_boundary(prefix_len) {
+        prefix_len
+    } else {
+        0
+    };
+    let (prefix, name) = key.split_at(split.min(key.len()));
+    if !name.contains(['%', '\0']) {
+        return std::borrow::Cow::Borrowed(key);
+    }
+    let mut stored = String::with_capacity(key.len() + 8);
+    stored.push_str(prefix);
+    for c in name.chars() {
+        match c {
+            '%' => stored.push_str("%25"),
+            '\0' => stored.push_str("%00"),
+            c => stored.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(stored)
 }
 
 impl std::fmt::Debug for PostgresBackend {
@@ -307,6 +334,12 @@ impl PostgresBackend {
         let BackendKind::Postgres(url) = &settings.backend else {
             return Err(LockError::config("not a PostgreSQL engine"));
         };
+        if settings.key_prefix.contains('\0') {
+            return Err(LockError::config(
+                "DLOCK_KEY_PREFIX: on PostgreSQL the prefix cannot hold a NUL byte (a `text` \
+                 value cannot)",
+            ));
+        }
         let mut config = parse("DLOCK_URL", url.as_str())?;
         config.connect_timeout(settings.request_timeout);
         if config.get_tcp_user_timeout().is_none() {
@@ -328,6 +361,7 @@ impl PostgresBackend {
             connection: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             notifier,
+            prefix_len: settings.key_prefix.len(),
         })
     }
 
@@ -642,7 +676,8 @@ impl Backend for PostgresBackend {
     fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Attempt, BackendError>> {
         Box::pin(async move {
             let queue = request.queue;
-            let op = Op::Acquire(request.key, request.token, lease_ms(request.lease), queue);
+            let key = stored_key(self.prefix_len, request.key);
+            let op = Op::Acquire(&key, request.token, lease_ms(request.lease), queue);
             match self.call(op).await? {
                 Reply::Acquire {
                     fence: Some(fence), ..
@@ -667,7 +702,8 @@ impl Backend for PostgresBackend {
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            match self.call(Op::Release(key, token)).await? {
+            let key = stored_key(self.prefix_len, key);
+            match self.call(Op::Release(&key, token)).await? {
                 Reply::Done(live) => Ok(live),
                 Reply::Acquire { .. } => {
                     Err(BackendError::new("PostgreSQL release: unexpected reply"))
@@ -682,7 +718,8 @@ impl Backend for PostgresBackend {
         place: &'a Token,
     ) -> BoxFuture<'a, Result<(), BackendError>> {
         Box::pin(async move {
-            self.call(Op::Leave(key, place)).await?;
+            let key = stored_key(self.prefix_len, key);
+            self.call(Op::Leave(&key, place)).await?;
             Ok(())
         })
     }
@@ -694,7 +731,8 @@ impl Backend for PostgresBackend {
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            match self.call(Op::Extend(key, token, lease_ms(lease))).await? {
+            let key = stored_key(self.prefix_len, key);
+            match self.call(Op::Extend(&key, token, lease_ms(lease))).await? {
                 Reply::Done(extended) => Ok(extended),
                 Reply::Acquire { .. } => {
                     Err(BackendError::new("PostgreSQL extend: unexpected reply"))
@@ -704,27 +742,28 @@ impl Backend for PostgresBackend {
     }
 
     fn watching(&self, key: &str, _token: &Token) -> Option<Watch> {
-        self.notifier.as_ref()?.watching(key)
+        // Release notifications name the key as the table stores it.
+        self.notifier
+            .as_ref()?
+            .watching(&stored_key(self.prefix_len, key))
     }
 
     fn watch<'a>(&'a self, key: &'a str, _token: &'a Token) -> BoxFuture<'a, Option<Watch>> {
         Box::pin(async move {
             match &self.notifier {
-                Some(notifier) => notifier.watch(key).await,
+                Some(notifier) => notifier.watch(&stored_key(self.prefix_len, key)).await,
                 None => None,
             }
         })
     }
 
     fn key_error(&self, key: &str) -> Option<String> {
-        if key.contains('\0') {
-            return Some("a PostgreSQL `text` value cannot hold a NUL byte".to_owned());
-        }
-        (key.len() > MAX_KEY_BYTES).then(|| {
+        let stored = stored_key(self.prefix_len, key).len();
+        (stored > MAX_KEY_BYTES).then(|| {
             format!(
-                "the key is {} bytes; PostgreSQL's index on `dlock_locks` holds keys of at most \
-                 {MAX_KEY_BYTES}",
-                key.len()
+                "the key is {stored} bytes as stored (prefix included, `%` and NUL written \
+                 `%25` and `%00`); PostgreSQL's index on `dlock_locks` holds keys of at most \
+                 {MAX_KEY_BYTES}"
             )
         })
     }
@@ -946,5 +985,17 @@ mod tests {
             assert!(text.contains("DLOCK_URL"), "{url}: {text}");
             assert!(!text.contains("s3cret"), "{url}: {text}");
         }
+    }
+
+    #[test]
+    fn stored_keys_write_nul_and_percent_after_the_prefix() {
+        assert!(matches!(
+            stored_key(6, "dlock:order:42"),
+            std::borrow::Cow::Borrowed("dlock:order:42")
+        ));
+        assert_eq!(stored_key(6, "dlock:a\0b"), "dlock:a%00b");
+        assert_eq!(stored_key(6, "dlock:a%00b"), "dlock:a%2500b");
+        assert_eq!(stored_key(2, "%:a%"), "%:a%25");
+        assert_eq!(stored_key(6, "dlock:\0"), "dlock:%00");
     }
 }

@@ -88,9 +88,10 @@ pub(crate) fn path_of(prefix_len: usize, key: &str) -> String {
     path
 }
 
-/// The characters ZooKeeper refuses anywhere in a path.
+/// The characters ZooKeeper refuses anywhere in a path. Its paths are Java strings: a
+/// character beyond U+FFFF is a surrogate pair there, and surrogates are refused.
 fn refused_char(c: char) -> bool {
-    matches!(u32::from(c), 0x0000..=0x001f | 0x007f..=0x009f | 0xd800..=0xf8ff | 0xfff0..=0xffff)
+    matches!(u32::from(c), 0x0000..=0x001f | 0x007f..=0x009f | 0xd800..=0xf8ff | 0xfff0..)
 }
 
 /// Why `prefix` cannot start a node path: empty, `.` or `..` segments, refused characters, or
@@ -240,6 +241,11 @@ impl Conn {
                 } else {
                     states.changed().await
                 };
+                if state == SessionState::Closed {
+                    // Closed by this client (`Locker::close`, or its last handle dropped).
+                    tracing::debug!("zookeeper session closed");
+                    break;
+                }
                 if state.is_terminated() {
                     tracing::warn!(?state, "zookeeper session ended: its holds are lost");
                     break;
@@ -1030,6 +1036,40 @@ impl Backend for ZooKeeperBackend {
         FairOrder::Native
     }
 
+    fn lapses_within(&self, lease: Duration) -> Duration {
+        // A node stays while its session lives, and the session as long as this client;
+        // `expire` ends a hold on the client, not a waiter's node.
+        lease.max(self.conn.session_timeout)
+    }
+
+    fn close(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(async move {
+            // Every hold was released and every cleanup done. Ending the session deletes what
+            // is left of it (a node whose removal failed): the client closes it once its last
+            // handle is gone, and the tasks holding one end with the entries.
+            self.entries().clear();
+            let Some(session) = self.conn.current().take() else {
+                return Ok(());
+            };
+            let mut states = session.client.state_watcher();
+            drop(session);
+            let bound = self.conn.request_timeout.max(Duration::from_secs(1));
+            let ended = tokio::time::timeout(bound, async {
+                while !states.state().is_terminated() {
+                    states.changed().await;
+                }
+            })
+            .await;
+            ended.map_err(|_| {
+                BackendError::new(format!(
+                    "zookeeper: the session did not close within {bound:?}; its nodes go when \
+                     it expires (within the session timeout, {:?})",
+                    self.conn.session_timeout
+                ))
+            })
+        })
+    }
+
     fn key_error(&self, key: &str) -> Option<String> {
         let path = path_of(self.prefix_len, key);
         (path == "/zookeeper" || path.starts_with("/zookeeper/")).then(|| {
@@ -1054,6 +1094,11 @@ mod tests {
         assert_eq!(path_of(6, "dlock:a\0b\u{1}\u{7f}"), "/dlock:a%00b%01%7F");
         assert_eq!(path_of(0, "\u{e000}"), "/%EE%80%80");
         assert_eq!(path_of(6, "dlock:訂單"), "/dlock:訂單");
+        // Beyond U+FFFF: a surrogate pair in ZooKeeper's Java strings, which it refuses.
+        assert_eq!(
+            path_of(6, "dlock:🔒-ключ-鍵"),
+            "/dlock:%F0%9F%94%92-ключ-鍵"
+        );
     }
 
     #[test]
