@@ -72,6 +72,7 @@ use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 #[global_allocator]
 static ALLOCATOR: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 
+#[cfg(feature = "etcd")]
 #[path = "bench_etcd.rs"]
 mod etcd;
 
@@ -1547,7 +1548,10 @@ async fn main() -> std::process::ExitCode {
     };
     let own_floor = match args.engine {
         Engine::Postgres => Some(postgres::bench(&args).await),
+        #[cfg(feature = "etcd")]
         Engine::Etcd => Some(etcd::bench(&args).await),
+        #[cfg(not(feature = "etcd"))]
+        Engine::Etcd => Some(Err(dlock_examples::engine::ETCD_FEATURE.into())),
         Engine::ZooKeeper => Some(zookeeper::bench(&args).await),
         _ => None,
     };

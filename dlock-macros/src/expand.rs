@@ -171,7 +171,8 @@ impl Plan {
     //     let __dlock_acquired = ::dlock_runtime::__private::acquire(
     //         ::dlock_runtime::__private::global(),
     //         __dlock_key,
-    //         ::dlock_runtime::__private::options().timeout(::core::time::Duration::new(5u64, 0u32)),
+    //         ::dlock_runtime::__private::options("order:<id>")
+    //             .timeout(::core::time::Duration::new(5u64, 0u32)),
     //     ).await;
     //     let __dlock_result = match __dlock_acquired {
     //         ::core::result::Result::Ok(__dlock_guard) => {
@@ -328,8 +329,8 @@ impl Plan {
         tokens
     }
 
-    // Input:  timeout = "5s", expire = "auto", max_hold = "10m", fair = true
-    // Output: ::dlock_runtime::__private::options()
+    // Input:  key = "order:<id>", timeout = "5s", expire = "auto", max_hold = "10m", fair = true
+    // Output: ::dlock_runtime::__private::options("order:<id>")
     //             .timeout(::core::time::Duration::new(5u64, 0u32))
     //             .expire_auto()
     //             .max_hold(::core::time::Duration::new(600u64, 0u32))
@@ -337,7 +338,9 @@ impl Plan {
     /// The `LockOptions` the arguments ask for; what is not given comes from the locker.
     fn options(&self) -> TokenStream {
         let krate = &self.krate;
-        let mut options = quote!(#krate::__private::options());
+        // The template names the lock in logs and metrics (the full key has unbounded values).
+        let template = &self.args.key;
+        let mut options = quote!(#krate::__private::options(#template));
         if let Some(timeout) = self.args.timeout {
             let timeout = duration::to_tokens(timeout);
             options.extend(quote!(.timeout(#timeout)));

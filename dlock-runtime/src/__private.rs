@@ -30,9 +30,9 @@ pub fn client(locker: &Locker) -> Result<&Locker, LockError> {
     Ok(locker)
 }
 
-/// Options starting from the locker's defaults.
-pub fn options() -> LockOptions {
-    LockOptions::new()
+/// Options starting from the locker's defaults, named by the attribute's key template.
+pub fn options(template: &'static str) -> LockOptions {
+    LockOptions::new().name(template)
 }
 
 /// Acquires for a locked function.

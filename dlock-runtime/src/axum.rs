@@ -20,6 +20,7 @@ use crate::LockError;
 ///
 /// Log the error itself (its `Display` is safe to log) before converting it if you need the
 /// detail.
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 impl IntoResponse for LockError {
     fn into_response(self) -> Response {
         let (status, body) = match &self {

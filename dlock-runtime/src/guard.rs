@@ -47,6 +47,8 @@ pub(crate) struct Hold {
     /// Its release was sent (or handed over): by the last guard, or by the locker's `close`.
     /// Sent once, whichever comes first.
     released: AtomicBool,
+    /// The name of this kind of lock (`#[dlock]`'s key template), for the events.
+    name: Option<&'static str>,
 }
 
 /// The part of a lease the client does not count on: the clock-drift allowance of the Redlock
@@ -72,6 +74,7 @@ impl Hold {
         fence: u64,
         sent_at: Instant,
         lease: Duration,
+        name: Option<&'static str>,
     ) -> Arc<Self> {
         let (state, _) = watch::channel(State::Held {
             valid_until: valid_until(sent_at, lease),
@@ -91,6 +94,7 @@ impl Hold {
             extending: tokio::sync::Mutex::new(()),
             id,
             released: AtomicBool::new(false),
+            name,
         });
         locker.register_hold(id, &hold);
         hold
@@ -245,7 +249,7 @@ impl Hold {
             newly
         });
         if newly {
-            tracing::warn!(key = %self.key, fencing_token = self.fence, why, "lock lost while held");
+            tracing::warn!(key = %self.key, name = self.name, fencing_token = self.fence, why, "lock lost while held");
         }
     }
 
@@ -301,7 +305,7 @@ async fn watchdog(hold: Arc<Hold>, max_hold: Option<Duration>) {
         tokio::time::sleep_until(next).await;
         let now = Instant::now();
         if ceiling.is_some_and(|c| now >= c) {
-            tracing::warn!(key = %hold.key, "max_hold reached: the lease is no longer renewed");
+            tracing::warn!(key = %hold.key, name = hold.name, "max_hold reached: the lease is no longer renewed");
             return;
         }
         if !hold.is_held() {
@@ -479,7 +483,7 @@ impl LockGuard {
                 Err(self.lost_error())
             }
             Err(error) => {
-                tracing::error!(key = %hold.key, error = %error, "lock release failed; the lease will free it");
+                tracing::error!(key = %hold.key, name = hold.name, error = %error, "lock release failed; the lease will free it");
                 Err(LockError::Backend(error))
             }
         }

@@ -50,6 +50,13 @@
 //! | `DLOCK_ZK_SESSION_TIMEOUT` | the session timeout asked of ZooKeeper (`zk://`): the longest a crashed holder keeps its lock | `10s` |
 //!
 //! A bad value is a [`LockError::Config`] naming the variable, reported on first use.
+//!
+//! # Features
+//!
+//! One feature per engine, so a build has only the clients it uses; the URL's scheme then picks
+//! among them at run time.
+#![doc = document_features::document_features!()]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![deny(missing_docs)]
 #![warn(unreachable_pub, missing_debug_implementations)]
 
@@ -78,4 +85,5 @@ pub use options::{LockOptions, MAX_LEASE, MIN_LEASE};
 pub use scope::fencing_token;
 
 #[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 pub use dlock_macros::dlock;

@@ -497,6 +497,37 @@ impl Locker {
         ))))
     }
 
+    /// One round trip to the engine, for a check at start-up or a readiness probe: `Ok` with
+    /// how long it took when the engine answers with these credentials (Redis `PING` on the
+    /// locks' connection, a majority of RedLock's masters, an etcd read of the key prefix, a
+    /// ZooKeeper look at the root, PostgreSQL `SELECT 1`). Bounded by two request timeouts.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), dlock_runtime::LockError> {
+    /// let locker = dlock_runtime::Locker::memory();
+    /// let round_trip = locker.ping().await?;
+    /// assert!(round_trip < std::time::Duration::from_secs(1));
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] when the engine does not answer in time or refuses;
+    /// [`LockError::Closed`] (with an empty key) after [`close`](Self::close).
+    pub async fn ping(&self) -> Result<Duration, LockError> {
+        if self.is_closing() {
+            return Err(LockError::Closed { key: String::new() });
+        }
+        let started = Instant::now();
+        let bound = self.inner.settings.request_timeout * 2;
+        match tokio::time::timeout(bound, self.backend().ping()).await {
+            Ok(Ok(())) => Ok(started.elapsed()),
+            Ok(Err(error)) => Err(LockError::Backend(error)),
+            Err(_) => Err(LockError::Backend(BackendError::new(format!(
+                "the engine did not answer a ping within {bound:?}"
+            )))),
+        }
+    }
+
     /// Whether [`close`](Self::close) was called.
     fn is_closing(&self) -> bool {
         self.inner.closing.is_cancelled()
@@ -592,8 +623,7 @@ impl Locker {
         {
             return Err(LockError::config(format!("fair: {why}")));
         }
-        let span =
-            tracing::debug_span!("dlock.acquire", key = %full_key, ?timeout, expire = ?lease);
+        let span = tracing::debug_span!("dlock.acquire", key = %full_key, name = options.name, ?timeout, expire = ?lease);
         self.wait_for(full_key, timeout, lease, lease_len, &options)
             .instrument(span)
             .await
@@ -654,7 +684,7 @@ impl Locker {
             return Err(LockError::Lost { key });
         };
         let lease = granted.unwrap_or(lease);
-        let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease);
+        let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease, None);
         hold.follow_engine(lost);
         Ok((first, LockGuard::new(hold, Lease::Fixed(lease), None)))
     }
@@ -796,7 +826,7 @@ impl Locker {
                     }
                     turn = Some(first);
                 }
-                None => return Err(orphan.timed_out(started)),
+                None => return Err(orphan.timed_out(started, options.name)),
             }
         }
         let mut attempts: u32 = 0;
@@ -944,11 +974,9 @@ impl Locker {
                         break;
                     }
                     Err(error) => {
-                        if last_error.is_none() {
-                            tracing::error!(error = %error, "lock backend error; retrying until the deadline");
-                        } else {
-                            tracing::debug!(error = %error, "lock backend error");
-                        }
+                        // Said once, when the wait gives up (an outage is one line per
+                        // failed acquisition, not one per attempt).
+                        tracing::debug!(error = %error, "lock backend error; retrying until the deadline");
                         last_error = Some(error);
                         None
                     }
@@ -1033,23 +1061,30 @@ impl Locker {
         let (key, token) = orphan.give_up();
         let place = turn.as_mut().and_then(Turn::depart);
         drop(turn);
-        self.remove_leftovers(&key, token, place, lease_len).await;
+        // One event per failed acquisition, saying what it left to lapse, if anything.
+        let left = self.remove_leftovers(&key, token, place, lease_len).await;
+        let left = left.as_deref();
         let waited = started.elapsed();
+        let name = options.name;
         if self.is_closing() {
-            tracing::debug!(attempts, ?waited, "lock wait ended: the locker was closed");
+            tracing::debug!(key = %key, name, attempts, ?waited, left, "lock wait ended: the locker was closed");
             return Err(LockError::Closed { key });
         }
         match last_error {
             Some(error) if error.is_refused() => {
-                tracing::error!(attempts, ?waited, error = %error, "lock backend refused the acquisition");
+                tracing::error!(key = %key, name, attempts, ?waited, error = %error, left, "lock backend refused the acquisition");
                 Err(LockError::Backend(error))
             }
             Some(error) => {
-                tracing::error!(attempts, ?waited, error = %error, "lock backend unreachable until the deadline");
+                tracing::error!(key = %key, name, attempts, ?waited, error = %error, left, "lock backend unreachable until the deadline");
                 Err(LockError::Backend(error))
             }
+            None if left.is_some() => {
+                tracing::warn!(key = %key, name, attempts, ?waited, left, "lock wait timed out; what it left in the engine lapses on its own");
+                Err(LockError::Timeout { key, waited })
+            }
             None => {
-                tracing::info!(attempts, ?waited, "lock wait timed out");
+                tracing::info!(key = %key, name, attempts, ?waited, "lock wait timed out");
                 Err(LockError::Timeout { key, waited })
             }
         }
@@ -1075,7 +1110,15 @@ impl Locker {
             t.leaving_holder = Some(heard);
         }
         let (key, token) = orphan.disarm();
-        let hold = Hold::new(self.clone(), key, token, fence, sent_at, lease_len);
+        let hold = Hold::new(
+            self.clone(),
+            key,
+            token,
+            fence,
+            sent_at,
+            lease_len,
+            options.name,
+        );
         hold.follow_engine(lost);
         LockGuard::new(hold, lease, options.max_hold)
     }
@@ -1110,17 +1153,17 @@ impl Locker {
 
     /// Removes what a wait that gives up left in the engine (`token`'s lock or place in line,
     /// the line's `place` in the queue) before the wait returns, within two request timeouts.
-    /// A removal that fails, or takes longer, is said in a warning: the entry then lapses on
-    /// its own (a removal still under way goes on in the background).
+    /// When the removal fails, or takes longer, what is left lapses on its own (a removal still
+    /// under way goes on in the background): said in the returned text, for the wait's event.
     async fn remove_leftovers(
         &self,
         key: &str,
         token: Option<Token>,
         place: Option<Token>,
         lease: Duration,
-    ) {
+    ) -> Option<String> {
         if token.is_none() && place.is_none() {
-            return;
+            return None;
         }
         let (locker, owned_key) = (self.clone(), key.to_owned());
         let removal = self.spawn_background(None, async move {
@@ -1140,21 +1183,20 @@ impl Locker {
             let (released, left) = tokio::join!(release, leave);
             released.and(left)
         });
-        let Some(removal) = removal else { return };
-        let bound = self.inner.settings.request_timeout * 2;
         let lapses_within = self.backend().lapses_within(lease);
-        match tokio::time::timeout(bound, removal).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(error))) => {
-                tracing::warn!(key = %key, error = %error, ?lapses_within, "could not remove what the failed acquisition left in the engine; it lapses on its own");
-            }
-            Ok(Err(_)) => {
-                tracing::warn!(key = %key, ?lapses_within, "the removal of what the failed acquisition left in the engine stopped; it lapses on its own");
-            }
-            Err(_) => {
-                tracing::warn!(key = %key, ?bound, ?lapses_within, "removing what the failed acquisition left in the engine takes longer than the bound; it goes on in the background, or lapses on its own");
-            }
-        }
+        let Some(removal) = removal else {
+            return Some(format!(
+                "no runtime to remove its entries; they lapse within {lapses_within:?}"
+            ));
+        };
+        let bound = self.inner.settings.request_timeout * 2;
+        let why = match tokio::time::timeout(bound, removal).await {
+            Ok(Ok(Ok(()))) => return None,
+            Ok(Ok(Err(error))) => format!("could not remove its entries ({error})"),
+            Ok(Err(_)) => "the removal of its entries stopped".to_owned(),
+            Err(_) => format!("the removal of its entries goes on after {bound:?}"),
+        };
+        Some(format!("{why}; they lapse within {lapses_within:?}"))
     }
 
     /// A release wake-up for `key`: a subscription already up (no I/O), or else a new one.
@@ -1221,13 +1263,13 @@ impl OrphanCleanup<'_> {
 
     /// The timeout of a wait that never got its turn in the in-process line: no request was
     /// sent, nothing is left to clean.
-    fn timed_out(self, started: Instant) -> LockError {
+    fn timed_out(self, started: Instant, name: Option<&'static str>) -> LockError {
         let closing = self.locker.is_closing();
         let (key, _) = self.disarm();
         if closing {
             return LockError::Closed { key };
         }
-        tracing::info!(waited = ?started.elapsed(), "lock wait timed out in the in-process line");
+        tracing::info!(key = %key, name, waited = ?started.elapsed(), "lock wait timed out in the in-process line");
         LockError::Timeout {
             key,
             waited: started.elapsed(),

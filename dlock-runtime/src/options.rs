@@ -26,6 +26,7 @@ pub struct LockOptions {
     pub(crate) lease: Option<Lease>,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) fair: bool,
+    pub(crate) name: Option<&'static str>,
 }
 
 /// The lease of one hold.
@@ -79,6 +80,14 @@ impl LockOptions {
     /// Default: off.
     pub fn fair(mut self) -> Self {
         self.fair = true;
+        self
+    }
+
+    /// A name for this kind of lock in logs (and metrics): `#[dlock]` gives its key template,
+    /// `order:<id>`. Choose one with few distinct values, never the full key, which the events
+    /// carry anyway. Default: none.
+    pub fn name(mut self, name: &'static str) -> Self {
+        self.name = Some(name);
         self
     }
 

@@ -96,6 +96,11 @@ impl std::str::FromStr for Engine {
     }
 }
 
+/// Why `--engine etcd` cannot run: the examples were built without their `etcd` feature.
+pub const ETCD_FEATURE: &str = "the examples were built without the etcd engine: run them with \
+    `--features etcd` (e.g. `cargo run --example oversell --features etcd -- --engine etcd`); \
+    building etcd-client needs `protoc` (`sudo apt-get install -y protobuf-compiler`)";
+
 /// The throwaway deployment of an [`Engine`], stopped when dropped.
 ///
 /// # Behavior
@@ -143,6 +148,7 @@ impl Deployment {
             ),
             Engine::RedisSentinel if !RedisSentinels::available() => Some(INSTALL_SENTINEL),
             Engine::Postgres if !PostgresServer::available() => Some(INSTALL_POSTGRES),
+            Engine::Etcd if !cfg!(feature = "etcd") => Some(ETCD_FEATURE),
             Engine::Etcd if !EtcdCluster::available() => Some(crate::throwaway::etcd::INSTALL_ETCD),
             Engine::Etcd if !RedisServer::available() => Some(crate::throwaway::INSTALL_REDIS),
             Engine::ZooKeeper if !ZkEnsemble::available() => Some(INSTALL_ZOOKEEPER),

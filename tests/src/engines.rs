@@ -411,7 +411,8 @@ pub async fn extend_once_reachable(guard: &LockGuard) -> Result<(), LockError> {
 }
 
 /// Acquires through a locker on `url` that waits 1s with 200ms requests, and returns the
-/// error, checking that it came within 5s (a dead or wrong engine must never hang a caller).
+/// error, checking that it came within 5s (a dead or wrong engine must never hang a caller),
+/// and that a ping fails with a backend error too.
 ///
 /// # Panics
 /// When the acquisition succeeds, or its error comes later than that.
@@ -430,6 +431,18 @@ pub async fn error_within_the_wait(url: &str) -> LockError {
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "{url}: the error took {:?}",
+        started.elapsed()
+    );
+    // A readiness check says the same, within its bound.
+    let started = tokio::time::Instant::now();
+    let ping = locker.ping().await;
+    assert!(
+        ping.as_ref().is_err_and(LockError::is_backend),
+        "{url}: ping {ping:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{url}: the ping took {:?}",
         started.elapsed()
     );
     err

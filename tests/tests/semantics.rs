@@ -34,6 +34,7 @@ dlock_tests::engine_suite!(
     another_task_does_not_reenter,
     a_retry_that_finds_its_own_lock_gets_a_new_fence,
     any_key_is_data,
+    ping_answers_until_closed,
 );
 
 const SHORT: Duration = Duration::from_millis(300);
@@ -454,6 +455,15 @@ async fn any_key_is_data(env: Env) {
             .unwrap_or_else(|e| panic!("{}", at(&e.to_string())));
         assert!(again.is_some(), "{}", at("not free after its release"));
     }
+}
+
+/// A readiness check answers on a live engine, and says `Closed` once the locker is closed.
+async fn ping_answers_until_closed(env: Env) {
+    let locker = env.locker_with_expire(Duration::from_secs(9));
+    let round_trip = locker.ping().await.unwrap();
+    assert!(round_trip < Duration::from_secs(5), "{round_trip:?}");
+    locker.close().await.unwrap();
+    assert!(locker.ping().await.unwrap_err().is_closed());
 }
 
 async fn waiter_gets_the_lock_after_release(env: Env) {

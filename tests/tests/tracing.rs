@@ -97,3 +97,77 @@ fn events_are_emitted_without_secrets() {
         );
     }
 }
+
+/// At INFO, with the acquisition span (DEBUG) off: the timeout, the loss and the backend error
+/// each name the key and the attribute's key template themselves, and an engine that is down
+/// costs one line per failed acquisition, not one per attempt.
+#[test]
+fn failures_name_their_lock_at_info() {
+    use dlock_runtime::{LockError, dlock};
+
+    #[dlock(key = "report:<id>", client = locker, timeout = "50ms")]
+    async fn report(locker: &Locker, id: u32) -> Result<(), LockError> {
+        let _ = id;
+        Ok(())
+    }
+
+    #[dlock(key = "short:<id>", client = locker, expire = "100ms", on_lost = "continue")]
+    async fn overrun(locker: &Locker, id: u32) -> Result<(), LockError> {
+        let _ = id;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Ok(())
+    }
+
+    let server = RedisServer::start();
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(captured.clone())
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .finish();
+    let id = std::process::id() % 100_000;
+    tracing::subscriber::with_default(subscriber, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let locker = Locker::builder().url(server.url()).build().unwrap();
+            let held = locker
+                .acquire(&format!("report:{id}"), LockOptions::new())
+                .await
+                .unwrap();
+            assert!(report(&locker, id).await.unwrap_err().is_timeout());
+            held.release().await.unwrap();
+            // `continue`: the body finishes; the loss is only reported.
+            overrun(&locker, id).await.unwrap();
+            // Nothing listens on this port: every attempt of the second fails.
+            let down = Locker::builder()
+                .url(format!("redis://127.0.0.1:{}", dlock_tests::free_port()))
+                .timeout(Duration::from_millis(600))
+                .request_timeout(Duration::from_millis(100))
+                .build()
+                .unwrap();
+            assert!(report(&down, id + 1).await.unwrap_err().is_backend());
+        });
+    });
+    let log = captured.text();
+    for (level, message, key) in [
+        ("INFO", "lock wait timed out", format!("dlock:report:{id}")),
+        ("WARN", "lock lost while held", format!("dlock:short:{id}")),
+        ("ERROR", "lock backend", format!("dlock:report:{}", id + 1)),
+    ] {
+        let line = log
+            .lines()
+            .find(|l| l.contains(level) && l.contains(message))
+            .unwrap_or_else(|| panic!("no {level} `{message}` event in:\n{log}"));
+        let template = key.trim_start_matches("dlock:").split(':').next().unwrap();
+        assert!(
+            line.contains(&format!("key={key}")) && line.contains(&format!("{template}:<id>")),
+            "`{message}` does not name its key and template: {line}"
+        );
+    }
+    let outage = format!("dlock:report:{}", id + 1);
+    let lines = log.lines().filter(|l| l.contains(&outage)).count();
+    assert_eq!(lines, 1, "the outage was said {lines} times:\n{log}");
+}

@@ -106,6 +106,7 @@ pub(crate) struct EtcdBackend {
     conn: Arc<Conn>,
     entries: Entries,
     prefix_len: usize,
+    key_prefix: String,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -155,6 +156,7 @@ impl EtcdBackend {
             }),
             entries: Arc::default(),
             prefix_len: settings.key_prefix.len(),
+            key_prefix: settings.key_prefix.clone(),
         })
     }
 
@@ -747,6 +749,23 @@ impl Backend for EtcdBackend {
                 (Err(_), Ok(live)) => Ok(live),
                 (Err(error), Err(_)) => Err(error),
             }
+        })
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(async move {
+            // A read where the locks live (a user limited to the lock prefix may read it).
+            let prefix = self.key_prefix.clone();
+            self.conn
+                .call("read the lock prefix", |mut c| async move {
+                    let options = GetOptions::new()
+                        .with_prefix()
+                        .with_count_only()
+                        .with_serializable();
+                    c.get(prefix, Some(options)).await
+                })
+                .await
+                .map(drop)
         })
     }
 

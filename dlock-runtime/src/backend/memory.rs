@@ -108,6 +108,10 @@ impl Table {
 }
 
 impl Backend for MemoryBackend {
+    fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
     fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Attempt, BackendError>> {
         let Request {
             key,

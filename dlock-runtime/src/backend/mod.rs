@@ -206,6 +206,9 @@ pub(crate) trait Backend: Send + Sync + 'static {
         lease
     }
 
+    /// One round trip to the engine (a readiness check): it answers, with these credentials.
+    fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>>;
+
     /// Ends what the engine keeps for this client (a ZooKeeper session, etcd leases), once
     /// every hold is released and every cleanup done ([`Locker::close`](crate::Locker::close)).
     fn close(&self) -> BoxFuture<'_, Result<(), BackendError>> {

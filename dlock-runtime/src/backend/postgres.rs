@@ -315,6 +315,7 @@ enum Op<'a> {
     Release(&'a str, &'a Token),
     Leave(&'a str, &'a Token),
     Extend(&'a str, &'a Token, i64),
+    Ping,
 }
 
 impl Op<'_> {
@@ -324,6 +325,7 @@ impl Op<'_> {
             Self::Release(..) => "release",
             Self::Leave(..) => "leave the queue",
             Self::Extend(..) => "extend",
+            Self::Ping => "ping",
         }
     }
 }
@@ -507,6 +509,10 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                 .execute(&statements.extend, &[&key, &token.as_str(), &lease_ms])
                 .await?;
             Ok(Reply::Done(n == 1))
+        }
+        Op::Ping => {
+            client.simple_query("SELECT 1").await?;
+            Ok(Reply::Done(true))
         }
     }
 }
@@ -755,6 +761,10 @@ impl Backend for PostgresBackend {
                 None => None,
             }
         })
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(async move { self.call(Op::Ping).await.map(drop) })
     }
 
     fn key_error(&self, key: &str) -> Option<String> {

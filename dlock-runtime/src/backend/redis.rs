@@ -93,6 +93,15 @@ impl Conn {
             Self::Cluster(c) => call.invoke(c).await,
         }
     }
+
+    async fn ping(&mut self) -> redis::RedisResult<()> {
+        let ping = redis::cmd("PING");
+        match self {
+            Self::Single(c) => ping.query_async(c).await,
+            #[cfg(feature = "redis-cluster")]
+            Self::Cluster(c) => ping.query_async(c).await,
+        }
+    }
 }
 
 /// One script call, written once into the `EVALSHA` command it is sent as: redis-rs's
@@ -591,7 +600,32 @@ fn hash_tag(key: &[u8]) -> Option<&[u8]> {
     (len > 0).then(|| &key[open + 1..open + 1 + len])
 }
 
+impl RedisBackend {
+    /// `PING` on the connection the locks use, bounded as a script call is.
+    pub(crate) async fn ping_server(&self) -> Result<(), BackendError> {
+        let bound = self.request_timeout * 2;
+        let result = tokio::time::timeout(bound, async {
+            let mut connection = self.connection().await?;
+            connection.ping().await.map_err(|e| classify("ping", e))
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(BackendError::new(format!(
+                "Redis ping got no reply within {bound:?}"
+            )))
+        });
+        if let Err(error) = &result {
+            self.forget_connection_after(error);
+        }
+        result
+    }
+}
+
 impl Backend for RedisBackend {
+    fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(self.ping_server())
+    }
+
     fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Attempt, BackendError>> {
         Box::pin(async move {
             let Request {

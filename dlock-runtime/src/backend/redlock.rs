@@ -207,6 +207,24 @@ impl RedLockBackend {
 }
 
 impl Backend for RedLockBackend {
+    fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(async move {
+            let pings = self.nodes.iter().map(|node| node.redis.ping_server());
+            let answers = futures_util::future::join_all(pings).await;
+            let up = answers.iter().filter(|a| a.is_ok()).count();
+            if up >= self.quorum {
+                return Ok(());
+            }
+            let first = answers.into_iter().find_map(Result::err);
+            Err(BackendError::new(format!(
+                "RedLock: {up} of {} masters answered, {} needed{}",
+                self.nodes.len(),
+                self.quorum,
+                first.map(|e| format!(" ({e})")).unwrap_or_default()
+            )))
+        })
+    }
+
     fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Attempt, BackendError>> {
         Box::pin(async move {
             let started = Instant::now();

@@ -1036,6 +1036,17 @@ impl Backend for ZooKeeperBackend {
         FairOrder::Native
     }
 
+    fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(async move {
+            let session = self.conn.session().await?;
+            self.conn
+                .call("look at the root node", session.client.check_stat("/"))
+                .await
+                .map(drop)
+                .map_err(|e| e.into_error(&self.conn))
+        })
+    }
+
     fn lapses_within(&self, lease: Duration) -> Duration {
         // A node stays while its session lives, and the session as long as this client;
         // `expire` ends a hold on the client, not a waiter's node.
