@@ -10,7 +10,12 @@ use std::{
 
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
-use crate::{LockError, Locker, backend::Token, locker::spawn_release, options::Lease};
+use crate::{
+    LockError, Locker,
+    backend::Token,
+    lease::{Grant, Lease, valid_until},
+    locker::spawn_release,
+};
 
 /// The hold as the client sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,33 +56,19 @@ pub(crate) struct Hold {
     name: Option<&'static str>,
 }
 
-/// The part of a lease the client does not count on: the clock-drift allowance of the Redlock
-/// analysis (1%) plus 2ms for the reply's travel.
-pub(crate) fn valid_until(sent_at: Instant, lease: Duration) -> Instant {
-    let margin = lease / 100 + Duration::from_millis(2);
-    // Leases are capped when options are checked; saturate anyway rather than panic.
-    sent_at
-        .checked_add(lease.saturating_sub(margin))
-        .unwrap_or_else(far_future)
-}
-
-/// An instant no lease or wait reaches (about 30 years away).
-pub(crate) fn far_future() -> Instant {
-    Instant::now() + Duration::from_secs(30 * 365 * 24 * 3600)
-}
-
 impl Hold {
+    /// The hold of `key` by `token` that `grant` describes (its loss signal is the caller's
+    /// to follow, [`follow_engine`](Self::follow_engine)); `name` names it in events.
     pub(crate) fn new(
         locker: Locker,
         key: String,
         token: Token,
-        fence: u64,
-        sent_at: Instant,
-        lease: Duration,
+        grant: &Grant,
         name: Option<&'static str>,
     ) -> Arc<Self> {
+        let (fence, lease) = (grant.fence, grant.lease.length);
         let (state, _) = watch::channel(State::Held {
-            valid_until: valid_until(sent_at, lease),
+            valid_until: valid_until(grant.sent_at, lease),
         });
         let id = locker.next_hold_id();
         let hold = Arc::new(Self {
@@ -356,7 +347,7 @@ pub struct LockGuard {
 
 impl LockGuard {
     pub(crate) fn new(hold: Arc<Hold>, lease: Lease, max_hold: Option<Duration>) -> Self {
-        if lease == Lease::Auto
+        if lease.renewed
             && let Some(runtime) = &hold.runtime
         {
             let task = runtime.spawn(watchdog(hold.clone(), max_hold));
@@ -439,7 +430,7 @@ impl LockGuard {
     /// [`LockError::Lost`] when the key is gone or someone else's (nothing is re-created);
     /// [`LockError::Backend`] when the server cannot be reached.
     pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
-        crate::options::check_lease(lease)?;
+        crate::lease::check_lease(lease)?;
         match self.hold.extend(lease).await {
             Ok(true) => Ok(()),
             Ok(false) => {
@@ -522,25 +513,5 @@ impl Drop for ReleaseInFlight<'_> {
         if let Some(hold) = self.0.take() {
             hold.hand_release_over();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use tokio::time::Instant;
-
-    use super::valid_until;
-
-    /// The client counts on the lease less 1% and 2ms (RedLock's validity is the same clock).
-    #[test]
-    fn the_lease_clock_leaves_the_drift_out() {
-        let t0 = Instant::now();
-        assert_eq!(
-            valid_until(t0, Duration::from_secs(10)),
-            t0 + Duration::from_millis(9898)
-        );
-        assert_eq!(valid_until(t0, Duration::from_millis(2)), t0);
     }
 }

@@ -68,21 +68,23 @@ mod backend;
 mod config;
 mod error;
 mod guard;
+mod lease;
 mod locker;
 mod options;
 mod scope;
 mod url;
 
 pub use config::{
-    BackendKind, DEFAULT_EXPIRE, DEFAULT_KEY_PREFIX, DEFAULT_MAX_KEY_LEN, DEFAULT_REDIS_URL,
-    DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_TIMEOUT, DEFAULT_ZK_SESSION_TIMEOUT,
-    PostgresUrl, RedisUrl,
+    DEFAULT_EXPIRE, DEFAULT_KEY_PREFIX, DEFAULT_MAX_KEY_LEN, DEFAULT_REDIS_URL,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_TIMEOUT,
 };
 pub use error::{BackendError, LockError};
 pub use guard::LockGuard;
+pub use lease::{MAX_LEASE, MIN_LEASE};
 pub use locker::{Locker, LockerBuilder, global, set_global};
-pub use options::{LockOptions, MAX_LEASE, MIN_LEASE};
+pub use options::LockOptions;
 pub use scope::fencing_token;
+pub use url::EngineUrl;
 
 #[cfg(feature = "macros")]
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]

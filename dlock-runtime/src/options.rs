@@ -23,18 +23,18 @@ use std::time::Duration;
 #[must_use]
 pub struct LockOptions {
     pub(crate) timeout: Option<Duration>,
-    pub(crate) lease: Option<Lease>,
+    pub(crate) expire: Option<Expire>,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) fair: bool,
     pub(crate) name: Option<&'static str>,
 }
 
-/// The lease of one hold.
+/// What `expire` asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Lease {
-    /// Expires after this long unless extended by hand.
+pub(crate) enum Expire {
+    /// A lease of this length, extended only by hand.
     Fixed(Duration),
-    /// Renewed by a watchdog while held; each renewal is the configured default expire.
+    /// A lease of the locker's default length, renewed by a watchdog while held.
     Auto,
 }
 
@@ -57,7 +57,7 @@ impl LockOptions {
     /// A zero lease is refused by [`Locker::acquire`](crate::Locker::acquire) with
     /// [`LockError::Config`](crate::LockError::Config).
     pub fn expire(mut self, lease: Duration) -> Self {
-        self.lease = Some(Lease::Fixed(lease));
+        self.expire = Some(Expire::Fixed(lease));
         self
     }
 
@@ -65,7 +65,7 @@ impl LockOptions {
     /// expire) while the guard lives, so a long critical section keeps the lock and a crashed
     /// process loses it within one lease.
     pub fn expire_auto(mut self) -> Self {
-        self.lease = Some(Lease::Auto);
+        self.expire = Some(Expire::Auto);
         self
     }
 
@@ -98,29 +98,5 @@ impl LockOptions {
     pub fn max_hold(mut self, ceiling: Duration) -> Self {
         self.max_hold = Some(ceiling);
         self
-    }
-}
-
-/// The longest lease accepted: 365 days. Longer ones are surely a mistake (and would overflow the
-/// clocks they are added to). `#[dlock]` refuses a longer `expire` at compile time. Waits and
-/// renewal ceilings are not limited (one past any clock means "never").
-pub const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
-
-/// The shortest lease accepted: 1ms (Redis keeps leases in whole milliseconds). `#[dlock]`
-/// refuses a shorter `expire` at compile time.
-pub const MIN_LEASE: Duration = Duration::from_millis(1);
-
-/// A lease between [`MIN_LEASE`] and [`MAX_LEASE`].
-pub(crate) fn check_lease(lease: Duration) -> Result<(), crate::LockError> {
-    if lease < MIN_LEASE {
-        Err(crate::LockError::config(
-            "expire: the lease must be at least 1ms",
-        ))
-    } else if lease > MAX_LEASE {
-        Err(crate::LockError::config(
-            "expire: the lease must be at most 365 days",
-        ))
-    } else {
-        Ok(())
     }
 }

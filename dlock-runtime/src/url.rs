@@ -1,110 +1,237 @@
 //! Engine URLs: the scheme of one URL (`DLOCK_URL`, [`LockerBuilder::url`](crate::LockerBuilder::url))
-//! picks the engine, and multi-host forms list their hosts with commas the way libpq and MongoDB
-//! URLs do. Parsing only: no I/O, and no password in any error.
+//! picks the engine from the table of engines ([`crate::backend::ENGINES`]), and multi-host
+//! forms list their hosts with commas the way libpq and MongoDB URLs do. Engine options ride in
+//! the query (`zk://h:2181?session_timeout=10s`, `redis://h:6379?wait=1`). Parsing only: no
+//! I/O, and no password in any error or printout.
+
+use std::fmt;
 
 use crate::{
     LockError,
-    config::{BackendKind, PostgresUrl, RedisUrl},
+    backend::{ENGINES, Engine},
 };
 
-/// What the recognised schemes are, for error messages.
-const EXPECTED: &str = "a URL like `redis://host:port`, `redis+cluster://h1:p1,h2:p2`, \
-    `redis+sentinel://s1:p1,s2:p2/<master>`, `redis+redlock://h1:p1,h2:p2,h3:p3`, \
-    `postgres://user@host/db`, `zk://h1:p1,h2:p2[/chroot]` or `memory://`";
+/// An engine URL: its scheme names the engine (`redis://`, `redis+cluster://`,
+/// `redis+sentinel://`, `redis+redlock://`, `etcd://`, `zk://`, `postgres://`, `memory://`, and
+/// their TLS forms), and the engine checked the rest. `Display` and `Debug` hide the
+/// credentials: the user-info part, and `user`, `username`, `pass` and `password` parameters.
+///
+/// ```
+/// use dlock_runtime::EngineUrl;
+///
+/// let url: EngineUrl = "redis://app:s3cret@cache:6379/0".parse()?;
+/// assert_eq!(url.to_string(), "redis://***@cache:6379/0");
+/// assert_eq!(url.engine(), "redis");
+/// let err = "nosuch://h:1".parse::<EngineUrl>().unwrap_err();
+/// assert!(err.to_string().contains("unknown scheme"));
+/// # Ok::<(), dlock_runtime::LockError>(())
+/// ```
+#[derive(Clone)]
+pub struct EngineUrl {
+    url: String,
+    engine: &'static Engine,
+}
 
-/// Reads an engine URL. `var` names where it came from (`DLOCK_URL`, …) for the error.
-pub(crate) fn parse(var: &str, url: &str) -> Result<BackendKind, LockError> {
-    let url = url.trim();
-    let Some((scheme, _)) = url.split_once("://") else {
-        return Err(LockError::config(format!("{var}: expected {EXPECTED}")));
-    };
-    match scheme {
-        "redis" | "rediss" | "redis+unix" | "unix" => {
-            Ok(BackendKind::Redis(RedisUrl::parse(var, url)?))
-        }
-        "redis+cluster" | "rediss+cluster" => {
-            needs(
-                var,
-                scheme,
-                "redis-cluster",
-                cfg!(feature = "redis-cluster"),
-            )?;
-            tls_needs(var, scheme)?;
-            HostList::parse(var, url, "redis+cluster://[user:password@]h1:p1,h2:p2")?;
-            Ok(BackendKind::RedisCluster(RedisUrl::trusted(url)))
-        }
-        "redis+sentinel" | "rediss+sentinel" => {
-            needs(
-                var,
-                scheme,
-                "redis-sentinel",
-                cfg!(feature = "redis-sentinel"),
-            )?;
-            tls_needs(var, scheme)?;
-            let form = "redis+sentinel://[user:password@]s1:p1,s2:p2/<master name>";
-            let hosts = HostList::parse(var, url, form)?;
-            hosts.master_name(var, form)?;
-            Ok(BackendKind::RedisSentinel(RedisUrl::trusted(url)))
-        }
-        "memory" => Ok(BackendKind::Memory),
-        "redis+redlock" | "rediss+redlock" => {
-            needs(var, scheme, "redlock", cfg!(feature = "redlock"))?;
-            tls_needs(var, scheme)?;
-            let form = "redis+redlock://[user:password@]h1:p1,h2:p2,h3:p3";
-            HostList::parse(var, url, form)?.redlock_nodes(var)?;
-            Ok(BackendKind::RedLock(RedisUrl::trusted(url)))
-        }
-        "etcd" | "etcds" => {
-            needs(var, scheme, "etcd", cfg!(feature = "etcd"))?;
-            needs(
-                var,
-                scheme,
-                "tls",
-                scheme == "etcd" || cfg!(feature = "tls"),
-            )?;
-            HostList::parse(var, url, "etcd://[user:password@]h1:p1,h2:p2")?;
-            Ok(BackendKind::Etcd(RedisUrl::trusted(url)))
-        }
-        "zk" => {
-            needs(var, scheme, "zookeeper", cfg!(feature = "zookeeper"))?;
-            #[cfg(feature = "zookeeper")]
-            crate::backend::zookeeper::connect_string(var, url)?;
-            Ok(BackendKind::ZooKeeper(url.to_owned()))
-        }
-        "postgres" | "postgresql" => {
-            needs(var, scheme, "postgres", cfg!(feature = "postgres"))?;
-            #[cfg(feature = "postgres")]
-            crate::backend::postgres::check_url(var, url)?;
-            Ok(BackendKind::Postgres(PostgresUrl::trusted(url)))
-        }
-        _ => Err(LockError::config(format!(
-            "{var}: unknown scheme `{scheme}://`; expected {EXPECTED}"
-        ))),
+impl PartialEq for EngineUrl {
+    fn eq(&self, other: &Self) -> bool {
+        self.url == other.url
     }
 }
 
-/// A scheme whose engine is compiled out.
-fn needs(var: &str, scheme: &str, feature: &str, enabled: bool) -> Result<(), LockError> {
-    if enabled {
-        Ok(())
-    } else {
-        Err(LockError::config(format!(
-            "{var}: `{scheme}://` needs dlock-runtime's `{feature}` feature; enable it in Cargo.toml"
-        )))
+impl Eq for EngineUrl {}
+
+impl std::str::FromStr for EngineUrl {
+    type Err = LockError;
+
+    /// Checks the URL as [`Locker`](crate::Locker) would (its scheme, that its engine is
+    /// compiled in, and the engine's own form), without any I/O.
+    fn from_str(url: &str) -> Result<Self, LockError> {
+        Self::parse("url", url)
     }
 }
 
-fn tls_needs(var: &str, scheme: &str) -> Result<(), LockError> {
-    needs(
-        var,
-        scheme,
-        "tls",
-        !scheme.starts_with("rediss") || cfg!(feature = "tls"),
-    )
+impl EngineUrl {
+    /// Reads an engine URL; `var` names where it came from (`DLOCK_URL`, …) for the error.
+    pub(crate) fn parse(var: &str, url: &str) -> Result<Self, LockError> {
+        let url = url.trim();
+        let Some((scheme, _)) = url.split_once("://") else {
+            return Err(LockError::config(format!("{var}: expected {}", expected())));
+        };
+        let engine = ENGINES
+            .iter()
+            .find(|e| e.schemes.contains(&scheme))
+            .ok_or_else(|| {
+                LockError::config(format!(
+                    "{var}: unknown scheme `{scheme}://`; expected {}",
+                    expected()
+                ))
+            })?;
+        let Some(built) = engine.built else {
+            return Err(LockError::config(format!(
+                "{var}: `{scheme}://` needs dlock-runtime's `{}` feature; enable it in Cargo.toml",
+                engine.feature
+            )));
+        };
+        (built.check)(var, url)?;
+        Ok(Self {
+            url: url.to_owned(),
+            engine,
+        })
+    }
+
+    /// The name of the engine the scheme picks: `redis`, `redis-cluster`, `redis-sentinel`,
+    /// `redlock`, `etcd`, `zookeeper`, `postgres` or `memory`.
+    #[must_use]
+    pub fn engine(&self) -> &'static str {
+        self.engine.name
+    }
+
+    /// The scheme, without `://`.
+    #[must_use]
+    pub fn scheme(&self) -> &str {
+        self.url.split_once("://").map_or("", |(scheme, _)| scheme)
+    }
+
+    pub(crate) fn descriptor(&self) -> &'static Engine {
+        self.engine
+    }
+
+    /// The URL as given, credentials included: only for the engine's client.
+    #[cfg_attr(
+        not(any(
+            feature = "postgres",
+            feature = "etcd",
+            feature = "zookeeper",
+            feature = "redlock",
+            test
+        )),
+        allow(dead_code, reason = "read by the engines that take the URL whole")
+    )]
+    pub(crate) fn as_str(&self) -> &str {
+        &self.url
+    }
+
+    /// The value of the query parameter `name`, if the URL has one.
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "zookeeper", test)),
+        allow(dead_code, reason = "for the engines with options")
+    )]
+    pub(crate) fn query_param(&self, name: &str) -> Option<&str> {
+        query_params(&self.url).find_map(|(n, v)| (n == name).then_some(v))
+    }
+
+    /// The URL without the query parameters `names` (dlock's own options, which the engine's
+    /// client must not see).
+    #[cfg_attr(
+        not(any(feature = "redis", test)),
+        allow(dead_code, reason = "for the Redis engines")
+    )]
+    pub(crate) fn without_params(&self, names: &[&str]) -> String {
+        let Some((base, query)) = self.url.split_once('?') else {
+            return self.url.clone();
+        };
+        let kept: Vec<&str> = query
+            .split('&')
+            .filter(|pair| !names.contains(&pair.split_once('=').map_or(*pair, |(n, _)| n)))
+            .collect();
+        if kept.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        }
+    }
+
+    /// The URL with its credentials replaced by `***`: the whole user-info part (everything
+    /// before the last `@`, so a password holding `/` or `?` is covered too) and the `user`,
+    /// `username`, `pass` and `password` query parameters. Over-redacting is fine; leaking is
+    /// not.
+    pub(crate) fn redact(url: &str) -> String {
+        let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+            return "***".to_owned();
+        };
+        let (scheme, rest) = url.split_at(scheme_end);
+        let rest = match rest.rfind('@') {
+            Some(at) => format!("***@{}", &rest[at + 1..]),
+            None => rest.to_owned(),
+        };
+        match rest.split_once('?') {
+            Some((path, query)) => {
+                let query: Vec<String> = query
+                    .split('&')
+                    .map(|pair| match pair.split_once('=') {
+                        Some((name, _))
+                            if matches!(name, "user" | "username" | "pass" | "password") =>
+                        {
+                            format!("{name}=***")
+                        }
+                        _ => pair.to_owned(),
+                    })
+                    .collect();
+                format!("{scheme}{path}?{}", query.join("&"))
+            }
+            None => format!("{scheme}{rest}"),
+        }
+    }
+}
+
+impl fmt::Debug for EngineUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "\"{}\"", Self::redact(&self.url))
+    }
+}
+
+impl fmt::Display for EngineUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&Self::redact(&self.url))
+    }
+}
+
+/// What the recognised URL forms are, for error messages: every engine of the table.
+fn expected() -> String {
+    let forms: Vec<String> = ENGINES.iter().map(|e| format!("`{}`", e.form)).collect();
+    format!("one of {}", forms.join(", "))
+}
+
+/// The `name=value` pairs of `url`'s query.
+#[cfg_attr(
+    not(any(feature = "redis", feature = "zookeeper", test)),
+    allow(dead_code, reason = "for the engines with options")
+)]
+pub(crate) fn query_params(url: &str) -> impl Iterator<Item = (&str, &str)> {
+    url.split_once('?')
+        .map_or("", |(_, query)| query)
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| pair.split_once('=').unwrap_or((pair, "")))
+}
+
+/// A scheme's TLS form needs the `tls` feature.
+#[cfg_attr(
+    not(any(feature = "redis", feature = "etcd")),
+    allow(dead_code, reason = "for the engines with a TLS scheme")
+)]
+pub(crate) fn tls_needs_feature(var: &str, scheme: &str, tls: bool) -> Result<(), LockError> {
+    if tls && !cfg!(feature = "tls") {
+        return Err(LockError::config(format!(
+            "{var}: `{scheme}://` (TLS) needs dlock-runtime's `tls` feature; enable it in Cargo.toml"
+        )));
+    }
+    Ok(())
 }
 
 /// A multi-host URL taken apart: `scheme://[userinfo@]h1:p1,h2:p2[/path][?query]`.
 #[derive(Clone, PartialEq, Eq)]
+#[cfg_attr(
+    not(any(
+        feature = "redis-cluster",
+        feature = "redis-sentinel",
+        feature = "redlock",
+        feature = "etcd",
+        feature = "zookeeper",
+        test
+    )),
+    allow(dead_code, reason = "for the engines with a list of hosts")
+)]
 pub(crate) struct HostList<'a> {
     pub(crate) tls: bool,
     pub(crate) userinfo: Option<&'a str>,
@@ -114,6 +241,17 @@ pub(crate) struct HostList<'a> {
     pub(crate) query: Option<&'a str>,
 }
 
+#[cfg_attr(
+    not(any(
+        feature = "redis-cluster",
+        feature = "redis-sentinel",
+        feature = "redlock",
+        feature = "etcd",
+        feature = "zookeeper",
+        test
+    )),
+    allow(dead_code, reason = "for the engines with a list of hosts")
+)]
 impl<'a> HostList<'a> {
     /// Takes `url` apart; `form` is the expected form, for the error. Errors never show the
     /// URL (it may hold a password).
@@ -159,48 +297,6 @@ impl<'a> HostList<'a> {
         })
     }
 
-    /// The Sentinel master's name: the first path segment, not empty.
-    pub(crate) fn master_name(&self, var: &str, form: &str) -> Result<&'a str, LockError> {
-        let name = self.path.split('/').next().unwrap_or("");
-        if name.is_empty() {
-            return Err(LockError::config(format!(
-                "{var}: the master name is missing; expected `{form}`"
-            )));
-        }
-        Ok(name)
-    }
-
-    /// RedLock's masters: an odd number, at least 3. A majority of 2 nodes is both, so losing
-    /// either stops every lock; an even count adds a node without adding a failure the
-    /// deployment survives (4 nodes need 3, like 5 do, and survive one loss, like 3 do).
-    pub(crate) fn redlock_nodes(&self, var: &str) -> Result<usize, LockError> {
-        let n = self.hosts.len();
-        if n < 3 {
-            return Err(LockError::config(format!(
-                "{var}: RedLock needs at least 3 independent masters, got {n}: with fewer, a \
-                 majority is every node and losing any one of them stops every lock"
-            )));
-        }
-        if n.is_multiple_of(2) {
-            return Err(LockError::config(format!(
-                "{var}: RedLock needs an odd number of masters, got {n}: a majority of {n} is \
-                 {}, as of {}, so the extra node survives no further failure; use {} or {}",
-                n / 2 + 1,
-                n + 1,
-                n - 1,
-                n + 1
-            )));
-        }
-        let mut seen = std::collections::HashSet::new();
-        if let Some((host, port)) = self.hosts.iter().find(|h| !seen.insert(**h)) {
-            return Err(LockError::config(format!(
-                "{var}: RedLock lists {host}:{port} twice: every master must be a different \
-                 server, or one server would count as two votes"
-            )));
-        }
-        Ok(n)
-    }
-
     /// `redis://[userinfo@]host:port` (or `rediss://`) for each host, with `path` after it and
     /// the URL's query (`?protocol=resp3`, …), which every node's connection then reads.
     #[cfg(any(
@@ -223,157 +319,84 @@ impl<'a> HostList<'a> {
 mod tests {
     use super::*;
 
+    fn engine(url: &str) -> Result<&'static str, LockError> {
+        EngineUrl::parse("DLOCK_URL", url).map(|u| u.engine())
+    }
+
+    /// Every scheme of the table picks its engine when compiled in, and says which feature it
+    /// needs otherwise; no error shows a password.
     #[test]
     fn schemes_pick_the_engine() {
-        assert!(matches!(
-            parse("DLOCK_URL", "redis://h:1"),
-            Ok(BackendKind::Redis(_))
-        ));
-        assert!(matches!(
-            parse("DLOCK_URL", "memory://"),
-            Ok(BackendKind::Memory)
-        ));
-        let cluster = parse("DLOCK_URL", "redis+cluster://a:1,b:2");
-        let sentinel = parse("DLOCK_URL", "redis+sentinel://a:1,b:2/mymaster");
-        if cfg!(feature = "redis-cluster") {
-            assert!(matches!(cluster, Ok(BackendKind::RedisCluster(_))));
-        } else {
-            assert!(
-                cluster
-                    .unwrap_err()
-                    .to_string()
-                    .contains("`redis-cluster` feature")
-            );
-        }
-        if cfg!(feature = "redis-sentinel") {
-            assert!(matches!(sentinel, Ok(BackendKind::RedisSentinel(_))));
-        } else {
-            assert!(
-                sentinel
-                    .unwrap_err()
-                    .to_string()
-                    .contains("`redis-sentinel` feature")
-            );
-        }
-        let redlock = parse("DLOCK_URL", "redis+redlock://a:1,b:2,c:3");
-        if cfg!(feature = "redlock") {
-            assert!(matches!(redlock, Ok(BackendKind::RedLock(_))));
-        } else {
-            assert!(
-                redlock
-                    .unwrap_err()
-                    .to_string()
-                    .contains("`redlock` feature")
-            );
-        }
-        let etcd = parse("DLOCK_URL", "etcd://u:pw@a:2379,b:2379");
-        if cfg!(feature = "etcd") {
-            assert!(matches!(etcd, Ok(BackendKind::Etcd(_))));
-            assert!(!format!("{:?}", etcd.unwrap()).contains("pw"));
-            let bad = parse("DLOCK_URL", "etcd://u:pw@a").unwrap_err().to_string();
-            assert!(bad.contains("host:port") && !bad.contains("pw"), "{bad}");
-        } else {
-            assert!(etcd.unwrap_err().to_string().contains("`etcd` feature"));
-        }
-        let zk = parse("DLOCK_URL", "zk://a:2181,b:2181/app");
-        if cfg!(feature = "zookeeper") {
-            assert!(matches!(zk, Ok(BackendKind::ZooKeeper(_))));
-        } else {
-            assert!(zk.unwrap_err().to_string().contains("`zookeeper` feature"));
-        }
-    }
-
-    #[test]
-    fn zookeeper_urls_need_their_feature() {
-        let zk = parse("DLOCK_URL", "zk://a:2181,b:2182/app");
-        if cfg!(feature = "zookeeper") {
-            assert!(matches!(zk, Ok(BackendKind::ZooKeeper(_))));
-            let bad = parse("DLOCK_URL", "zk://u:pw@a:2181")
-                .unwrap_err()
-                .to_string();
-            assert!(bad.contains("DLOCK_URL") && !bad.contains("pw"), "{bad}");
-        } else {
-            assert!(zk.unwrap_err().to_string().contains("`zookeeper` feature"));
-        }
-    }
-
-    #[test]
-    fn postgres_urls_need_their_feature() {
-        for url in ["postgres://u:pw@db/app", "postgresql://u:pw@db:5433/app"] {
-            let parsed = parse("DLOCK_URL", url);
-            if cfg!(feature = "postgres") {
-                assert!(matches!(parsed, Ok(BackendKind::Postgres(_))), "{url}");
-            } else {
-                let err = parsed.unwrap_err().to_string();
-                assert!(err.contains("`postgres` feature"), "{url}: {err}");
-                assert!(!err.contains("pw"), "{err}");
+        for (url, name, feature) in [
+            ("redis://u:pw@h:1", "redis", "redis"),
+            (
+                "redis+cluster://u:pw@a:1,b:2",
+                "redis-cluster",
+                "redis-cluster",
+            ),
+            (
+                "redis+sentinel://u:pw@a:1,b:2/mymaster",
+                "redis-sentinel",
+                "redis-sentinel",
+            ),
+            ("redis+redlock://u:pw@a:1,b:2,c:3", "redlock", "redlock"),
+            ("etcd://u:pw@a:2379,b:2379", "etcd", "etcd"),
+            ("zk://a:2181,b:2181/app", "zookeeper", "zookeeper"),
+            ("postgres://u:pw@db/app", "postgres", "postgres"),
+            ("postgresql://u:pw@db:5433/app", "postgres", "postgres"),
+            ("memory://", "memory", ""),
+        ] {
+            let compiled = ENGINES.iter().any(|e| e.name == name && e.built.is_some());
+            match engine(url) {
+                Ok(got) => assert!(compiled && got == name, "{url}: {got}"),
+                Err(e) => {
+                    let text = e.to_string();
+                    assert!(!compiled, "{url}: {text}");
+                    assert!(
+                        text.contains(&format!("`{feature}` feature")),
+                        "{url}: {text}"
+                    );
+                    assert!(!text.contains("pw"), "{text}");
+                }
             }
+        }
+        let unknown = engine("nosuch://u:pw@h:1").unwrap_err().to_string();
+        for e in ENGINES {
+            assert!(
+                unknown.contains(e.form),
+                "{unknown} does not list {}",
+                e.form
+            );
         }
     }
 
     #[test]
     fn malformed_host_lists_name_the_variable_and_hide_the_password() {
-        for url in [
-            "redis+cluster://",
-            "redis+cluster://u:s3cret@",
-            "redis+cluster://u:s3cret@a:1,,b:2",
-            "redis+cluster://u:s3cret@a:1,b",
-            "redis+cluster://u:s3cret@a:1,b:http",
-            "redis+cluster://u:s3cret@a:0",
-            "redis+cluster://u:s3cret@:6379",
-            "redis+sentinel://u:s3cret@a:1,b:2",
-            "redis+sentinel://u:s3cret@a:1,b:2/",
-            "http://u:s3cret@a:1",
-            "no scheme at all s3cret",
-        ] {
-            let err = parse("DLOCK_URL", url).unwrap_err();
+        let mut urls = vec!["http://u:s3cret@a:1", "no scheme at all s3cret"];
+        if cfg!(feature = "redis-cluster") {
+            urls.extend([
+                "redis+cluster://",
+                "redis+cluster://u:s3cret@",
+                "redis+cluster://u:s3cret@a:1,,b:2",
+                "redis+cluster://u:s3cret@a:1,b",
+                "redis+cluster://u:s3cret@a:1,b:http",
+                "redis+cluster://u:s3cret@a:0",
+                "redis+cluster://u:s3cret@:6379",
+            ]);
+        }
+        if cfg!(feature = "redis-sentinel") {
+            urls.extend([
+                "redis+sentinel://u:s3cret@a:1,b:2",
+                "redis+sentinel://u:s3cret@a:1,b:2/",
+            ]);
+        }
+        for url in urls {
+            let err = EngineUrl::parse("DLOCK_URL", url).unwrap_err();
             assert!(err.is_config(), "{url}: {err:?}");
             let text = err.to_string();
             assert!(text.contains("DLOCK_URL"), "{url}: {text}");
             assert!(!text.contains("s3cret"), "{url}: {text}");
         }
-        let err = parse("DLOCK_URL", "redis+sentinel://a:1/").unwrap_err();
-        if cfg!(feature = "redis-sentinel") {
-            assert!(err.to_string().contains("master name"), "{err}");
-        }
-    }
-
-    #[cfg(feature = "redlock")]
-    #[test]
-    fn redlock_needs_an_odd_number_of_distinct_masters() {
-        for (url, why) in [
-            ("redis+redlock://u:s3cret@a:1", "at least 3"),
-            ("redis+redlock://u:s3cret@a:1,b:2", "at least 3"),
-            ("redis+redlock://u:s3cret@a:1,b:2,c:3,d:4", "odd number"),
-            (
-                "redis+redlock://u:s3cret@a:1,b:2,c:3,d:4,e:5,f:6",
-                "odd number",
-            ),
-            ("redis+redlock://u:s3cret@a:1,b:2,a:1", "twice"),
-            ("redis+redlock://u:s3cret@a:1,b:2,", "needs a port"),
-            ("redis+redlock://u:s3cret@a:1,b:2,:3", "host name is empty"),
-            ("redis+redlock://u:s3cret@", "no host"),
-        ] {
-            let err = parse("DLOCK_URL", url).unwrap_err();
-            assert!(err.is_config(), "{url}: {err:?}");
-            let text = err.to_string();
-            assert!(
-                text.contains(why) && text.contains("DLOCK_URL"),
-                "{url}: {text}"
-            );
-            assert!(!text.contains("s3cret"), "{url}: {text}");
-        }
-        for url in [
-            "redis+redlock://a:1,b:2,c:3",
-            "redis+redlock://u:pw@a:1,b:2,c:3,d:4,e:5",
-        ] {
-            assert!(
-                matches!(parse("X", url), Ok(BackendKind::RedLock(_))),
-                "{url}"
-            );
-        }
-        let tls = parse("X", "rediss+redlock://a:1,b:2,c:3");
-        assert_eq!(tls.is_ok(), cfg!(feature = "tls"), "{tls:?}");
     }
 
     #[test]
@@ -393,7 +416,35 @@ mod tests {
             "the query reaches every node: {:?}",
             hosts.node_urls("/0")
         );
-        let sentinel = HostList::parse("X", "redis+sentinel://s1:1,s2:2/mymaster/2", "").unwrap();
-        assert_eq!(sentinel.master_name("X", "").unwrap(), "mymaster");
+    }
+
+    #[test]
+    fn credentials_are_redacted() {
+        for url in [
+            "redis://u:pa/ss@h:6379",
+            "redis://u:p?a#ss@h:6379/0",
+            "redis+unix:///tmp/r.sock?db=0&pass=s3cret",
+            "redis+unix:///tmp/r.sock?user=me&password=s3cret&db=1",
+        ] {
+            let shown = EngineUrl::redact(url);
+            assert!(
+                !shown.contains("s3cret") && !shown.contains("pa/ss") && !shown.contains("p?a#ss"),
+                "{url} -> {shown}"
+            );
+        }
+        assert_eq!(
+            EngineUrl::redact("redis+unix:///tmp/r.sock?db=0&pass=x"),
+            "redis+unix:///tmp/r.sock?db=0&pass=***"
+        );
+    }
+
+    #[test]
+    fn options_are_read_from_the_query_and_can_be_left_out() {
+        let url = EngineUrl::parse("X", "memory://?a=1&wait=2&b").unwrap();
+        assert_eq!(url.query_param("wait"), Some("2"));
+        assert_eq!(url.query_param("b"), Some(""));
+        assert_eq!(url.query_param("c"), None);
+        assert_eq!(url.without_params(&["wait"]), "memory://?a=1&b");
+        assert_eq!(url.without_params(&["a", "wait", "b"]), "memory://");
     }
 }

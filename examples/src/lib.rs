@@ -19,12 +19,8 @@ pub mod http;
 pub mod orders;
 pub mod throwaway;
 
-/// A Redis URL fit for printing: any `user:password@` part is replaced by `***@`
-/// ([`dlock_runtime::RedisUrl`]'s `Display`, and the same for the multi-host
-/// `redis+cluster://`, `redis+sentinel://`, `redis+redlock://`, `etcd://` and `zk://` forms, and
-/// [`dlock_runtime::PostgresUrl`]'s for
-/// `postgres://`); a URL that is none of these is not shown
-/// at all.
+/// An engine URL fit for printing ([`dlock_runtime::EngineUrl`]'s `Display`: the credentials
+/// are replaced by `***`); a URL no engine of this build reads is not shown at all.
 ///
 /// ```
 /// assert_eq!(
@@ -40,45 +36,11 @@ pub mod throwaway;
 ///     dlock_examples::redact_url("postgres://app:s3cret@db/shop"),
 ///     "postgres://***@db/shop"
 /// );
-/// assert_eq!(
-///     dlock_examples::redact_url("etcds://app:s3cret@h1:2379,h2:2379"),
-///     "etcds://***@h1:2379,h2:2379"
-/// );
+/// assert_eq!(dlock_examples::redact_url("zk://h1:2181,h2:2181/app"), "zk://h1:2181,h2:2181/app");
 /// assert_eq!(dlock_examples::redact_url("http://app:s3cret@h1"), "***");
 /// ```
 #[must_use]
 pub fn redact_url(url: &str) -> String {
-    let multi_host = [
-        "redis+cluster://",
-        "redis+sentinel://",
-        "redis+redlock://",
-        "rediss+cluster://",
-        "rediss+sentinel://",
-        "rediss+redlock://",
-        "etcd://",
-        "etcds://",
-        "zk://",
-    ]
-    .iter()
-    .find_map(|scheme| Some((*scheme, url.strip_prefix(scheme)?)));
-    match multi_host {
-        // The password may hold `@`: the hosts start after the last one. A query may hold
-        // credentials too: it is left out.
-        Some((scheme, rest)) => {
-            let (userinfo, hosts) = match rest.rfind('@') {
-                Some(at) => ("***@", &rest[at + 1..]),
-                None => ("", rest),
-            };
-            let hosts = hosts.split('?').next().unwrap_or_default();
-            format!("{scheme}{userinfo}{hosts}")
-        }
-        None => url
-            .parse::<dlock_runtime::RedisUrl>()
-            .map(|url| url.to_string())
-            .or_else(|_| {
-                url.parse::<dlock_runtime::PostgresUrl>()
-                    .map(|url| url.to_string())
-            })
-            .unwrap_or_else(|_| "***".to_owned()),
-    }
+    url.parse::<dlock_runtime::EngineUrl>()
+        .map_or_else(|_| "***".to_owned(), |url| url.to_string())
 }

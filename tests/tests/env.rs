@@ -22,7 +22,10 @@ fn run(vars: &[(&str, &str)]) -> String {
 fn memory_backend_from_the_environment_serves_the_attribute() {
     let out = run(&[("DLOCK_BACKEND", "memory"), ("DLOCK_KEY_PREFIX", "app:")]);
     assert!(out.starts_with("ok "), "{out}");
-    assert!(out.contains("Memory") && out.contains("\"app:\""), "{out}");
+    assert!(
+        out.contains("engine: Some(\"memory\")") && out.contains("\"app:\""),
+        "{out}"
+    );
     assert!(
         out.contains("fence=Some("),
         "the body saw no fencing token: {out}"
@@ -39,7 +42,10 @@ fn with_dlock_url_a_broken_redis_url_is_not_read() {
         ("DLOCK_REDIS_URL", "http://not-redis"),
         ("DLOCK_BACKEND", "zookeeper"),
     ]);
-    assert!(out.starts_with("ok ") && out.contains("Memory"), "{out}");
+    assert!(
+        out.starts_with("ok ") && out.contains("engine: Some(\"memory\")"),
+        "{out}"
+    );
     // Without DLOCK_URL the same REDIS_URL is read, and refused.
     let out = run(&[("REDIS_URL", "http://not-redis")]);
     assert!(

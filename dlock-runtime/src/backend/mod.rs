@@ -1,28 +1,195 @@
-//! The backends behind one trait. A backend knows nothing of waiting, leases on the client's
-//! clock or guards: it answers single requests, each atomic on the server.
+//! The engines behind one trait, and the table that lists them. A backend knows nothing of
+//! waiting, leases on the client's clock or guards: it answers single requests, each atomic on
+//! the server. Each engine is a folder here that the table below names once; URL parsing, the
+//! unknown-scheme error, the builder and the docs' checks read the table.
 
 use std::{any::Any, fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use tokio::sync::Notify;
 
-use crate::error::BackendError;
+use crate::{LockError, config::Settings, error::BackendError, url::EngineUrl};
 
 #[cfg(feature = "etcd")]
-pub(crate) mod etcd;
-pub(crate) mod memory;
+mod etcd;
+mod memory;
 #[cfg(feature = "postgres")]
-pub(crate) mod postgres;
+mod postgres;
+pub(crate) mod queue;
 #[cfg(feature = "redis")]
-pub(crate) mod redis;
+mod redis;
 #[cfg(feature = "redlock")]
-pub(crate) mod redlock;
+mod redlock;
 #[cfg(feature = "zookeeper")]
-pub(crate) mod zookeeper;
+mod zookeeper;
 
-/// What follows the key prefix in the names of the fencing counters; lock keys may not start so.
-pub(crate) const FENCE_PREFIX: &str = "__fence:";
-/// What follows the key prefix in the names of fair mode's queue keys; lock keys may not start so.
-pub(crate) const FAIR_PREFIX: &str = "__fair:";
+pub(crate) use memory::MemoryBackend;
+use queue::{NextInLine, Queued};
+
+/// `Some(&path)` when the cargo feature `$feature` is on, else `None`.
+macro_rules! built {
+    ($feature:literal, $built:path) => {
+        match () {
+            #[cfg(feature = $feature)]
+            () => Some(&$built),
+            #[cfg(not(feature = $feature))]
+            () => None,
+        }
+    };
+}
+
+/// Every engine, one line each: its name, URL schemes, cargo feature, URL form, and what it
+/// does when compiled in.
+pub(crate) const ENGINES: &[Engine] = &[
+    Engine::new(
+        "redis",
+        &["redis", "rediss", "redis+unix", "unix"],
+        "redis",
+        "redis://[user[:password]@]host[:port][/db][?wait=N]",
+        built!("redis", redis::SINGLE),
+    ),
+    Engine::new(
+        "redis-cluster",
+        &["redis+cluster", "rediss+cluster"],
+        "redis-cluster",
+        "redis+cluster://[user:password@]h1:p1,h2:p2[?wait=N]",
+        built!("redis-cluster", redis::CLUSTER),
+    ),
+    Engine::new(
+        "redis-sentinel",
+        &["redis+sentinel", "rediss+sentinel"],
+        "redis-sentinel",
+        "redis+sentinel://[user:password@]s1:p1,s2:p2/<master>[?wait=N]",
+        built!("redis-sentinel", redis::SENTINEL),
+    ),
+    Engine::new(
+        "redlock",
+        &["redis+redlock", "rediss+redlock"],
+        "redlock",
+        "redis+redlock://[user:password@]h1:p1,h2:p2,h3:p3",
+        built!("redlock", redlock::BUILT),
+    ),
+    Engine::new(
+        "etcd",
+        &["etcd", "etcds"],
+        "etcd",
+        "etcd://[user:password@]h1:p1,h2:p2",
+        built!("etcd", etcd::BUILT),
+    ),
+    Engine::new(
+        "zookeeper",
+        &["zk"],
+        "zookeeper",
+        "zk://h1:p1,h2:p2[/chroot][?session_timeout=10s]",
+        built!("zookeeper", zookeeper::BUILT),
+    ),
+    Engine::new(
+        "postgres",
+        &["postgres", "postgresql"],
+        "postgres",
+        "postgres://[user[:password]@]host[:port]/dbname",
+        built!("postgres", postgres::BUILT),
+    ),
+    Engine::new("memory", &["memory"], "", "memory://", Some(&memory::BUILT)),
+];
+
+/// One line of [`ENGINES`].
+pub(crate) struct Engine {
+    /// What [`EngineUrl::engine`] says: `redis`, `redis-cluster`, `zookeeper`, …
+    pub(crate) name: &'static str,
+    /// The URL schemes that pick it (TLS forms included).
+    pub(crate) schemes: &'static [&'static str],
+    /// The cargo feature that compiles it in (none for the embedded engine).
+    pub(crate) feature: &'static str,
+    /// Its URL's form, for errors and docs.
+    pub(crate) form: &'static str,
+    /// What it does, when its feature is on.
+    pub(crate) built: Option<&'static Built>,
+}
+
+impl Engine {
+    const fn new(
+        name: &'static str,
+        schemes: &'static [&'static str],
+        feature: &'static str,
+        form: &'static str,
+        built: Option<&'static Built>,
+    ) -> Self {
+        Self {
+            name,
+            schemes,
+            feature,
+            form,
+            built,
+        }
+    }
+}
+
+/// Makes an engine's backend from its URL and the common settings, without I/O.
+pub(crate) type BuildFn = fn(&EngineUrl, &Settings) -> Result<Arc<dyn Backend>, LockError>;
+
+/// The compiled part of an engine: its URL check, its build, its options.
+pub(crate) struct Built {
+    /// Checks a URL of this engine without I/O; `var` names where it came from.
+    pub(crate) check: fn(var: &str, url: &str) -> Result<(), LockError>,
+    /// The backend for `url` with the common `settings`; makes no connection.
+    pub(crate) build: BuildFn,
+    /// The options it reads from the URL's query.
+    pub(crate) options: &'static [EngineOption],
+}
+
+/// An engine option: a query parameter of its URL, also set by an older environment variable
+/// (kept as an alias) or a builder method when the URL does not give it.
+pub(crate) struct EngineOption {
+    /// The query parameter: `wait`, `session_timeout`.
+    pub(crate) name: &'static str,
+    /// The environment variable that sets it when the URL does not: `DLOCK_REDIS_WAIT`.
+    pub(crate) var: &'static str,
+    /// Checks a value; the error says what is expected.
+    pub(crate) check: fn(&str) -> Result<(), String>,
+}
+
+#[cfg_attr(
+    not(any(feature = "redis", feature = "zookeeper")),
+    allow(dead_code, reason = "for the engines with options")
+)]
+/// The value of option `name` for `url`: the URL's own query parameter, else what an alias
+/// (environment variable or builder method) set; with where it came from, for errors.
+pub(crate) fn option<'a>(
+    url: &'a EngineUrl,
+    settings: &'a Settings,
+    name: &str,
+) -> Option<(&'a str, String)> {
+    match url.query_param(name) {
+        Some(value) => Some((value, format!("DLOCK_URL's `{name}`"))),
+        None => settings
+            .engine_options
+            .iter()
+            .find(|(n, _, _)| *n == name)
+            .map(|(_, value, from)| (value.as_str(), (*from).to_owned())),
+    }
+}
+
+/// What an engine can do, read once by the locker.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Capabilities {
+    /// How `fair` acquisitions are served.
+    pub(crate) fair: FairOrder,
+    /// A hold can go straight to another acquisition of this process ([`Backend::pass`]).
+    pub(crate) passes: bool,
+    /// A waiter's wake-up signals every moment it may have become first (a watch on its
+    /// predecessor in line): the waiting loop's fallback pause can be long.
+    pub(crate) reliable_wake_up: bool,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Self {
+            fair: FairOrder::Queue,
+            passes: false,
+            reliable_wake_up: false,
+        }
+    }
+}
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -98,23 +265,6 @@ pub(crate) struct Request<'a> {
     pub(crate) queue: Option<Queued<'a>>,
 }
 
-/// How an attempt waits in the engine's queue ([`FairOrder::Queue`]). Releases name the place
-/// first in line, so only the waiters of that place wake.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Queued<'a> {
-    /// Who holds the place: the in-process line of the waiter's locker, which keeps one place
-    /// for the waiters of the key in that process, in turn.
-    pub(crate) place: &'a Token,
-    /// A place not refreshed by an attempt within this long counts as gone.
-    pub(crate) liveness: Duration,
-    /// On success, keep the place (moved to the back of the queue): more waiters of this
-    /// process wait behind this one.
-    pub(crate) keep: bool,
-    /// Take the lock only when the place is first in the queue (fair mode). Otherwise take it
-    /// whenever it is free: the queue then only says whom a release wakes.
-    pub(crate) strict: bool,
-}
-
 /// One lock service. Every engine (Redis, Cluster, Sentinel, the embedded table, and those to
 /// come) is one implementation; the waiting loop, the lease clock, renewal and the guard are
 /// the locker's and the same for all.
@@ -169,15 +319,15 @@ pub(crate) trait Backend: Send + Sync + 'static {
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>>;
 
-    /// Whether [`pass`](Self::pass) is implemented.
-    fn passes(&self) -> bool {
-        false
+    /// What the engine can do.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
     }
 
     /// While `from` holds `key`, makes it `to`'s for `lease`, in one atomic step and without a
     /// wake-up (the key was never free): the new hold's fence, greater than every earlier one;
-    /// `None` (nothing changed) when `from` does not hold it. Called only when
-    /// [`passes`](Self::passes).
+    /// `None` (nothing changed) when `from` does not hold it. Called only when the engine's
+    /// [capabilities](Self::capabilities) say it passes.
     fn pass<'a>(
         &'a self,
         _key: &'a str,
@@ -186,11 +336,6 @@ pub(crate) trait Backend: Send + Sync + 'static {
         _lease: Duration,
     ) -> BoxFuture<'a, Result<Option<u64>, BackendError>> {
         Box::pin(std::future::ready(Ok(None)))
-    }
-
-    /// How `fair` acquisitions are served.
-    fn fair_order(&self) -> FairOrder {
-        FairOrder::Queue
     }
 
     /// Why the engine cannot store the full lock key `key` (longer than its index holds),
@@ -216,115 +361,16 @@ pub(crate) trait Backend: Send + Sync + 'static {
     }
 }
 
-/// What the release wake-ups of one key said, shared by the key's waiters: whom the last one
-/// named (the place first in line, or anyone), and how many there have been, so that a waiter
-/// can tell whether one came since it last looked.
-#[derive(Clone, Default)]
-pub(crate) struct NextInLine(Arc<std::sync::Mutex<Heard>>);
-
-#[derive(Default)]
-struct Heard {
-    next: Option<String>,
-    count: u64,
-}
-
-impl NextInLine {
-    fn heard_mut(&self) -> std::sync::MutexGuard<'_, Heard> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// Records a wake-up naming `next` (8 hex digits of a place), or anyone; call before waking
-    /// the key's waiters.
-    pub(crate) fn heard(&self, next: Option<&str>) {
-        let mut heard = self.heard_mut();
-        heard.next = next.map(str::to_owned);
-        heard.count += 1;
-    }
-}
-
-/// The release wake-ups of an engine whose releases reach this process as messages naming a
-/// key (the embedded table, PostgreSQL's `NOTIFY`): one entry per key, alive while a waiter
-/// holds its [`Watch`].
-#[derive(Default)]
-pub(crate) struct Watchers(
-    std::sync::Mutex<std::collections::HashMap<String, (std::sync::Weak<Notify>, NextInLine)>>,
-);
-
-impl fmt::Debug for Watchers {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Watchers").finish_non_exhaustive()
-    }
-}
-
-impl Watchers {
-    fn map(
-        &self,
-    ) -> std::sync::MutexGuard<
-        '_,
-        std::collections::HashMap<String, (std::sync::Weak<Notify>, NextInLine)>,
-    > {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// A wake-up for releases of `key`, shared with the key's other waiters.
-    pub(crate) fn register(&self, key: &str) -> Watch {
-        let mut watchers = self.map();
-        // Dead entries go now and then, so the map stays as small as the keys waited for.
-        if watchers.len() >= 1024 && watchers.len().is_power_of_two() {
-            watchers.retain(|_, (notify, _)| notify.strong_count() > 0);
-        }
-        let live = watchers
-            .get(key)
-            .and_then(|(notify, next)| Some((notify.upgrade()?, next.clone())));
-        let (notify, next) = live.unwrap_or_else(|| {
-            let notify = Arc::new(Notify::new());
-            let next = NextInLine::default();
-            watchers.insert(key.to_owned(), (Arc::downgrade(&notify), next.clone()));
-            (notify, next)
-        });
-        Watch::new(notify, next, ())
-    }
-
-    /// Wakes the waiters of `key` (of every key when `None`), telling them whom the release
-    /// named.
-    pub(crate) fn wake(&self, key: Option<&str>, next: Option<&str>) {
-        let watchers = self.map();
-        let wake = |(notify, named): &(std::sync::Weak<Notify>, NextInLine)| {
-            if let Some(notify) = notify.upgrade() {
-                named.heard(next);
-                notify.notify_waiters();
-            }
-        };
-        match key {
-            None => watchers.values().for_each(wake),
-            Some(key) => watchers.get(key).into_iter().for_each(wake),
-        }
-    }
-
-    /// Whether any waiter holds a wake-up.
-    #[cfg(feature = "postgres")]
-    pub(crate) fn anyone_waits(&self) -> bool {
-        self.map()
-            .values()
-            .any(|(notify, _)| notify.strong_count() > 0)
-    }
-}
-
 /// A registration for release wake-ups of one key; dropping it unregisters.
 pub(crate) struct Watch {
     notify: Arc<Notify>,
     next: NextInLine,
-    /// Every moment the waiter may have become first is signalled (a watch on its predecessor):
-    /// the waiting loop's fallback pause can be long.
-    reliable: bool,
     _registration: Box<dyn Any + Send + Sync>,
 }
 
 impl Watch {
+    /// A wake-up rung by `notify`; on an engine with a queue of places, `next` says whom each
+    /// wake-up named (a fresh `NextInLine::default()` elsewhere: every wake-up is for anyone).
     pub(crate) fn new(
         notify: Arc<Notify>,
         next: NextInLine,
@@ -333,41 +379,23 @@ impl Watch {
         Self {
             notify,
             next,
-            reliable: false,
             _registration: Box::new(registration),
         }
-    }
-
-    /// Marks the wake-up as covering every change that matters to this waiter, as a watch on
-    /// its predecessor in line does: the waiting loop then polls only as a slow fallback.
-    #[allow(dead_code, reason = "for the engines with a line (etcd, ZooKeeper)")]
-    pub(crate) fn reliable(mut self) -> Self {
-        self.reliable = true;
-        self
-    }
-
-    pub(crate) fn is_reliable(&self) -> bool {
-        self.reliable
     }
 
     pub(crate) fn notify(&self) -> Arc<Notify> {
         self.notify.clone()
     }
 
-    /// Whether the last wake-up may be for `place`: it named no one, or it named `place` (by the
-    /// first 8 hex digits: releases never publish a whole token or place).
+    /// Whether the last wake-up may be for `place` (see [`NextInLine::names`]).
     pub(crate) fn may_be_for(&self, place: &Token) -> bool {
-        self.next
-            .heard_mut()
-            .next
-            .as_deref()
-            .is_none_or(|next| place.0.starts_with(next))
+        self.next.names(place)
     }
 
     /// How many wake-ups of this key this process has heard: a waiter compares two readings to
     /// tell whether a release came in between.
     pub(crate) fn heard(&self) -> u64 {
-        self.next.heard_mut().count
+        self.next.count()
     }
 }
 

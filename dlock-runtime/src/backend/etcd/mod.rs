@@ -32,13 +32,35 @@ use etcd_client::{
 use tokio::{sync::Notify, task::JoinHandle};
 
 use super::{
-    Attempt, Backend, BoxFuture, FairOrder, LossSignal, NextInLine, Request, Token, Watch,
+    Attempt, Backend, BoxFuture, Built, Capabilities, FairOrder, LossSignal, Request, Token, Watch,
+    queue::NextInLine,
 };
 use crate::{
     LockError,
-    config::{BackendKind, Settings},
+    config::Settings,
     error::BackendError,
+    url::{EngineUrl, HostList, tls_needs_feature},
 };
+
+/// etcd v3: `etcd://h1:p1,h2:p2`, `etcds://` with TLS.
+pub(super) const BUILT: Built = Built {
+    check,
+    build: |url, settings| Ok(Arc::new(EtcdBackend::from_url(url, settings)?)),
+    options: &[],
+};
+
+const FORM: &str = "etcd://[user:password@]h1:p1,h2:p2";
+
+fn check(var: &str, url: &str) -> Result<(), LockError> {
+    tls_needs_feature(var, "etcds", url.starts_with("etcds://"))?;
+    let hosts = HostList::parse(var, url, FORM)?;
+    if hosts.query.is_some() {
+        return Err(LockError::config(format!(
+            "{var}: `etcd://` takes no query; expected `{FORM}`"
+        )));
+    }
+    Ok(())
+}
 
 /// How a lease is rounded: whole seconds, at least one.
 pub(crate) fn lease_seconds(lease: Duration) -> i64 {
@@ -126,12 +148,8 @@ fn percent_decode(s: &str) -> String {
 }
 
 impl EtcdBackend {
-    pub(crate) fn from_settings(settings: &Settings) -> Result<Self, LockError> {
-        let BackendKind::Etcd(url) = &settings.backend else {
-            return Err(LockError::config("not an etcd engine"));
-        };
-        let form = "etcd://[user:password@]h1:p1,h2:p2";
-        let hosts = crate::url::HostList::parse("DLOCK_URL", url.as_str(), form)?;
+    pub(crate) fn from_url(url: &EngineUrl, settings: &Settings) -> Result<Self, LockError> {
+        let hosts = HostList::parse("DLOCK_URL", url.as_str(), FORM)?;
         let tls = url.as_str().starts_with("etcds://");
         let mut options = ConnectOptions::new().with_connect_timeout(settings.request_timeout);
         if let Some(userinfo) = hosts.userinfo {
@@ -797,7 +815,7 @@ impl Backend for EtcdBackend {
             };
             let notify = Arc::new(Notify::new());
             let task = tokio::spawn(self.conn.clone().wait_turn(line, rev, notify.clone()));
-            Some(Watch::new(notify, NextInLine::default(), AbortOnDrop(task)).reliable())
+            Some(Watch::new(notify, NextInLine::default(), AbortOnDrop(task)))
         })
     }
 
@@ -865,8 +883,12 @@ impl Backend for EtcdBackend {
         })
     }
 
-    fn fair_order(&self) -> FairOrder {
-        FairOrder::Native
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fair: FairOrder::Native,
+            passes: false,
+            reliable_wake_up: true,
+        }
     }
 }
 

@@ -8,19 +8,104 @@ use redis::{
     aio::{ConnectionManager, ConnectionManagerConfig},
 };
 
-use super::{Attempt, Backend, BoxFuture, Request, Token, Watch, lease_millis};
+use super::{
+    Attempt, Backend, BoxFuture, Built, Capabilities, EngineOption, Request, Token, Watch,
+    lease_millis, option,
+};
 use notify::Notifier;
 
-#[path = "redis_notify.rs"]
 mod notify;
 #[cfg(feature = "redis-sentinel")]
-#[path = "redis_sentinel.rs"]
 mod sentinel;
 use crate::{
     LockError,
-    config::{BackendKind, Settings},
+    config::Settings,
     error::BackendError,
+    url::{EngineUrl, query_params, tls_needs_feature},
 };
+
+/// What follows the key prefix in the names of the fencing counters (`dlock:__fence:{tag}`):
+/// dlock's reserved namespace (`__word:`), which lock keys may not start with.
+const FENCE_PREFIX: &str = "__fence:";
+/// What follows the key prefix in the names of fair mode's queue keys.
+const FAIR_PREFIX: &str = "__fair:";
+
+/// `wait=N` (alias `DLOCK_REDIS_WAIT`): an acquisition counts only once `N` replicas
+/// acknowledged it (`WAIT`); 0, the default, is off.
+const WAIT: EngineOption = EngineOption {
+    name: "wait",
+    var: "DLOCK_REDIS_WAIT",
+    check: check_wait,
+};
+
+/// One Redis server: `redis://`, `rediss://`, `redis+unix://`, `unix://`.
+pub(super) const SINGLE: Built = Built {
+    check: check_single,
+    build,
+    options: &[WAIT],
+};
+
+/// A Redis Cluster: `redis+cluster://h1:p1,h2:p2`.
+#[cfg(feature = "redis-cluster")]
+pub(super) const CLUSTER: Built = Built {
+    check: check_cluster,
+    build,
+    options: &[WAIT],
+};
+
+/// Redis with Sentinel failover: `redis+sentinel://s1:p1,s2:p2/<master>`.
+#[cfg(feature = "redis-sentinel")]
+pub(super) const SENTINEL: Built = Built {
+    check: check_sentinel,
+    build,
+    options: &[WAIT],
+};
+
+fn check_wait(value: &str) -> Result<(), String> {
+    value.parse::<u32>().map(drop).map_err(|_| {
+        "expected how many replicas must acknowledge an acquisition, a whole number like `1` \
+         (0 turns it off)"
+            .to_owned()
+    })
+}
+
+/// The `wait` option in the URL's query, and the TLS scheme's feature.
+fn check_common(var: &str, url: &str) -> Result<(), LockError> {
+    let scheme = url.split_once("://").map_or("", |(s, _)| s);
+    tls_needs_feature(var, scheme, scheme.starts_with("rediss"))?;
+    if let Some((_, value)) = query_params(url).find(|(name, _)| *name == "wait") {
+        check_wait(value).map_err(|why| LockError::config(format!("{var}: `wait`: {why}")))?;
+    }
+    Ok(())
+}
+
+fn check_single(var: &str, url: &str) -> Result<(), LockError> {
+    check_common(var, url)?;
+    redis::Client::open(url).map(drop).map_err(|_| {
+        LockError::config(format!(
+            "{var}: expected a URL like `redis://[user:password@]host:port[/db]`"
+        ))
+    })
+}
+
+#[cfg(feature = "redis-cluster")]
+fn check_cluster(var: &str, url: &str) -> Result<(), LockError> {
+    check_common(var, url)?;
+    crate::url::HostList::parse(var, url, CLUSTER_FORM).map(drop)
+}
+
+#[cfg(feature = "redis-sentinel")]
+fn check_sentinel(var: &str, url: &str) -> Result<(), LockError> {
+    check_common(var, url)?;
+    sentinel::check(var, url)
+}
+
+fn build(url: &EngineUrl, settings: &Settings) -> Result<std::sync::Arc<dyn Backend>, LockError> {
+    Ok(std::sync::Arc::new(RedisBackend::from_url(url, settings)?))
+}
+
+#[cfg(feature = "redis-cluster")]
+const CLUSTER_FORM: &str = "redis+cluster://[user:password@]h1:p1,h2:p2";
 
 static ACQUIRE: OnceLock<Script> = OnceLock::new();
 static ACQUIRE_FAIR: OnceLock<Script> = OnceLock::new();
@@ -200,16 +285,18 @@ impl std::fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    /// The backend of the Redis engine `settings` name (one server, a Cluster or the master of
-    /// a Sentinel deployment), configured from them; makes no connection.
-    pub(crate) fn from_settings(settings: &Settings) -> Result<Self, LockError> {
+    /// The backend of the Redis engine `url` names (one server, a Cluster or the master of a
+    /// Sentinel deployment), configured from it and `settings`; makes no connection.
+    pub(crate) fn from_url(url: &EngineUrl, settings: &Settings) -> Result<Self, LockError> {
         let timeout = settings.request_timeout;
-        let (link, notifier) = match &settings.backend {
-            BackendKind::Redis(url) => {
-                install_tls_provider(url.as_str());
-                let client = redis::Client::open(url.as_str()).map_err(|_| {
+        // dlock's own options stay out of what redis-rs reads.
+        let client_url = url.without_params(&[WAIT.name]);
+        install_tls_provider(&client_url);
+        let (link, notifier) = match url.engine() {
+            "redis" => {
+                let client = redis::Client::open(client_url.as_str()).map_err(|_| {
                     LockError::config(
-                        "DLOCK_REDIS_URL: expected a URL like `redis://[user:password@]host:port[/db]`",
+                        "DLOCK_URL: expected a URL like `redis://[user:password@]host:port[/db]`",
                     )
                 })?;
                 let notifier = settings
@@ -218,37 +305,37 @@ impl RedisBackend {
                 (Link::Single(client), notifier)
             }
             #[cfg(feature = "redis-cluster")]
-            BackendKind::RedisCluster(url) => Self::cluster(url, settings)?,
+            "redis-cluster" => Self::cluster(&client_url, settings)?,
             #[cfg(feature = "redis-sentinel")]
-            BackendKind::RedisSentinel(url) => {
-                install_tls_provider(url.as_str());
-                let master = sentinel::Master::new(url.as_str(), timeout)?;
+            "redis-sentinel" => {
+                let master = sentinel::Master::new(&client_url, timeout)?;
                 let notifier = settings.notify.then(|| Notifier::new(None, timeout));
                 (Link::Sentinel(master), notifier)
             }
-            // URL parsing refuses the schemes of engines compiled out.
             _ => return Err(LockError::config("not a Redis engine")),
+        };
+        let wait_replicas = match option(url, settings, WAIT.name) {
+            Some((value, from)) => value
+                .parse()
+                .map_err(|_| LockError::config(format!("{from}: expected a whole number")))?,
+            None => 0,
         };
         Ok(Self {
             link,
             notifier,
             connection: std::sync::Mutex::new(None),
             request_timeout: timeout,
-            fence_prefix: format!("{}{}", settings.key_prefix, super::FENCE_PREFIX),
-            fair_prefix: format!("{}{}", settings.key_prefix, super::FAIR_PREFIX),
+            fence_prefix: format!("{}{FENCE_PREFIX}", settings.key_prefix),
+            fair_prefix: format!("{}{FAIR_PREFIX}", settings.key_prefix),
             publish_denied: std::sync::atomic::AtomicBool::new(false),
-            wait_replicas: settings.redis_wait,
+            wait_replicas,
         })
     }
 
     /// The link and notifier of a `redis+cluster://` URL's seed nodes. Release notifications go
     /// over shard channels (`SPUBLISH`/`SSUBSCRIBE`, Redis 7).
     #[cfg(feature = "redis-cluster")]
-    fn cluster(
-        url: &crate::config::RedisUrl,
-        settings: &Settings,
-    ) -> Result<(Link, Option<Notifier>), LockError> {
-        install_tls_provider(url.as_str());
+    fn cluster(url: &str, settings: &Settings) -> Result<(Link, Option<Notifier>), LockError> {
         // The first `{…}` of a key decides its slot. A prefix with braces must hold a whole
         // non-empty tag (then every key shares it); otherwise (`a{}b:`, `app{`) the prefix would
         // decide, or spoil, how dlock's companion keys are tagged, and scripts would cross slots.
@@ -260,13 +347,12 @@ impl RedisBackend {
                  unclosed `{` would split a lock from its fencing counter across slots",
             ));
         }
-        let form = "redis+cluster://[user:password@]h1:p1,h2:p2";
-        let hosts = crate::url::HostList::parse("DLOCK_URL", url.as_str(), form)?;
+        let hosts = crate::url::HostList::parse("DLOCK_URL", url, CLUSTER_FORM)?;
         let client = redis::cluster::ClusterClient::builder(hosts.node_urls(""))
             .connection_timeout(settings.request_timeout)
             .retries(2)
             .build()
-            .map_err(|_| LockError::config(format!("DLOCK_URL: expected `{form}`")))?;
+            .map_err(|_| LockError::config(format!("DLOCK_URL: expected `{CLUSTER_FORM}`")))?;
         let notifier = settings
             .notify
             .then(|| Notifier::cluster(hosts.node_urls(""), settings.request_timeout));
@@ -730,8 +816,11 @@ impl Backend for RedisBackend {
         })
     }
 
-    fn passes(&self) -> bool {
-        true
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            passes: true,
+            ..Capabilities::default()
+        }
     }
 
     fn pass<'a>(
@@ -864,7 +953,7 @@ mod tests {
             ("", "a{b"),
             ("{app}:", "{app}:order:1"),
         ] {
-            let queue = companion(&format!("{prefix}__fair:"), key, "queue").to_string();
+            let queue = companion(&format!("{prefix}{FAIR_PREFIX}"), key, "queue").to_string();
             assert_eq!(slot(queue.as_bytes()), slot(key.as_bytes()), "{key}");
         }
         assert_eq!(

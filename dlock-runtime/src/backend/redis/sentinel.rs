@@ -23,6 +23,23 @@ use crate::{LockError, error::BackendError, url::HostList};
 
 const FORM: &str = "redis+sentinel://[user:password@]s1:p1,s2:p2/<master name>[/<db>]";
 
+/// Checks a `redis+sentinel://` URL: its sentinels and master name.
+pub(super) fn check(var: &str, url: &str) -> Result<(), LockError> {
+    let hosts = HostList::parse(var, url, FORM)?;
+    master_name(&hosts, var).map(drop)
+}
+
+/// The master's name: the first path segment, not empty.
+fn master_name<'a>(hosts: &HostList<'a>, var: &str) -> Result<&'a str, LockError> {
+    let name = hosts.path.split('/').next().unwrap_or("");
+    if name.is_empty() {
+        return Err(LockError::config(format!(
+            "{var}: the master name is missing; expected `{FORM}`"
+        )));
+    }
+    Ok(name)
+}
+
 /// The sentinels of one master name.
 pub(super) struct Master {
     sentinels: tokio::sync::Mutex<SentinelClient>,
@@ -42,7 +59,7 @@ impl Master {
     pub(super) fn new(url: &str, request_timeout: Duration) -> Result<Self, LockError> {
         let bad = || LockError::config(format!("DLOCK_URL: expected `{FORM}`"));
         let hosts = HostList::parse("DLOCK_URL", url, FORM)?;
-        let name = hosts.master_name("DLOCK_URL", FORM)?;
+        let name = master_name(&hosts, "DLOCK_URL")?;
         let db = match hosts.path.split('/').nth(1).filter(|d| !d.is_empty()) {
             Some(db) => format!("/{}", db.parse::<u32>().map_err(|_| bad())?),
             None => String::new(),

@@ -26,7 +26,7 @@ use redis::{
 };
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use crate::backend::{NextInLine, Watch};
+use crate::backend::{Watch, queue::NextInLine};
 
 /// How long a channel stays subscribed after its last waiter left.
 const LINGER: Duration = Duration::from_secs(2);
@@ -402,73 +402,109 @@ fn expired(shared: &Shared, next: &mut Option<Instant>) -> Vec<String> {
 }
 
 /// The task that owns the pub/sub connection.
-async fn run(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<Op>) {
-    let mut connection: Option<(Sink, Stream)> = None;
-    let mut subscribed: HashSet<String> = HashSet::new();
-    let mut retry = Duration::from_millis(50);
-    let mut next_sweep: Option<Instant> = None;
+async fn run(shared: Arc<Shared>, ops: mpsc::UnboundedReceiver<Op>) {
+    let mut listener = Listener {
+        shared,
+        ops,
+        connection: None,
+        subscribed: HashSet::new(),
+        retry: Duration::from_millis(50),
+        next_sweep: None,
+    };
     loop {
-        if connection.is_none() {
-            let wanted: Vec<String> = {
-                let mut channels = shared.channels();
-                // Lingering channels are not worth a reconnection.
-                channels.retain(|_, c| c.waiters > 0);
-                channels.keys().cloned().collect()
-            };
-            next_sweep = None;
-            if !wanted.is_empty() {
-                // Someone waits: reconnect and resubscribe, or poll for a while and try again.
-                if let Some((mut sink, stream)) = connect(&shared).await {
-                    for key in wanted {
-                        if subscribe(&shared, &mut sink, &key).await {
-                            confirm(&shared, &key);
-                            subscribed.insert(key);
-                        }
-                    }
-                    tracing::debug!("release notifications restored");
-                    connection = Some((sink, stream));
-                    retry = Duration::from_millis(50);
-                    continue;
-                }
-                tokio::select! {
-                    () = tokio::time::sleep(retry) => {}
-                    op = ops.recv() => match op {
-                        None => return,
-                        Some(Op::Subscribe(_, reply)) => { let _ = reply.send(false); }
-                        Some(Op::Idle | Op::Reconnect) => {}
-                    },
-                }
-                retry = (retry * 2).min(Duration::from_secs(2));
-                continue;
-            }
-            // Nobody waits: connect when someone asks.
-            match ops.recv().await {
-                None => return,
-                Some(Op::Idle | Op::Reconnect) => continue,
-                Some(Op::Subscribe(key, reply)) => {
-                    let Some((mut sink, stream)) = connect(&shared).await else {
-                        let _ = reply.send(false);
-                        continue;
-                    };
-                    let ok = subscribe(&shared, &mut sink, &key).await;
-                    if ok {
-                        confirm(&shared, &key);
-                        subscribed.insert(key);
-                    }
-                    let _ = reply.send(ok);
-                    connection = Some((sink, stream));
-                    continue;
-                }
-            }
-        }
-        let Some((sink, stream)) = connection.as_mut() else {
-            continue;
+        let go_on = if listener.connection.is_some() {
+            listener.serve().await
+        } else {
+            listener.connect().await
         };
-        let sweep_at = next_sweep.unwrap_or_else(crate::guard::far_future);
+        if !go_on {
+            return;
+        }
+    }
+}
+
+/// The state of [`run`]: the pub/sub connection, its channels, and the requests of waiters.
+struct Listener {
+    shared: Arc<Shared>,
+    ops: mpsc::UnboundedReceiver<Op>,
+    connection: Option<(Sink, Stream)>,
+    subscribed: HashSet<String>,
+    /// The pause before the next connection attempt while waiters poll.
+    retry: Duration,
+    /// When the next lingering channel is due to be unsubscribed.
+    next_sweep: Option<Instant>,
+}
+
+impl Listener {
+    /// Without a connection: when someone waits, reconnect and resubscribe (or poll for a while
+    /// and try again); when nobody does, connect when someone asks. `false` when the locker is
+    /// gone.
+    async fn connect(&mut self) -> bool {
+        let wanted: Vec<String> = {
+            let mut channels = self.shared.channels();
+            // Lingering channels are not worth a reconnection.
+            channels.retain(|_, c| c.waiters > 0);
+            channels.keys().cloned().collect()
+        };
+        self.next_sweep = None;
+        if wanted.is_empty() {
+            return match self.ops.recv().await {
+                None => false,
+                Some(Op::Idle | Op::Reconnect) => true,
+                Some(Op::Subscribe(key, reply)) => {
+                    let Some(mut connection) = connect(&self.shared).await else {
+                        let _ = reply.send(false);
+                        return true;
+                    };
+                    let ok = self.subscribe(&mut connection.0, key).await;
+                    let _ = reply.send(ok);
+                    self.connection = Some(connection);
+                    true
+                }
+            };
+        }
+        if let Some(mut connection) = connect(&self.shared).await {
+            for key in wanted {
+                self.subscribe(&mut connection.0, key).await;
+            }
+            tracing::debug!("release notifications restored");
+            self.connection = Some(connection);
+            self.retry = Duration::from_millis(50);
+            return true;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(self.retry) => {}
+            op = self.ops.recv() => match op {
+                None => return false,
+                Some(Op::Subscribe(_, reply)) => { let _ = reply.send(false); }
+                Some(Op::Idle | Op::Reconnect) => {}
+            },
+        }
+        self.retry = (self.retry * 2).min(Duration::from_secs(2));
+        true
+    }
+
+    /// Subscribes `key` on `sink` (unless it is already), recording it; whether it worked.
+    async fn subscribe(&mut self, sink: &mut Sink, key: String) -> bool {
+        let ok = self.subscribed.contains(&key) || subscribe(&self.shared, sink, &key).await;
+        if ok {
+            confirm(&self.shared, &key);
+            self.subscribed.insert(key);
+        }
+        ok
+    }
+
+    /// With a connection: delivers a message, unsubscribes lingering channels, or serves a
+    /// waiter's request. `false` when the locker is gone.
+    async fn serve(&mut self) -> bool {
+        let Some((mut sink, mut stream)) = self.connection.take() else {
+            return true;
+        };
+        let sweep_at = self.next_sweep.unwrap_or_else(crate::lease::far_future);
         tokio::select! {
             message = stream.next() => match message {
                 Some((name, payload)) => {
-                    let channels = shared.channels();
+                    let channels = self.shared.channels();
                     if let Some(channel) = channels.get(&name) {
                         channel.next.heard(Some(payload.as_str()).filter(|p| !p.is_empty()));
                         channel.notify.notify_waiters();
@@ -476,47 +512,50 @@ async fn run(shared: Arc<Shared>, mut ops: mpsc::UnboundedReceiver<Op>) {
                 }
                 None => {
                     tracing::debug!("release notification connection lost; waiters poll until it is back");
-                    connection = None;
-                    subscribed.clear();
-                    for channel in shared.channels().values_mut() {
-                        channel.confirmed = false;
-                        channel.next.heard(None);
-                        channel.notify.notify_waiters();
-                    }
+                    self.drop_connection(true);
+                    return true;
                 }
             },
-            () = tokio::time::sleep_until(sweep_at), if next_sweep.is_some() => {
-                for key in expired(&shared, &mut next_sweep) {
-                    if subscribed.remove(&key) {
-                        let _ = tokio::time::timeout(shared.request_timeout, sink.unsubscribe(&key)).await;
+            () = tokio::time::sleep_until(sweep_at), if self.next_sweep.is_some() => {
+                for key in expired(&self.shared, &mut self.next_sweep) {
+                    if self.subscribed.remove(&key) {
+                        let _ = tokio::time::timeout(self.shared.request_timeout, sink.unsubscribe(&key)).await;
                     }
                 }
             }
-            op = ops.recv() => match op {
-                None => return,
+            op = self.ops.recv() => match op {
+                None => return false,
                 Some(Op::Subscribe(key, reply)) => {
-                    let ok = subscribed.contains(&key) || subscribe(&shared, sink, &key).await;
-                    if ok {
-                        confirm(&shared, &key);
-                        subscribed.insert(key);
-                    }
+                    let ok = self.subscribe(&mut sink, key).await;
                     let _ = reply.send(ok);
                 }
                 Some(Op::Idle) => {
-                    if next_sweep.is_none() {
-                        next_sweep = Some(Instant::now() + LINGER);
+                    if self.next_sweep.is_none() {
+                        self.next_sweep = Some(Instant::now() + LINGER);
                     }
                 }
                 Some(Op::Reconnect) => {
                     tracing::debug!("release notifications move to the new master");
-                    connection = None;
-                    subscribed.clear();
-                    for channel in shared.channels().values_mut() {
-                        channel.confirmed = false;
-                        channel.notify.notify_waiters();
-                    }
+                    self.drop_connection(false);
+                    return true;
                 }
             },
+        }
+        self.connection = Some((sink, stream));
+        true
+    }
+
+    /// The connection is gone (lost, or to a master that is no more): every waiter looks at
+    /// once (`lost`: as if any release happened) and polls until it is back.
+    fn drop_connection(&mut self, lost: bool) {
+        self.connection = None;
+        self.subscribed.clear();
+        for channel in self.shared.channels().values_mut() {
+            channel.confirmed = false;
+            if lost {
+                channel.next.heard(None);
+            }
+            channel.notify.notify_waiters();
         }
     }
 }

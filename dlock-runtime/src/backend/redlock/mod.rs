@@ -22,13 +22,61 @@ use futures_util::future::join_all;
 use tokio::{sync::Notify, time::Instant};
 
 use super::{
-    Attempt, Backend, BoxFuture, FairOrder, NextInLine, Request, Token, Watch, redis::RedisBackend,
+    Attempt, Backend, BoxFuture, Built, Capabilities, FairOrder, Request, Token, Watch,
+    queue::NextInLine, redis::RedisBackend,
 };
 use crate::{
     LockError,
-    config::{BackendKind, RedisUrl, Settings},
+    config::Settings,
     error::BackendError,
+    url::{EngineUrl, HostList, tls_needs_feature},
 };
+
+/// RedLock over independent Redis masters: `redis+redlock://h1:p1,h2:p2,h3:p3`.
+pub(super) const BUILT: Built = Built {
+    check,
+    build: |url, settings| Ok(Arc::new(RedLockBackend::from_url(url, settings)?)),
+    options: &[],
+};
+
+const FORM: &str = "redis+redlock://[user:password@]h1:p1,h2:p2,h3:p3";
+
+fn check(var: &str, url: &str) -> Result<(), LockError> {
+    tls_needs_feature(var, "rediss+redlock", url.starts_with("rediss"))?;
+    let hosts = HostList::parse(var, url, FORM)?;
+    redlock_nodes(&hosts, var).map(drop)
+}
+
+/// RedLock's masters: an odd number, at least 3. A majority of 2 nodes is both, so losing
+/// either stops every lock; an even count adds a node without adding a failure the
+/// deployment survives (4 nodes need 3, like 5 do, and survive one loss, like 3 do).
+fn redlock_nodes(hosts: &HostList<'_>, var: &str) -> Result<usize, LockError> {
+    let n = hosts.hosts.len();
+    if n < 3 {
+        return Err(LockError::config(format!(
+            "{var}: RedLock needs at least 3 independent masters, got {n}: with fewer, a \
+             majority is every node and losing any one of them stops every lock"
+        )));
+    }
+    if n.is_multiple_of(2) {
+        return Err(LockError::config(format!(
+            "{var}: RedLock needs an odd number of masters, got {n}: a majority of {n} is \
+             {}, as of {}, so the extra node survives no further failure; use {} or {}",
+            n / 2 + 1,
+            n + 1,
+            n - 1,
+            n + 1
+        )));
+    }
+    let mut seen = std::collections::HashSet::new();
+    if let Some((host, port)) = hosts.hosts.iter().find(|h| !seen.insert(**h)) {
+        return Err(LockError::config(format!(
+            "{var}: RedLock lists {host}:{port} twice: every master must be a different \
+             server, or one server would count as two votes"
+        )));
+    }
+    Ok(n)
+}
 
 /// The request timeout may be at most this fraction of the configured lease: an acquisition is
 /// two rounds of requests, each up to a request timeout, and only what is left of the lease
@@ -78,13 +126,9 @@ impl<T> Round<T> {
 
 impl RedLockBackend {
     /// The masters of a `redis+redlock://` URL, configured from `settings`; makes no connection.
-    pub(crate) fn from_settings(settings: &Settings) -> Result<Self, LockError> {
-        let BackendKind::RedLock(url) = &settings.backend else {
-            return Err(LockError::config("not a RedLock engine"));
-        };
-        let form = "redis+redlock://[user:password@]h1:p1,h2:p2,h3:p3";
-        let hosts = crate::url::HostList::parse("DLOCK_URL", url.as_str(), form)?;
-        let n = hosts.redlock_nodes("DLOCK_URL")?;
+    pub(crate) fn from_url(url: &EngineUrl, settings: &Settings) -> Result<Self, LockError> {
+        let hosts = HostList::parse("DLOCK_URL", url.as_str(), FORM)?;
+        let n = redlock_nodes(&hosts, "DLOCK_URL")?;
         let timeout = settings.request_timeout;
         if timeout * LEASE_PER_REQUEST_TIMEOUT > settings.expire {
             return Err(LockError::config(format!(
@@ -105,13 +149,10 @@ impl RedLockBackend {
             .into_iter()
             .zip(&hosts.hosts)
             .map(|(node_url, (host, port))| {
-                let node = Settings {
-                    backend: BackendKind::Redis(RedisUrl::trusted(&node_url)),
-                    ..settings.clone()
-                };
+                let node_url = EngineUrl::parse("DLOCK_URL", &node_url)?;
                 Ok(Node {
                     addr: format!("{host}:{port}"),
-                    redis: RedisBackend::from_settings(&node)?,
+                    redis: RedisBackend::from_url(&node_url, settings)?,
                 })
             })
             .collect::<Result<Vec<_>, LockError>>()?;
@@ -265,7 +306,7 @@ impl Backend for RedLockBackend {
                 .await;
                 let raised = raises.iter().filter(|ok| **ok).count();
                 // The guard's lease clock, which counts from the same instant, ends with this.
-                let valid = crate::guard::valid_until(started, request.lease) > Instant::now();
+                let valid = crate::lease::valid_until(started, request.lease) > Instant::now();
                 if valid && raised >= self.quorum {
                     return Ok(Attempt::acquired(fence));
                 }
@@ -356,11 +397,14 @@ impl Backend for RedLockBackend {
         })
     }
 
-    fn fair_order(&self) -> FairOrder {
-        FairOrder::Unsupported(
-            "RedLock's masters keep no common line of waiters, so no order among them can be \
-             promised; `fair` is not available on `redis+redlock://`",
-        )
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fair: FairOrder::Unsupported(
+                "RedLock's masters keep no common line of waiters, so no order among them can \
+                 be promised; `fair` is not available on `redis+redlock://`",
+            ),
+            ..Capabilities::default()
+        }
     }
 }
 
@@ -432,13 +476,52 @@ impl Drop for Forwarding {
 mod tests {
     use super::*;
 
-    fn settings(url: &str, expire: Duration, request_timeout: Duration) -> Settings {
-        Settings {
-            backend: crate::url::parse("DLOCK_URL", url).unwrap(),
+    fn from(
+        url: &str,
+        expire: Duration,
+        request_timeout: Duration,
+    ) -> Result<RedLockBackend, LockError> {
+        let url = EngineUrl::parse("DLOCK_URL", url)?;
+        let settings = Settings {
             expire,
             request_timeout,
             ..Settings::default()
+        };
+        RedLockBackend::from_url(&url, &settings)
+    }
+
+    #[test]
+    fn redlock_needs_an_odd_number_of_distinct_masters() {
+        for (url, why) in [
+            ("redis+redlock://u:s3cret@a:1", "at least 3"),
+            ("redis+redlock://u:s3cret@a:1,b:2", "at least 3"),
+            ("redis+redlock://u:s3cret@a:1,b:2,c:3,d:4", "odd number"),
+            (
+                "redis+redlock://u:s3cret@a:1,b:2,c:3,d:4,e:5,f:6",
+                "odd number",
+            ),
+            ("redis+redlock://u:s3cret@a:1,b:2,a:1", "twice"),
+            ("redis+redlock://u:s3cret@a:1,b:2,", "needs a port"),
+            ("redis+redlock://u:s3cret@a:1,b:2,:3", "host name is empty"),
+            ("redis+redlock://u:s3cret@", "no host"),
+        ] {
+            let err = EngineUrl::parse("DLOCK_URL", url).unwrap_err();
+            assert!(err.is_config(), "{url}: {err:?}");
+            let text = err.to_string();
+            assert!(
+                text.contains(why) && text.contains("DLOCK_URL"),
+                "{url}: {text}"
+            );
+            assert!(!text.contains("s3cret"), "{url}: {text}");
         }
+        for url in [
+            "redis+redlock://a:1,b:2,c:3",
+            "redis+redlock://u:pw@a:1,b:2,c:3,d:4,e:5",
+        ] {
+            assert_eq!(EngineUrl::parse("X", url).unwrap().engine(), "redlock");
+        }
+        let tls = EngineUrl::parse("X", "rediss+redlock://a:1,b:2,c:3");
+        assert_eq!(tls.is_ok(), cfg!(feature = "tls"), "{tls:?}");
     }
 
     #[test]
@@ -448,12 +531,7 @@ mod tests {
             ("redis+redlock://a:1,b:2,c:3,d:4,e:5", 3),
             ("redis+redlock://a:1,b:2,c:3,d:4,e:5,f:6,g:7", 4),
         ] {
-            let backend = RedLockBackend::from_settings(&settings(
-                url,
-                Duration::from_secs(30),
-                Duration::from_millis(500),
-            ))
-            .unwrap();
+            let backend = from(url, Duration::from_secs(30), Duration::from_millis(500)).unwrap();
             assert_eq!(backend.quorum, quorum, "{url}");
         }
     }
@@ -461,12 +539,7 @@ mod tests {
     #[test]
     fn a_request_timeout_near_the_lease_is_refused() {
         let url = "redis+redlock://u:s3cret@a:1,b:2,c:3";
-        let err = RedLockBackend::from_settings(&settings(
-            url,
-            Duration::from_secs(2),
-            Duration::from_millis(500),
-        ))
-        .unwrap_err();
+        let err = from(url, Duration::from_secs(2), Duration::from_millis(500)).unwrap_err();
         assert!(err.is_config(), "{err:?}");
         let text = err.to_string();
         assert!(
@@ -474,13 +547,6 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("s3cret"), "{text}");
-        assert!(
-            RedLockBackend::from_settings(&settings(
-                url,
-                Duration::from_millis(2500),
-                Duration::from_millis(500)
-            ))
-            .is_ok()
-        );
+        assert!(from(url, Duration::from_millis(2500), Duration::from_millis(500)).is_ok());
     }
 }

@@ -8,8 +8,17 @@ use std::{
 
 use tokio::time::Instant;
 
-use super::{Attempt, Backend, BoxFuture, Request, Token, Watch, Watchers};
+use super::{
+    Attempt, Backend, BoxFuture, Built, Capabilities, Request, Token, Watch, queue::Watchers,
+};
 use crate::error::BackendError;
+
+/// The embedded engine: `memory://`, the process's shared table.
+pub(super) const BUILT: Built = Built {
+    check: |_, _| Ok(()),
+    build: |_, _| Ok(Arc::new(MemoryBackend::shared())),
+    options: &[],
+};
 
 #[derive(Debug)]
 struct Entry {
@@ -213,8 +222,11 @@ impl Backend for MemoryBackend {
         Box::pin(std::future::ready(Ok(extended)))
     }
 
-    fn passes(&self) -> bool {
-        true
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            passes: true,
+            ..Capabilities::default()
+        }
     }
 
     fn pass<'a>(

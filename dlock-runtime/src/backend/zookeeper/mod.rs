@@ -46,13 +46,40 @@ use tokio::{
 use zookeeper_client::{Acls, Client, CreateMode, SessionState};
 
 use super::{
-    Attempt, Backend, BoxFuture, FairOrder, LossSignal, NextInLine, Request, Token, Watch,
+    Attempt, Backend, BoxFuture, Built, Capabilities, EngineOption, FairOrder, LossSignal, Request,
+    Token, Watch, option, queue::NextInLine,
 };
-use crate::{
-    LockError,
-    config::{BackendKind, Settings},
-    error::BackendError,
+use crate::{LockError, config::Settings, error::BackendError, url::EngineUrl};
+
+/// ZooKeeper: `zk://h1:p1,h2:p2[/chroot]`.
+pub(super) const BUILT: Built = Built {
+    check: |var, url| connect_string(var, url).map(drop),
+    build: |url, settings| Ok(Arc::new(ZooKeeperBackend::from_url(url, settings)?)),
+    options: &[SESSION_TIMEOUT],
 };
+
+/// `session_timeout=10s` (alias `DLOCK_ZK_SESSION_TIMEOUT`): the session timeout asked of
+/// ZooKeeper, how long a crashed or paused holder keeps its lock at most, and how long a lost
+/// connection may last without losing anything.
+const SESSION_TIMEOUT: EngineOption = EngineOption {
+    name: "session_timeout",
+    var: "DLOCK_ZK_SESSION_TIMEOUT",
+    check: |value| parse_session_timeout(value).map(drop),
+};
+
+/// The default session timeout: 10s rides out a leader election (a few seconds) and sits inside
+/// the servers' default bounds (4s to 40s with the default `tickTime` of 2s); Curator's 60s
+/// keeps a dead holder's lock six times as long.
+const DEFAULT_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
+const FORM: &str = "zk://h1:p1,h2:p2[/chroot][?session_timeout=10s]";
+
+fn parse_session_timeout(value: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(value.trim()) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => Err("expected a positive duration like `10s`".to_owned()),
+    }
+}
 
 /// The name Curator's `InterProcessMutex` gives its nodes after the protected prefix.
 const LOCK_NAME: &str = "lock-";
@@ -390,6 +417,21 @@ impl fmt::Debug for ZooKeeperBackend {
     }
 }
 
+/// What an acquisition's entry says of its place in line, for its next attempt.
+struct Known {
+    /// The lock node (the line).
+    dir: String,
+    /// Its protected prefix, `_c_<uuid>-lock-`.
+    protected: String,
+    /// Its node, once known.
+    node: Option<String>,
+    /// An attempt granted it.
+    granted: bool,
+    /// The entry was there before this attempt (a create whose reply was lost may have made a
+    /// node).
+    was_known: bool,
+}
+
 /// What one look at the line found.
 enum Place {
     /// First, with this fence.
@@ -401,11 +443,13 @@ enum Place {
 }
 
 impl ZooKeeperBackend {
-    pub(crate) fn from_settings(settings: &Settings) -> Result<Self, LockError> {
-        let BackendKind::ZooKeeper(url) = &settings.backend else {
-            return Err(LockError::config("not a ZooKeeper engine"));
+    pub(crate) fn from_url(url: &EngineUrl, settings: &Settings) -> Result<Self, LockError> {
+        let connect = connect_string("DLOCK_URL", url.as_str())?;
+        let session_timeout = match option(url, settings, SESSION_TIMEOUT.name) {
+            Some((value, from)) => parse_session_timeout(value)
+                .map_err(|why| LockError::config(format!("{from}: {why}")))?,
+            None => DEFAULT_SESSION_TIMEOUT,
         };
-        let connect = connect_string("DLOCK_URL", url)?;
         if let Some(why) = prefix_error(&settings.key_prefix) {
             return Err(LockError::config(format!(
                 "DLOCK_KEY_PREFIX: on ZooKeeper, {why}"
@@ -414,7 +458,7 @@ impl ZooKeeperBackend {
         Ok(Self {
             conn: Arc::new(Conn {
                 connect,
-                session_timeout: settings.zk_session_timeout,
+                session_timeout,
                 request_timeout: settings.request_timeout,
                 current: Mutex::new(None),
                 connecting: tokio::sync::Mutex::new(0),
@@ -426,6 +470,99 @@ impl ZooKeeperBackend {
 
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The acquisition's entry, made when it has none: its lock node (the line), its protected
+    /// prefix, its node once known, and whether an attempt granted it. `None` when its session
+    /// ended (its node went with it): the entry is dropped, to join again.
+    fn entry_for(
+        &self,
+        session: &Session,
+        request: &Request<'_>,
+    ) -> Result<Option<Known>, BackendError> {
+        let token = request.token;
+        let known = self.entries().get(&token.0).map(|e| {
+            let known = Known {
+                dir: e.dir.clone(),
+                protected: e.protected.clone(),
+                node: e.node.clone(),
+                granted: e.granted,
+                was_known: true,
+            };
+            (known, e.epoch)
+        });
+        if let Some((known, epoch)) = known {
+            if epoch == session.epoch {
+                return Ok(Some(known));
+            }
+            self.entries().remove(&token.0);
+            return Ok(None);
+        }
+        let dir = path_of(self.prefix_len, request.key);
+        let protected = protected_prefix()?;
+        self.entries().insert(
+            token.0.clone(),
+            Entry {
+                dir: dir.clone(),
+                protected: protected.clone(),
+                node: None,
+                epoch: session.epoch,
+                granted: false,
+                deadline: None,
+                timer: None,
+                gone: watch::channel(false).0,
+                predecessor: None,
+                waiting: None,
+            },
+        );
+        Ok(Some(Known {
+            dir,
+            protected,
+            node: None,
+            granted: false,
+            was_known: false,
+        }))
+    }
+
+    /// The acquisition's node in line: the one it has, one a create whose reply was lost made
+    /// (found by its uuid, Curator's protected mode), or a new one. `None` when it must start
+    /// again (its session ended).
+    async fn node_in_line(
+        &self,
+        session: &Session,
+        request: &Request<'_>,
+    ) -> Result<Option<(String, String, bool)>, BackendError> {
+        let Some(Known {
+            dir,
+            protected,
+            node,
+            granted,
+            was_known,
+        }) = self.entry_for(session, request)?
+        else {
+            return Ok(None);
+        };
+        if let Some(node) = node {
+            return Ok(Some((dir, node, granted)));
+        }
+        let found = if was_known {
+            self.find(session, &dir, &protected).await?
+        } else {
+            None
+        };
+        let node = match found {
+            Some(node) => {
+                if let Some(entry) = self.entries().get_mut(&request.token.0) {
+                    entry.node = Some(node.clone());
+                }
+                node
+            }
+            None => match self.enter(session, request.token, &dir, &protected).await? {
+                Some(node) => node,
+                None => return Ok(None),
+            },
+        };
+        Ok(Some((dir, node, granted)))
     }
 
     /// Creates the entry's node (or finds the one an earlier create with a lost reply made):
@@ -742,8 +879,8 @@ fn protected_prefix() -> Result<String, BackendError> {
 }
 
 /// `zk://h1:p1,h2:p2[/chroot]` as `zookeeper-client`'s connection string.
-pub(crate) fn connect_string(var: &str, url: &str) -> Result<String, LockError> {
-    let form = "zk://h1:p1,h2:p2[/chroot]";
+fn connect_string(var: &str, url: &str) -> Result<String, LockError> {
+    let form = FORM;
     let hosts = crate::url::HostList::parse(var, url, form)?;
     if hosts.userinfo.is_some() {
         return Err(LockError::config(format!(
@@ -751,11 +888,14 @@ pub(crate) fn connect_string(var: &str, url: &str) -> Result<String, LockError> 
              supported); expected `{form}`"
         )));
     }
-    if hosts.query.is_some() {
-        return Err(LockError::config(format!(
-            "{var}: `zk://` takes no query; expected `{form}` (the session timeout is \
-             DLOCK_ZK_SESSION_TIMEOUT)"
-        )));
+    for (name, value) in crate::url::query_params(url) {
+        if name != SESSION_TIMEOUT.name {
+            return Err(LockError::config(format!(
+                "{var}: `zk://` takes no `{name}` option; expected `{form}`"
+            )));
+        }
+        parse_session_timeout(value)
+            .map_err(|why| LockError::config(format!("{var}: `{name}`: {why}")))?;
     }
     let chroot = hosts.path.trim_end_matches('/');
     if !chroot.is_empty()
@@ -795,67 +935,10 @@ impl Backend for ZooKeeperBackend {
                         queued: true,
                     });
                 }
-                let known = self.entries().get(&token.0).map(|e| {
-                    (
-                        e.dir.clone(),
-                        e.protected.clone(),
-                        e.node.clone(),
-                        e.epoch,
-                        e.granted,
-                    )
-                });
-                let was_known = known.is_some();
-                let (dir, protected, node, granted) = match known {
-                    Some((_, _, _, epoch, _)) if epoch != session.epoch => {
-                        // Its session ended, and its node with it: join again, at the end.
-                        self.entries().remove(&token.0);
-                        continue;
-                    }
-                    Some((dir, protected, node, _, granted)) => (dir, protected, node, granted),
-                    None => {
-                        let dir = path_of(self.prefix_len, request.key);
-                        let protected = protected_prefix()?;
-                        self.entries().insert(
-                            token.0.clone(),
-                            Entry {
-                                dir: dir.clone(),
-                                protected: protected.clone(),
-                                node: None,
-                                epoch: session.epoch,
-                                granted: false,
-                                deadline: None,
-                                timer: None,
-                                gone: watch::channel(false).0,
-                                predecessor: None,
-                                waiting: None,
-                            },
-                        );
-                        (dir, protected, None, false)
-                    }
-                };
-                let node = match node {
-                    Some(node) => node,
-                    None => {
-                        // A create whose reply was lost may have made it: found by its uuid
-                        // (Curator's protected mode), else created now.
-                        let found = if was_known {
-                            self.find(&session, &dir, &protected).await?
-                        } else {
-                            None
-                        };
-                        match found {
-                            Some(node) => {
-                                if let Some(entry) = self.entries().get_mut(&token.0) {
-                                    entry.node = Some(node.clone());
-                                }
-                                node
-                            }
-                            None => match self.enter(&session, token, &dir, &protected).await? {
-                                Some(node) => node,
-                                None => continue,
-                            },
-                        }
-                    }
+                let Some((dir, node, granted)) = self.node_in_line(&session, &request).await?
+                else {
+                    // Its session ended, and its node with it: join again, at the end.
+                    continue;
                 };
                 match self.place(&session, &dir, &node, granted).await? {
                     Place::First(fence) => {
@@ -991,7 +1074,7 @@ impl Backend for ZooKeeperBackend {
                 .as_ref()?
                 .notify
                 .clone();
-            Some(Watch::new(notify, NextInLine::default(), ()).reliable())
+            Some(Watch::new(notify, NextInLine::default(), ()))
         })
     }
 
@@ -1032,8 +1115,12 @@ impl Backend for ZooKeeperBackend {
         })
     }
 
-    fn fair_order(&self) -> FairOrder {
-        FairOrder::Native
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fair: FairOrder::Native,
+            passes: false,
+            reliable_wake_up: true,
+        }
     }
 
     fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>> {
@@ -1156,11 +1243,16 @@ mod tests {
             connect_string("X", "zk://a:1,b:2/app/locks/").unwrap(),
             "a:1,b:2/app/locks"
         );
+        assert_eq!(
+            connect_string("X", "zk://a:1/app?session_timeout=4s").unwrap(),
+            "a:1/app"
+        );
         for bad in [
             "zk://a",
             "zk://u:pw@a:1",
             "zk://a:1/x//y",
             "zk://a:1?x=1",
+            "zk://a:1?session_timeout=0s",
             "zk://a:1/..",
         ] {
             let err = connect_string("DLOCK_URL", bad).unwrap_err().to_string();

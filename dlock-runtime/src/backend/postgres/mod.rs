@@ -16,15 +16,20 @@ use std::{
 
 use tokio_postgres::{AsyncMessage, Client, NoTls, Statement, config::SslMode, error::SqlState};
 
-use super::{Attempt, Backend, BoxFuture, Queued, Request, Token, Watch, Watchers};
+use super::{
+    Attempt, Backend, BoxFuture, Built, Request, Token, Watch,
+    queue::{Queued, Watchers},
+};
 
 #[cfg(feature = "tls")]
-#[path = "postgres_tls.rs"]
 mod tls;
-use crate::{
-    LockError,
-    config::{BackendKind, Settings},
-    error::BackendError,
+use crate::{LockError, config::Settings, error::BackendError, url::EngineUrl};
+
+/// PostgreSQL: `postgres://`, `postgresql://` (libpq's URL form).
+pub(super) const BUILT: Built = Built {
+    check: check_url,
+    build: |url, settings| Ok(Arc::new(PostgresBackend::from_url(url, settings)?)),
+    options: &[],
 };
 
 /// The table and the sequence, as `README.md` gives them to operators who create them
@@ -184,7 +189,7 @@ UPDATE dlock_locks SET expires_at = clock_timestamp() + $3::bigint * interval '1
 const MAX_KEY_BYTES: usize = 2600;
 
 /// Checks an engine URL as the driver reads it; no password in any error.
-pub(crate) fn check_url(var: &str, url: &str) -> Result<(), LockError> {
+fn check_url(var: &str, url: &str) -> Result<(), LockError> {
     let config = parse(var, url)?;
     if config.get_hosts().is_empty() {
         // libpq falls back to a local socket; say where instead of guessing.
@@ -332,10 +337,7 @@ impl Op<'_> {
 
 impl PostgresBackend {
     /// The backend of a `postgres://` URL; makes no connection.
-    pub(crate) fn from_settings(settings: &Settings) -> Result<Self, LockError> {
-        let BackendKind::Postgres(url) = &settings.backend else {
-            return Err(LockError::config("not a PostgreSQL engine"));
-        };
+    pub(crate) fn from_url(url: &EngineUrl, settings: &Settings) -> Result<Self, LockError> {
         if settings.key_prefix.contains('\0') {
             return Err(LockError::config(
                 "DLOCK_KEY_PREFIX: on PostgreSQL the prefix cannot hold a NUL byte (a `text` \

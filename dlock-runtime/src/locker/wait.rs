@@ -1,0 +1,542 @@
+//! The wait: one acquisition, from its first attempt to a guard or an error, as named steps.
+//!
+//! 1. [`join_line_first`](Wait::join_line_first): fair waiters, waiters on an engine with a
+//!    line of its own, and waiters of a key this process already waits for queue in the
+//!    in-process line before asking the engine.
+//! 2. Each round: [`take_answer`](Wait::take_answer) (the offer to take the lock from a holder
+//!    of this locker is withdrawn, or its answer awaited), then [`attempt`](Wait::attempt)
+//!    (one request, unless nothing can have changed), then, refused,
+//!    [`refused`](Wait::refused) (join the line, arm the wake-up) and
+//!    [`pause`](Wait::pause) (until a wake-up, a pass, the deadline or closing).
+//! 3. [`holding`](Wait::holding) makes the guard; [`give_up`](Wait::give_up) removes what the
+//!    wait put in the engine and says why it failed.
+
+use std::{pin::Pin, time::Duration};
+
+use tokio::{
+    sync::{Notify, futures::Notified},
+    time::Instant,
+};
+
+use super::{
+    Locker,
+    line::{Passed, Turn},
+    release::OrphanCleanup,
+};
+use crate::{
+    LockError, LockGuard, LockOptions,
+    backend::{Attempt, FairOrder, Request, Token, Watch, queue::Queued},
+    error::BackendError,
+    guard::Hold,
+    lease::{Grant, Lease, far_future},
+};
+
+/// The fallback pause of a waiter whose wake-up is a watch on its predecessor in line.
+const RELIABLE_WATCH_PAUSE: Duration = Duration::from_secs(1);
+
+/// One acquisition's wait, between its steps.
+pub(super) struct Wait<'a> {
+    locker: &'a Locker,
+    options: &'a LockOptions,
+    lease: Lease,
+    timeout: Duration,
+    started: Instant,
+    deadline: Instant,
+    /// The key and token, and what must be removed should the wait end without the lock.
+    /// Before `turn`: a dropped wait withdraws its offer to take the lock while it is still
+    /// first in line, so the next waiter never finds one there.
+    orphan: OrphanCleanup<'a>,
+    /// First in the key's in-process line.
+    turn: Option<Turn<'a>>,
+    /// The release wake-up: armed before the first attempt when the wait starts in line, else
+    /// after the first refusal. An uncontended acquisition asks for none, nor does a single
+    /// attempt.
+    watch: Option<Watch>,
+    watch_asked: bool,
+    /// A holder's answer to this waiter's offer to take the lock, once it came.
+    passed: Option<Passed>,
+    /// The waiter before this one took the lock, having heard this many release wake-ups:
+    /// nothing to ask until another comes.
+    handed_on: Option<u64>,
+    attempts: u32,
+    last_error: Option<BackendError>,
+    /// An error that ends the wait at once (the OS random generator failed).
+    fatal: Option<LockError>,
+}
+
+/// What an attempt came to.
+enum Attempted {
+    Acquired(Grant),
+    /// Try again at once (the wait just joined its line, or armed its wake-up).
+    Again,
+    /// Refused: pause, no longer than the holder's remaining lease when it is known.
+    Refused(Option<Duration>),
+    GiveUp,
+}
+
+impl<'a> Wait<'a> {
+    pub(super) fn new(
+        locker: &'a Locker,
+        key: String,
+        timeout: Duration,
+        lease: Lease,
+        options: &'a LockOptions,
+    ) -> Result<Self, LockError> {
+        let started = Instant::now();
+        Ok(Self {
+            locker,
+            options,
+            lease,
+            timeout,
+            started,
+            deadline: started.checked_add(timeout).unwrap_or_else(far_future),
+            orphan: OrphanCleanup {
+                runtime: tokio::runtime::Handle::try_current().ok(),
+                locker,
+                key,
+                token: Token::generate()?,
+                armed: false,
+                baton: None,
+            },
+            turn: None,
+            watch: None,
+            watch_asked: !locker.inner.settings.notify || timeout.is_zero(),
+            passed: None,
+            handed_on: None,
+            attempts: 0,
+            last_error: None,
+            fatal: None,
+        })
+    }
+
+    pub(super) async fn run(mut self) -> Result<LockGuard, LockError> {
+        if !self.join_line_first().await? {
+            return Err(self.orphan.timed_out(self.started, self.options.name));
+        }
+        loop {
+            match self.take_answer().await {
+                Ok(Some(grant)) => return Ok(self.holding(grant)),
+                Ok(None) if !self.locker.is_closing() => {}
+                // Late, or closing.
+                Ok(None) | Err(()) => break,
+            }
+            // Armed before the request, so a release published while it is in flight still
+            // wakes this waiter.
+            let notify = self.watch.as_ref().map(Watch::notify);
+            let mut notified = std::pin::pin!(notify.as_deref().map(Notify::notified));
+            if let Some(notified) = notified.as_mut().as_pin_mut() {
+                notified.enable();
+            }
+            let holder_ttl = match self.attempt().await {
+                Attempted::Acquired(grant) => return Ok(self.holding(grant)),
+                Attempted::Again => continue,
+                Attempted::Refused(ttl) => ttl,
+                Attempted::GiveUp => break,
+            };
+            if Instant::now() >= self.deadline {
+                break;
+            }
+            self.passed = self
+                .pause(
+                    holder_ttl,
+                    notified.as_mut().as_pin_mut(),
+                    notify.as_deref(),
+                )
+                .await;
+        }
+        self.give_up().await
+    }
+
+    fn queue_engine(&self) -> bool {
+        self.locker.inner.capabilities.fair == FairOrder::Queue
+    }
+
+    /// The in-process line before the first attempt (see `Lines`): for a fair waiter (even a
+    /// single attempt asks from the line's place, so it never passes the queue), and for any
+    /// waiter on an engine with its own line or of a key that has waiters here already;
+    /// otherwise a waiter joins after its first refusal, so an uncontended acquisition pays one
+    /// atomic read for it. `false` when the deadline (or closing) came first.
+    async fn join_line_first(&mut self) -> Result<bool, LockError> {
+        let native_line = self.locker.inner.capabilities.fair == FairOrder::Native;
+        let lines = &self.locker.inner.lines;
+        let key = &self.orphan.key;
+        if !(self.options.fair || (!self.timeout.is_zero() && (native_line || lines.busy(key)))) {
+            return Ok(true);
+        }
+        let Some(first) = lines.turn(self.locker, key, self.deadline).await? else {
+            return Ok(false);
+        };
+        self.handed_on = first.handed_on().filter(|_| self.queue_engine());
+        self.arm_from_line();
+        self.turn = Some(first);
+        Ok(true)
+    }
+
+    /// The waiters ahead in this process subscribed, most likely: the wake-up is armed from
+    /// that, with no I/O.
+    fn arm_from_line(&mut self) {
+        if !self.watch_asked {
+            self.watch = (self.locker.backend()).watching(&self.orphan.key, &self.orphan.token);
+            self.watch_asked = self.watch.is_some();
+        }
+    }
+
+    /// Arms the release wake-up (a subscription already up, or a new one).
+    async fn arm_wake_up(&mut self) {
+        self.watch_asked = true;
+        self.watch = self
+            .locker
+            .wake_up(&self.orphan.key, &self.orphan.token)
+            .await;
+    }
+
+    /// The offer to take the lock from a holder is withdrawn before anything else; when a holder
+    /// took it, its answer is awaited instead (the key may be this waiter's by now). `Ok(Some)`:
+    /// the lock was passed; `Err(())`: the answer came after the deadline without the lock,
+    /// which ends the wait (no attempt is made after the deadline).
+    async fn take_answer(&mut self) -> Result<Option<Grant>, ()> {
+        let mut late = false;
+        let orphan = &mut self.orphan;
+        if self.passed.is_none()
+            && let Some((line, answer)) = orphan.baton.as_mut()
+            && !line.withdraw(&orphan.token)
+        {
+            self.passed = Some(answer.await.unwrap_or(Passed::Unknown));
+            late = Instant::now() > self.deadline;
+        }
+        orphan.baton = None;
+        match self.passed.take() {
+            Some(Passed::Held { fence, sent_at }) => {
+                tracing::debug!(attempts = self.attempts, waited = ?self.started.elapsed(), fencing_token = fence, "lock passed by a holder of this locker");
+                if let Some(t) = &self.turn {
+                    t.line
+                        .passes
+                        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                }
+                let lease = self.lease;
+                return Ok(Some(Grant {
+                    fence,
+                    sent_at,
+                    lease,
+                    lost: None,
+                }));
+            }
+            // The holder had lost it; or the pass may have made the key this waiter's, which its
+            // next attempt recognises (and giving up removes).
+            Some(Passed::Refused) | None => {}
+            Some(Passed::Unknown) => orphan.armed = true,
+        }
+        if late { Err(()) } else { Ok(None) }
+    }
+
+    /// One request to the engine, unless the lock was handed on within this process and no
+    /// release was heard since (read after the wake-up was armed, so a release from now on
+    /// wakes this waiter).
+    async fn attempt(&mut self) -> Attempted {
+        let quiet = (self.handed_on.take())
+            .zip(self.watch.as_ref())
+            .is_some_and(|(at, watch)| watch.heard() == at);
+        if quiet {
+            return Attempted::Refused(None);
+        }
+        self.attempts += 1;
+        let liveness = waiter_liveness(&self.locker.inner.settings);
+        let queue = (self.turn.as_ref())
+            .filter(|_| self.queue_engine())
+            .map(|t| Queued {
+                place: &t.line.place,
+                liveness,
+                keep: t.others_waiting(),
+                strict: self.options.fair,
+            });
+        if let (Some(t), Some(_)) = (&self.turn, queue) {
+            t.line
+                .queued
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+        let (in_queue, gives_up_place) = (queue.is_some(), queue.is_some_and(|q| !q.keep));
+        let request = Request {
+            key: &self.orphan.key,
+            token: &self.orphan.token,
+            lease: self.lease.length,
+            queue,
+        };
+        let sent_at = Instant::now();
+        // Until a definite answer arrives, the request may have set the key.
+        let was_armed = self.orphan.armed;
+        self.orphan.armed = true;
+        match self.locker.backend().acquire(request).await {
+            Ok(Attempt::Acquired {
+                fence,
+                granted,
+                lost,
+            }) => {
+                tracing::debug!(attempts = self.attempts, waited = ?self.started.elapsed(), fencing_token = fence, "lock acquired");
+                if let Some(t) = &self.turn {
+                    t.line.passes.store(0, std::sync::atomic::Ordering::Release);
+                    if gives_up_place {
+                        t.line
+                            .queued
+                            .store(false, std::sync::atomic::Ordering::Release);
+                    }
+                }
+                let lease = self.lease.granted(granted);
+                Attempted::Acquired(Grant {
+                    fence,
+                    sent_at,
+                    lease,
+                    lost,
+                })
+            }
+            Ok(Attempt::Held { ttl, queued }) => {
+                // A definite "not ours" clears nothing an earlier lost reply may have set; a
+                // place in line of this token (an engine with a line) goes with the wait.
+                self.orphan.armed = was_armed || (queued && !in_queue);
+                self.last_error = None;
+                self.refused(ttl).await
+            }
+            Err(error) => {
+                // Said once, when the wait gives up (an outage is one line per failed
+                // acquisition, not one per attempt). A refusal that asking again cannot cure
+                // (a permission, a key of another type) ends the wait now; the cleanup stays
+                // armed: a script refused half-way may have set the key.
+                tracing::debug!(error = %error, "lock backend error");
+                let refused = error.is_refused();
+                self.last_error = Some(error);
+                if refused {
+                    Attempted::GiveUp
+                } else {
+                    Attempted::Refused(None)
+                }
+            }
+        }
+    }
+
+    /// After a refusal: a wait not yet in line waits behind this process's other waiters of
+    /// the key, then tries at once (the lock may have changed hands meanwhile); one that has no
+    /// wake-up arms it, then tries at once (the release may have come before it was armed).
+    async fn refused(&mut self, ttl: Option<Duration>) -> Attempted {
+        if self.turn.is_none() && !self.timeout.is_zero() {
+            let lines = &self.locker.inner.lines;
+            match lines
+                .turn(self.locker, &self.orphan.key, self.deadline)
+                .await
+            {
+                Ok(Some(first)) if first.waited => {
+                    self.handed_on = first.handed_on().filter(|_| self.queue_engine());
+                    self.turn = Some(first);
+                    self.arm_from_line();
+                    return Attempted::Again;
+                }
+                Ok(Some(first)) => {
+                    self.turn = Some(first);
+                    if self.queue_engine() {
+                        // Not in the engine's queue yet: arm the wake-up, then join the queue
+                        // with the next attempt.
+                        if !self.watch_asked {
+                            self.arm_wake_up().await;
+                        }
+                        return Attempted::Again;
+                    }
+                    // First in line at once: this refusal stands; wait as usual.
+                }
+                Ok(None) => return Attempted::GiveUp,
+                Err(error) => {
+                    self.fatal = Some(error);
+                    return Attempted::GiveUp;
+                }
+            }
+        }
+        if !self.watch_asked && Instant::now() < self.deadline {
+            self.arm_wake_up().await;
+            if self.watch.is_some() {
+                return Attempted::Again;
+            }
+        }
+        Attempted::Refused(ttl)
+    }
+
+    /// How long to sleep: a jittered pause (`DLOCK_RETRY`; a slow safety net when a watch on
+    /// the predecessor signals every change that matters), never past the deadline nor the
+    /// holder's remaining lease (an expired lease publishes nothing).
+    fn pause_length(&self, holder_ttl: Option<Duration>) -> Duration {
+        let (min, max) = if self.watch.is_some() && self.locker.inner.capabilities.reliable_wake_up
+        {
+            (RELIABLE_WATCH_PAUSE, RELIABLE_WATCH_PAUSE)
+        } else {
+            self.locker.inner.settings.retry
+        };
+        let mut pause =
+            jitter(min, max).min(self.deadline.saturating_duration_since(Instant::now()));
+        if let Some(ttl) = holder_ttl {
+            pause = pause.min(ttl.max(Duration::from_millis(1)));
+        }
+        pause
+    }
+
+    /// Sleeps until a release wakes this waiter, a holder of this locker answers its offer to
+    /// take the lock (made here, when the engine passes), the pause ends, or the locker closes;
+    /// the holder's answer, if that came.
+    async fn pause(
+        &mut self,
+        holder_ttl: Option<Duration>,
+        notified: Option<Pin<&mut Notified<'_>>>,
+        notify: Option<&Notify>,
+    ) -> Option<Passed> {
+        let wake_at = Instant::now() + self.pause_length(holder_ttl);
+        let offers = !self.options.fair && self.locker.inner.capabilities.passes;
+        if offers && let Some(t) = &self.turn {
+            let offer = t.line.offer(&self.orphan.token, self.lease.length);
+            self.orphan.baton = Some((t.line.clone(), offer));
+        }
+        // Who a release must name for this waiter to look: its line's place in the queue;
+        // anyone, on an engine without one.
+        let me = (self.turn.as_ref())
+            .filter(|_| self.locker.inner.capabilities.fair == FairOrder::Queue)
+            .map(|t| &t.line.place);
+        let answer = &mut self.orphan.baton;
+        let answer = std::pin::pin!(async move {
+            match answer {
+                Some((_, answer)) => answer.await.unwrap_or(Passed::Unknown),
+                None => std::future::pending().await,
+            }
+        });
+        let sleep = std::pin::pin!(tokio::time::sleep_until(wake_at));
+        let closing = std::pin::pin!(self.locker.inner.closing.cancelled());
+        let wake_up = match (notified, &self.watch, notify) {
+            (Some(first), Some(watch), Some(notify)) => Some((first, watch, notify)),
+            _ => None,
+        };
+        sleep_until_woken(wake_up, me, answer, sleep, closing).await
+    }
+
+    /// The guard of the hold the wait got. The waiter leaves its line holding the lock, having
+    /// heard so many release wake-ups: the next waiter there asks nothing until another comes
+    /// (or a pass does).
+    fn holding(self, grant: Grant) -> LockGuard {
+        let heard = self.watch.as_ref().map(Watch::heard);
+        let Self {
+            locker,
+            options,
+            orphan,
+            turn,
+            ..
+        } = self;
+        if let Some(mut t) = turn {
+            t.leaving_holder = Some(heard);
+        }
+        let (key, token) = orphan.disarm();
+        let hold = Hold::new(locker.clone(), key, token, &grant, options.name);
+        hold.follow_engine(grant.lost);
+        LockGuard::new(hold, grant.lease, options.max_hold)
+    }
+
+    /// What the wait put in the engine goes before it returns: a lock an ambiguous attempt may
+    /// have set, its place in line, the line's place in the queue when it was the last waiter
+    /// here. The offer is withdrawn while the waiter is still first in line. Then one event
+    /// per failed acquisition, saying what it left to lapse, if anything.
+    async fn give_up(self) -> Result<LockGuard, LockError> {
+        let Self {
+            locker,
+            options,
+            lease,
+            started,
+            orphan,
+            mut turn,
+            attempts,
+            last_error,
+            fatal,
+            ..
+        } = self;
+        let (key, token) = orphan.give_up();
+        let place = turn.as_mut().and_then(Turn::depart);
+        drop(turn);
+        let left = locker
+            .remove_leftovers(&key, token, place, lease.length)
+            .await;
+        let left = left.as_deref();
+        let waited = started.elapsed();
+        let name = options.name;
+        if let Some(error) = fatal {
+            return Err(error);
+        }
+        if locker.is_closing() {
+            tracing::debug!(key = %key, name, attempts, ?waited, left, "lock wait ended: the locker was closed");
+            return Err(LockError::Closed { key });
+        }
+        match last_error {
+            Some(error) if error.is_refused() => {
+                tracing::error!(key = %key, name, attempts, ?waited, error = %error, left, "lock backend refused the acquisition");
+                Err(LockError::Backend(error))
+            }
+            Some(error) => {
+                tracing::error!(key = %key, name, attempts, ?waited, error = %error, left, "lock backend unreachable until the deadline");
+                Err(LockError::Backend(error))
+            }
+            None if left.is_some() => {
+                tracing::warn!(key = %key, name, attempts, ?waited, left, "lock wait timed out; what it left in the engine lapses on its own");
+                Err(LockError::Timeout { key, waited })
+            }
+            None => {
+                tracing::info!(key = %key, name, attempts, ?waited, "lock wait timed out");
+                Err(LockError::Timeout { key, waited })
+            }
+        }
+    }
+}
+
+/// The pause itself: until `sleep` ends, the wake-up rings (for this waiter's place `me`, on an
+/// engine whose releases name one: the others keep waiting instead of all asking at once), a
+/// holder answers (`answer`), or the locker closes.
+async fn sleep_until_woken(
+    wake_up: Option<(Pin<&mut Notified<'_>>, &Watch, &Notify)>,
+    me: Option<&Token>,
+    mut answer: Pin<&mut impl std::future::Future<Output = Passed>>,
+    mut sleep: Pin<&mut tokio::time::Sleep>,
+    mut closing: Pin<&mut impl std::future::Future<Output = ()>>,
+) -> Option<Passed> {
+    let Some((first, watch, notify)) = wake_up else {
+        return tokio::select! {
+            () = &mut sleep => None,
+            answer = &mut answer => Some(answer),
+            () = &mut closing => None,
+        };
+    };
+    let mut woken = tokio::select! {
+        () = &mut sleep => false,
+        () = first => true,
+        answer = &mut answer => return Some(answer),
+        () = &mut closing => return None,
+    };
+    while woken
+        && let Some(me) = me
+        && !watch.may_be_for(me)
+    {
+        let mut again = std::pin::pin!(notify.notified());
+        again.as_mut().enable();
+        if watch.may_be_for(me) {
+            break;
+        }
+        woken = tokio::select! {
+            () = &mut sleep => false,
+            () = again => true,
+            answer = &mut answer => return Some(answer),
+            () = &mut closing => return None,
+        };
+    }
+    None
+}
+
+/// How long a fair waiter keeps its place in the queue without trying again: several of its
+/// longest pauses plus the longest a slow attempt and subscription can take (four request
+/// timeouts), so only a waiter that is gone loses its place.
+fn waiter_liveness(settings: &crate::config::Settings) -> Duration {
+    (settings.retry.1 * 4 + settings.request_timeout * 4).max(Duration::from_millis(250))
+}
+
+/// A uniformly random pause in `min..=max`.
+fn jitter(min: Duration, max: Duration) -> Duration {
+    let span = u64::try_from((max - min).as_micros()).unwrap_or(u64::MAX);
+    let r = getrandom::u64().unwrap_or(0);
+    min + Duration::from_micros(if span == 0 { 0 } else { r % (span + 1) })
+}
