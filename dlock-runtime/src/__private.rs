@@ -2,8 +2,8 @@
 
 use std::{future::Future, pin::pin, task::Poll};
 
+use crate::guard::{Hold, in_scope};
 pub use crate::{LockError, LockGuard, LockOptions, Locker};
-use crate::{guard::Hold, scope::in_scope};
 
 /// The key text of a template.
 #[must_use]
@@ -59,6 +59,13 @@ pub async fn attempt_twice(
     lease: std::time::Duration,
 ) -> Result<(u64, LockGuard), LockError> {
     locker.attempt_twice(key, lease).await
+}
+
+/// Test support: the names of the engines compiled in (`redis`, `zookeeper`, …), from the
+/// table of engines, so the shared suite can check it runs on each.
+#[must_use]
+pub fn engines() -> Vec<&'static str> {
+    crate::backend::compiled_engines()
 }
 
 /// What a locked function does when its lease is lost while the body runs.

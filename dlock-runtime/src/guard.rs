@@ -1,4 +1,6 @@
-//! What a holder holds: the guard, its lease on the client's clock, and the watchdog.
+//! What a holder holds: the guard, its lease on the client's clock, the watchdog, and the
+//! holder scope (which holds the locked bodies running on a task have, for re-entry and
+//! [`fencing_token`]).
 
 use std::{
     sync::{
@@ -12,9 +14,10 @@ use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
 use crate::{
     LockError, Locker,
-    backend::Token,
+    backend::{BoxFuture, Token},
+    error::BackendError,
     lease::{Grant, Lease, valid_until},
-    locker::spawn_release,
+    locker::{HeldLock, release::spawn_release},
 };
 
 /// The hold as the client sees it.
@@ -87,7 +90,8 @@ impl Hold {
             released: AtomicBool::new(false),
             name,
         });
-        locker.register_hold(id, &hold);
+        let weak: std::sync::Weak<dyn HeldLock> = Arc::downgrade(&hold) as std::sync::Weak<Self>;
+        locker.register_hold(id, weak);
         hold
     }
 
@@ -95,22 +99,6 @@ impl Hold {
     /// was closed, or the last guard released it).
     pub(crate) fn claim_release(&self) -> bool {
         !self.released.swap(true, Ordering::AcqRel)
-    }
-
-    /// What [`Locker::close`] does to a hold a guard still has: the hold is lost (a body
-    /// stopped on loss stops), renewal stops, and the key is released, unless its release was
-    /// sent already.
-    pub(crate) async fn close(&self) -> Result<(), crate::error::BackendError> {
-        self.mark_lost("the locker was closed");
-        self.stop_watchdog();
-        if !self.claim_release() {
-            return Ok(());
-        }
-        self.locker
-            .backend()
-            .release(&self.key, &self.token)
-            .await
-            .map(drop)
     }
 
     fn stop_watchdog(&self) {
@@ -126,7 +114,7 @@ impl Hold {
 
     /// Marks the hold lost when the engine reports it gone (`signal`), for as long as the hold
     /// lives: the task ends with the hold, or once it is lost anyway.
-    pub(crate) fn follow_engine(self: &Arc<Self>, signal: Option<crate::backend::LossSignal>) {
+    pub(crate) fn follow_engine(self: &Arc<Self>, signal: Option<crate::lease::LossSignal>) {
         let (Some(signal), Some(runtime)) = (signal, &self.runtime) else {
             return;
         };
@@ -421,7 +409,7 @@ impl LockGuard {
         &self,
         body: F,
     ) -> impl std::future::Future<Output = F::Output> + use<F> {
-        crate::scope::in_scope(&self.hold, body)
+        in_scope(&self.hold, body)
     }
 
     /// Resets the lease to `lease` from now, if the key still holds this acquisition's token.
@@ -491,6 +479,30 @@ impl LockGuard {
     }
 }
 
+/// What [`Locker::close`] does to a hold a guard still has: the hold is lost (a body stopped
+/// on loss stops), renewal stops, and the key is released, unless its release was sent
+/// already.
+impl HeldLock for Hold {
+    fn close(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(async move {
+            self.mark_lost("the locker was closed");
+            self.stop_watchdog();
+            if !self.claim_release() {
+                return Ok(());
+            }
+            self.locker
+                .backend()
+                .release(&self.key, &self.token)
+                .await
+                .map(drop)
+        })
+    }
+
+    fn key(&self) -> &str {
+        &self.key
+    }
+}
+
 impl Drop for Hold {
     fn drop(&mut self) {
         self.locker.forget_hold(self.id);
@@ -514,4 +526,70 @@ impl Drop for ReleaseInFlight<'_> {
             hold.hand_release_over();
         }
     }
+}
+
+/// What the locked bodies running on this task hold: the innermost body's hold, and those of
+/// the bodies around it, innermost last (empty, so unallocated, for a body not nested in another).
+struct Scope {
+    innermost: Arc<Hold>,
+    outer: Vec<Arc<Hold>>,
+}
+
+tokio::task_local! {
+    static SCOPE: Scope;
+}
+
+/// `body` with `hold` added to the task's scope: re-entry and `fencing_token()` see it.
+pub(crate) fn in_scope<F: Future>(
+    hold: &Arc<Hold>,
+    body: F,
+) -> impl Future<Output = F::Output> + use<F> {
+    let outer = SCOPE
+        .try_with(|s| {
+            let mut outer = Vec::with_capacity(s.outer.len() + 1);
+            outer.extend(s.outer.iter().cloned());
+            outer.push(s.innermost.clone());
+            outer
+        })
+        .unwrap_or_default();
+    let scope = Scope {
+        innermost: hold.clone(),
+        outer,
+    };
+    SCOPE.scope(scope, body)
+}
+
+/// The hold on `key` through `locker` that an enclosing scope of this task has.
+pub(crate) fn scoped_hold(locker: &Locker, key: &str) -> Option<Arc<Hold>> {
+    SCOPE
+        .try_with(|scope| {
+            std::iter::once(&scope.innermost)
+                .chain(scope.outer.iter().rev())
+                .find(|h| h.key() == key && h.locker().same_as(locker))
+                .cloned()
+        })
+        .ok()
+        .flatten()
+}
+
+/// The fencing token of the lock held by the innermost `#[dlock]` function running on this task.
+///
+/// ```
+/// # use dlock_runtime::{dlock, LockError};
+/// #[dlock(key = "report", client = locker)]
+/// async fn write_report(locker: &dlock_runtime::Locker) -> Result<u64, LockError> {
+///     Ok(dlock_runtime::fencing_token().expect("inside a locked body"))
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let locker = dlock_runtime::Locker::memory();
+/// let first = write_report(&locker).await.unwrap();
+/// let second = write_report(&locker).await.unwrap();
+/// assert!(second > first);
+/// assert_eq!(dlock_runtime::fencing_token(), None);
+/// # }
+/// ```
+#[must_use]
+pub fn fencing_token() -> Option<u64> {
+    SCOPE.try_with(|scope| scope.innermost.fence()).ok()
 }

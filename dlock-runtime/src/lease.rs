@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::{LockError, backend::LossSignal};
+use crate::LockError;
 
 /// The longest lease accepted: 365 days. Longer ones are surely a mistake (and would overflow the
 /// clocks they are added to). `#[dlock]` refuses a longer `expire` at compile time. Waits and
@@ -27,6 +27,18 @@ pub(crate) fn check_lease(lease: Duration) -> Result<(), LockError> {
         ))
     } else {
         Ok(())
+    }
+}
+
+/// A future that resolves when the engine itself reports a hold lost (etcd's watch on the
+/// holder's key, a ZooKeeper session's end): the hold is then lost at once.
+pub(crate) struct LossSignal(
+    pub(crate) std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>,
+);
+
+impl std::fmt::Debug for LossSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LossSignal")
     }
 }
 

@@ -30,15 +30,35 @@
 //! body with a lease of `expire`, and releases the lock on every path: return, `?`, panic and
 //! cancellation. The [`Locker`] is the programmatic API beneath it.
 //!
+//! # Engines
+//!
+//! The scheme of one URL (`DLOCK_URL`, or [`LockerBuilder::url`]) picks the engine; each is a
+//! cargo feature, so a build has only the clients it uses.
+//!
+//! | URL | engine | feature |
+//! | --- | --- | --- |
+//! | `redis://[user[:password]@]host[:port][/db]`, `rediss://…` | one Redis server | `redis` (default) |
+//! | `redis+cluster://[user:password@]h1:p1,h2:p2` | Redis Cluster | `redis-cluster` |
+//! | `redis+sentinel://[user:password@]s1:p1,s2:p2/<master>` | Redis with Sentinel failover | `redis-sentinel` |
+//! | `redis+redlock://[user:password@]h1:p1,h2:p2,h3:p3` | RedLock over independent masters | `redlock` |
+//! | `etcd://[user:password@]h1:p1,h2:p2`, `etcds://…` | etcd v3 | `etcd` |
+//! | `zk://h1:p1,h2:p2[/chroot]` | ZooKeeper | `zookeeper` |
+//! | `postgres://[user[:password]@]host[:port]/dbname`, `postgresql://…` | PostgreSQL | `postgres` |
+//! | `memory://` | the embedded table of this process | always |
+//!
+//! TLS forms (`rediss`, `rediss+cluster`, …, `etcds`, PostgreSQL's `sslmode=require`) need the
+//! `tls` feature. Engine options ride in the URL's query: `?wait=N` on the Redis engines (an
+//! acquisition counts once `N` replicas acknowledged it), `?session_timeout=10s` on ZooKeeper.
+//!
 //! # Configuration
 //!
 //! [`Locker::from_env`] and [`global`] read:
 //!
 //! | variable | meaning | default |
 //! | --- | --- | --- |
-//! | `DLOCK_URL` | the engine and its address: `redis://…`, `rediss://…`, `redis+cluster://h1:p1,h2:p2` (feature `redis-cluster`), `redis+sentinel://s1:p1,s2:p2/<master>` (feature `redis-sentinel`), `redis+redlock://h1:p1,h2:p2,h3:p3` (feature `redlock`), `postgres://…` (feature `postgres`), `zk://h1:p1,h2:p2[/chroot]` (feature `zookeeper`), `memory://`; wins over the next two | — |
+//! | `DLOCK_URL` | the engine and its address (see *Engines*); when set, the next three are not read | — |
 //! | `DLOCK_BACKEND` | `redis` or `memory` (kept for compatibility) | `redis` |
-//! | `DLOCK_REDIS_URL` | `redis://[user[:password]@]host[:port][/db]`, `rediss://…` with feature `tls`; `REDIS_URL` when unset | `redis://127.0.0.1:6379` |
+//! | `DLOCK_REDIS_URL` | a `redis://` URL; `REDIS_URL` when unset (kept for compatibility) | `redis://127.0.0.1:6379` |
 //! | `DLOCK_KEY_PREFIX` | prefix of every lock key | `dlock:` |
 //! | `DLOCK_TIMEOUT` | default wait | `5s` |
 //! | `DLOCK_EXPIRE` | default lease, and the renewed lease of `expire = "auto"` | `30s` |
@@ -46,8 +66,8 @@
 //! | `DLOCK_MAX_KEY_LEN` | longest key accepted, prefix included (bytes) | `1024` |
 //! | `DLOCK_REQUEST_TIMEOUT` | bound on one request to the server | `500ms` |
 //! | `DLOCK_NOTIFY` | wake waiters by release notifications, `on` or `off` | `on` |
-//! | `DLOCK_REDIS_WAIT` | replicas that must acknowledge an acquisition (Redis `WAIT`); 0 is off | `0` |
-//! | `DLOCK_ZK_SESSION_TIMEOUT` | the session timeout asked of ZooKeeper (`zk://`): the longest a crashed holder keeps its lock | `10s` |
+//! | `DLOCK_REDIS_WAIT` | the Redis engines' `wait` option, when the URL does not give it | `0` |
+//! | `DLOCK_ZK_SESSION_TIMEOUT` | ZooKeeper's `session_timeout` option, when the URL does not give it | `10s` |
 //!
 //! A bad value is a [`LockError::Config`] naming the variable, reported on first use.
 //!
@@ -66,12 +86,12 @@ pub mod __private;
 mod axum;
 mod backend;
 mod config;
+mod env;
 mod error;
 mod guard;
 mod lease;
 mod locker;
 mod options;
-mod scope;
 mod url;
 
 pub use config::{
@@ -79,11 +99,13 @@ pub use config::{
     DEFAULT_REQUEST_TIMEOUT, DEFAULT_RETRY, DEFAULT_TIMEOUT,
 };
 pub use error::{BackendError, LockError};
-pub use guard::LockGuard;
+pub use guard::{LockGuard, fencing_token};
 pub use lease::{MAX_LEASE, MIN_LEASE};
-pub use locker::{Locker, LockerBuilder, global, set_global};
+pub use locker::{
+    Locker,
+    builder::{LockerBuilder, global, set_global},
+};
 pub use options::LockOptions;
-pub use scope::fencing_token;
 pub use url::EngineUrl;
 
 #[cfg(feature = "macros")]

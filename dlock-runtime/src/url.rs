@@ -1,15 +1,12 @@
 //! Engine URLs: the scheme of one URL (`DLOCK_URL`, [`LockerBuilder::url`](crate::LockerBuilder::url))
-//! picks the engine from the table of engines ([`crate::backend::ENGINES`]), and multi-host
-//! forms list their hosts with commas the way libpq and MongoDB URLs do. Engine options ride in
-//! the query (`zk://h:2181?session_timeout=10s`, `redis://h:6379?wait=1`). Parsing only: no
-//! I/O, and no password in any error or printout.
+//! picks the engine from the table of engines (`backend::ENGINES`, which parses them), and
+//! multi-host forms list their hosts with commas the way libpq and MongoDB URLs do. Engine
+//! options ride in the query (`zk://h:2181?session_timeout=10s`, `redis://h:6379?wait=1`).
+//! Parsing only: no I/O, and no password in any error or printout.
 
 use std::fmt;
 
-use crate::{
-    LockError,
-    backend::{ENGINES, Engine},
-};
+use crate::LockError;
 
 /// An engine URL: its scheme names the engine (`redis://`, `redis+cluster://`,
 /// `redis+sentinel://`, `redis+redlock://`, `etcd://`, `zk://`, `postgres://`, `memory://`, and
@@ -29,7 +26,8 @@ use crate::{
 #[derive(Clone)]
 pub struct EngineUrl {
     url: String,
-    engine: &'static Engine,
+    /// The name of the engine the scheme picks.
+    engine: &'static str,
 }
 
 impl PartialEq for EngineUrl {
@@ -40,60 +38,26 @@ impl PartialEq for EngineUrl {
 
 impl Eq for EngineUrl {}
 
-impl std::str::FromStr for EngineUrl {
-    type Err = LockError;
-
-    /// Checks the URL as [`Locker`](crate::Locker) would (its scheme, that its engine is
-    /// compiled in, and the engine's own form), without any I/O.
-    fn from_str(url: &str) -> Result<Self, LockError> {
-        Self::parse("url", url)
-    }
-}
-
 impl EngineUrl {
-    /// Reads an engine URL; `var` names where it came from (`DLOCK_URL`, …) for the error.
-    pub(crate) fn parse(var: &str, url: &str) -> Result<Self, LockError> {
-        let url = url.trim();
-        let Some((scheme, _)) = url.split_once("://") else {
-            return Err(LockError::config(format!("{var}: expected {}", expected())));
-        };
-        let engine = ENGINES
-            .iter()
-            .find(|e| e.schemes.contains(&scheme))
-            .ok_or_else(|| {
-                LockError::config(format!(
-                    "{var}: unknown scheme `{scheme}://`; expected {}",
-                    expected()
-                ))
-            })?;
-        let Some(built) = engine.built else {
-            return Err(LockError::config(format!(
-                "{var}: `{scheme}://` needs dlock-runtime's `{}` feature; enable it in Cargo.toml",
-                engine.feature
-            )));
-        };
-        (built.check)(var, url)?;
-        Ok(Self {
+    /// A URL its engine checked already.
+    pub(crate) fn checked(url: &str, engine: &'static str) -> Self {
+        Self {
             url: url.to_owned(),
             engine,
-        })
+        }
     }
 
     /// The name of the engine the scheme picks: `redis`, `redis-cluster`, `redis-sentinel`,
     /// `redlock`, `etcd`, `zookeeper`, `postgres` or `memory`.
     #[must_use]
     pub fn engine(&self) -> &'static str {
-        self.engine.name
+        self.engine
     }
 
     /// The scheme, without `://`.
     #[must_use]
     pub fn scheme(&self) -> &str {
         self.url.split_once("://").map_or("", |(scheme, _)| scheme)
-    }
-
-    pub(crate) fn descriptor(&self) -> &'static Engine {
-        self.engine
     }
 
     /// The URL as given, credentials included: only for the engine's client.
@@ -184,12 +148,6 @@ impl fmt::Display for EngineUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&Self::redact(&self.url))
     }
-}
-
-/// What the recognised URL forms are, for error messages: every engine of the table.
-fn expected() -> String {
-    let forms: Vec<String> = ENGINES.iter().map(|e| format!("`{}`", e.form)).collect();
-    format!("one of {}", forms.join(", "))
 }
 
 /// The `name=value` pairs of `url`'s query.
@@ -319,86 +277,6 @@ impl<'a> HostList<'a> {
 mod tests {
     use super::*;
 
-    fn engine(url: &str) -> Result<&'static str, LockError> {
-        EngineUrl::parse("DLOCK_URL", url).map(|u| u.engine())
-    }
-
-    /// Every scheme of the table picks its engine when compiled in, and says which feature it
-    /// needs otherwise; no error shows a password.
-    #[test]
-    fn schemes_pick_the_engine() {
-        for (url, name, feature) in [
-            ("redis://u:pw@h:1", "redis", "redis"),
-            (
-                "redis+cluster://u:pw@a:1,b:2",
-                "redis-cluster",
-                "redis-cluster",
-            ),
-            (
-                "redis+sentinel://u:pw@a:1,b:2/mymaster",
-                "redis-sentinel",
-                "redis-sentinel",
-            ),
-            ("redis+redlock://u:pw@a:1,b:2,c:3", "redlock", "redlock"),
-            ("etcd://u:pw@a:2379,b:2379", "etcd", "etcd"),
-            ("zk://a:2181,b:2181/app", "zookeeper", "zookeeper"),
-            ("postgres://u:pw@db/app", "postgres", "postgres"),
-            ("postgresql://u:pw@db:5433/app", "postgres", "postgres"),
-            ("memory://", "memory", ""),
-        ] {
-            let compiled = ENGINES.iter().any(|e| e.name == name && e.built.is_some());
-            match engine(url) {
-                Ok(got) => assert!(compiled && got == name, "{url}: {got}"),
-                Err(e) => {
-                    let text = e.to_string();
-                    assert!(!compiled, "{url}: {text}");
-                    assert!(
-                        text.contains(&format!("`{feature}` feature")),
-                        "{url}: {text}"
-                    );
-                    assert!(!text.contains("pw"), "{text}");
-                }
-            }
-        }
-        let unknown = engine("nosuch://u:pw@h:1").unwrap_err().to_string();
-        for e in ENGINES {
-            assert!(
-                unknown.contains(e.form),
-                "{unknown} does not list {}",
-                e.form
-            );
-        }
-    }
-
-    #[test]
-    fn malformed_host_lists_name_the_variable_and_hide_the_password() {
-        let mut urls = vec!["http://u:s3cret@a:1", "no scheme at all s3cret"];
-        if cfg!(feature = "redis-cluster") {
-            urls.extend([
-                "redis+cluster://",
-                "redis+cluster://u:s3cret@",
-                "redis+cluster://u:s3cret@a:1,,b:2",
-                "redis+cluster://u:s3cret@a:1,b",
-                "redis+cluster://u:s3cret@a:1,b:http",
-                "redis+cluster://u:s3cret@a:0",
-                "redis+cluster://u:s3cret@:6379",
-            ]);
-        }
-        if cfg!(feature = "redis-sentinel") {
-            urls.extend([
-                "redis+sentinel://u:s3cret@a:1,b:2",
-                "redis+sentinel://u:s3cret@a:1,b:2/",
-            ]);
-        }
-        for url in urls {
-            let err = EngineUrl::parse("DLOCK_URL", url).unwrap_err();
-            assert!(err.is_config(), "{url}: {err:?}");
-            let text = err.to_string();
-            assert!(text.contains("DLOCK_URL"), "{url}: {text}");
-            assert!(!text.contains("s3cret"), "{url}: {text}");
-        }
-    }
-
     #[test]
     fn host_lists_keep_passwords_with_separators() {
         let url = "rediss+cluster://app:p@ss/w,rd@h1:7000,h2:7001/?x=1";
@@ -440,7 +318,7 @@ mod tests {
 
     #[test]
     fn options_are_read_from_the_query_and_can_be_left_out() {
-        let url = EngineUrl::parse("X", "memory://?a=1&wait=2&b").unwrap();
+        let url = EngineUrl::checked("memory://?a=1&wait=2&b", "memory");
         assert_eq!(url.query_param("wait"), Some("2"));
         assert_eq!(url.query_param("b"), Some(""));
         assert_eq!(url.query_param("c"), None);

@@ -48,6 +48,23 @@ pub const ENGINES: &[&str] = &[
     "memory",
 ];
 
+/// The engine of the runtime's table each deployment of [`ENGINES`] runs (as
+/// `EngineUrl::engine` names it), so that a test can check the suite covers every engine.
+pub const COVERS: &[(&str, &str)] = &[
+    ("redis", "redis"),
+    ("redis_acl", "redis"),
+    ("redis_acl_no_channels", "redis"),
+    ("redis_cluster", "redis-cluster"),
+    ("redis_sentinel", "redis-sentinel"),
+    ("redlock", "redlock"),
+    ("postgres", "postgres"),
+    ("etcd", "etcd"),
+    ("etcd_cluster", "etcd"),
+    ("zookeeper", "zookeeper"),
+    ("zookeeper_ensemble", "zookeeper"),
+    ("memory", "memory"),
+];
+
 /// Expands to one module per engine of [`ENGINES`], each with one `#[tokio::test]` per case;
 /// a case is an `async fn(Engine)` in the calling file.
 ///

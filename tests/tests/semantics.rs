@@ -39,6 +39,24 @@ dlock_tests::engine_suite!(
 
 const SHORT: Duration = Duration::from_millis(300);
 
+/// Every engine of the runtime's table runs this suite: an engine added to the runtime without
+/// a deployment here fails this test.
+#[test]
+fn the_suite_covers_every_engine_of_the_runtime() {
+    use dlock_tests::engines::{COVERS, ENGINES};
+    for engine in dlock_runtime::__private::engines() {
+        assert!(
+            COVERS.iter().any(|(_, e)| *e == engine),
+            "no deployment of the suite runs the `{engine}` engine"
+        );
+    }
+    let suite: Vec<&str> = COVERS.iter().map(|(name, _)| *name).collect();
+    assert_eq!(
+        suite, ENGINES,
+        "COVERS and ENGINES name different deployments"
+    );
+}
+
 async fn acquire_then_release(env: Env) {
     let locker = env.locker();
     let key = unique_key("basic");

@@ -9,7 +9,7 @@ use std::{
 use super::Locker;
 use crate::{
     LockError,
-    backend::{Backend, MemoryBackend},
+    backend::{Backend, MemoryBackend, engine_named, parse_url},
     config::{DEFAULT_REDIS_URL, Settings},
     url::EngineUrl,
 };
@@ -54,7 +54,7 @@ impl LockerBuilder {
     /// [`LockError::Config`] naming the first invalid variable.
     pub fn from_env() -> Result<Self, LockError> {
         Ok(Self {
-            settings: Settings::from_lookup(|name| std::env::var(name).ok())?,
+            settings: crate::env::settings(|name| std::env::var(name).ok())?,
             url: None,
             private_memory: false,
         })
@@ -163,24 +163,52 @@ impl LockerBuilder {
     /// as long as the key limit.
     pub fn build(mut self) -> Result<Locker, LockError> {
         if let Some(url) = self.url.take() {
-            self.settings.url = Some(EngineUrl::parse("LockerBuilder::url", &url)?);
+            self.settings.url = Some(parse_url("LockerBuilder::url", &url)?);
         }
         self.settings.validate()?;
         let url = match &self.settings.url {
             Some(url) => url.clone(),
-            None => EngineUrl::parse("the default engine URL", DEFAULT_REDIS_URL)?,
+            None => parse_url("the default engine URL", DEFAULT_REDIS_URL)?,
         };
         let backend: Arc<dyn Backend> = if self.private_memory {
             Arc::new(MemoryBackend::default())
         } else {
-            let built = url
-                .descriptor()
-                .built
+            let built = engine_named(url.engine())
+                .and_then(|engine| engine.built)
                 .ok_or_else(|| LockError::config("the engine is not compiled in"))?;
             (built.build)(&url, &self.settings)?
         };
         self.settings.url = Some(url);
         Ok(Locker::with_backend(self.settings, backend))
+    }
+}
+
+impl Locker {
+    /// Builds a locker from the `DLOCK_*` environment variables, without any I/O.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] naming the variable whose value is invalid.
+    pub fn from_env() -> Result<Self, LockError> {
+        LockerBuilder::from_env()?.build()
+    }
+
+    /// A locker on a new, private embedded table: locks exclude each other among this locker and
+    /// its clones only. For tests and single-process programs.
+    #[must_use]
+    pub fn memory() -> Self {
+        Self::with_backend(
+            Settings {
+                url: Some(EngineUrl::checked("memory://", "memory")),
+                ..Settings::default()
+            },
+            Arc::new(MemoryBackend::default()),
+        )
+    }
+
+    /// A builder starting from the built-in defaults (not the environment; see
+    /// [`LockerBuilder::from_env`]).
+    pub fn builder() -> LockerBuilder {
+        LockerBuilder::default()
     }
 }
 

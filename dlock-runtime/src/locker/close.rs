@@ -1,15 +1,11 @@
-//! Closing a locker, its readiness check, and the bookkeeping closing needs: the holds guards
-//! still have, and the background tasks it waits for.
+//! Closing a locker, and its readiness check.
 
-use std::{
-    sync::{Arc, atomic::Ordering},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use tokio::time::Instant;
 
-use super::Locker;
-use crate::{LockError, error::BackendError, guard::Hold};
+use super::{HeldLock, Locker};
+use crate::{LockError, error::BackendError};
 
 impl Locker {
     /// Closes the locker, and every clone of it, for a clean exit: a program that calls this
@@ -50,7 +46,7 @@ impl Locker {
         let waits_ended = tokio::time::timeout_at(deadline, inner.acquiring.wait())
             .await
             .is_ok();
-        let holds: Vec<Arc<Hold>> = inner
+        let holds: Vec<Arc<dyn HeldLock>> = inner
             .holds
             .map()
             .values()
@@ -113,35 +109,5 @@ impl Locker {
                 "the engine did not answer a ping within {bound:?}"
             )))),
         }
-    }
-
-    /// Whether [`close`](Self::close) was called.
-    pub(super) fn is_closing(&self) -> bool {
-        self.inner.closing.is_cancelled()
-    }
-
-    /// Runs `task` on `runtime` (or the current one), counted by [`close`](Self::close); `None`
-    /// when there is no runtime to run it on.
-    pub(crate) fn spawn_background<T: Send + 'static>(
-        &self,
-        runtime: Option<&tokio::runtime::Handle>,
-        task: impl std::future::Future<Output = T> + Send + 'static,
-    ) -> Option<tokio::task::JoinHandle<T>> {
-        let runtime = runtime
-            .cloned()
-            .or_else(|| tokio::runtime::Handle::try_current().ok())?;
-        Some(self.inner.background.spawn_on(task, &runtime))
-    }
-
-    pub(crate) fn next_hold_id(&self) -> u64 {
-        self.inner.holds.next.fetch_add(1, Ordering::Relaxed)
-    }
-
-    pub(crate) fn register_hold(&self, id: u64, hold: &Arc<Hold>) {
-        self.inner.holds.map().insert(id, Arc::downgrade(hold));
-    }
-
-    pub(crate) fn forget_hold(&self, id: u64) {
-        self.inner.holds.map().remove(&id);
     }
 }

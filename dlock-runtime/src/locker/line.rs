@@ -11,19 +11,28 @@ use std::{
 
 use tokio::time::Instant;
 
-use super::Locker;
-use crate::{LockError, backend::Token};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+use crate::{
+    LockError,
+    backend::{Backend, Token},
+};
 
 /// The in-process lines of waiters, one per contended key: the waiters of a key on one locker
 /// queue here first come, first served, and only the first of them asks the engine, so a
 /// release wakes one waiter per process instead of every one of them. On an engine with a queue
 /// ([`FairOrder::Queue`](crate::backend::FairOrder::Queue)) a line also holds one place in the engine's queue for all its waiters
 /// in turn: releases name the place first in line, so only that process's first waiter wakes.
-#[derive(Default)]
 pub(super) struct Lines {
     map: std::sync::Mutex<std::collections::HashMap<String, Arc<Line>>>,
     /// How many lines there are: an uncontended acquisition reads this, not the map.
     pub(super) open: AtomicUsize,
+    /// The engine, for a line's place that leaves its queue.
+    backend: Arc<dyn Backend>,
+    /// The locker's background tasks, which closing waits for.
+    background: TaskTracker,
+    /// The locker's closing, which ends a wait for a turn.
+    closing: CancellationToken,
 }
 
 /// The waiters of one key on one locker.
@@ -109,6 +118,20 @@ impl Line {
 const NOT_HANDED_ON: u64 = 0;
 
 impl Lines {
+    pub(super) fn new(
+        backend: Arc<dyn Backend>,
+        background: TaskTracker,
+        closing: CancellationToken,
+    ) -> Self {
+        Self {
+            map: std::sync::Mutex::default(),
+            open: AtomicUsize::new(0),
+            backend,
+            background,
+            closing,
+        }
+    }
+
     fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<Line>>> {
         self.map
             .lock()
@@ -125,12 +148,11 @@ impl Lines {
     /// locker's closing) came first.
     /// Dropping the future, or the turn, gives the place up at once. The turn says whether it
     /// had to wait for it.
-    pub(super) async fn turn<'a>(
+    pub(super) async fn turn(
         &self,
-        locker: &'a Locker,
         key: &str,
         deadline: Instant,
-    ) -> Result<Option<Turn<'a>>, LockError> {
+    ) -> Result<Option<Turn<'_>>, LockError> {
         let line = {
             let mut lines = self.map();
             let line = match lines.get(key) {
@@ -154,7 +176,7 @@ impl Lines {
             line
         };
         let mut turn = Turn {
-            locker,
+            lines: self,
             key: key.to_owned(),
             line,
             permit: false,
@@ -170,7 +192,7 @@ impl Lines {
         let line = turn.line.clone();
         let permit = tokio::select! {
             permit = tokio::time::timeout_at(deadline, line.turns.acquire()) => permit,
-            () = locker.inner.closing.cancelled() => return Ok(None),
+            () = self.closing.cancelled() => return Ok(None),
         };
         match permit {
             Ok(Ok(permit)) => permit.forget(),
@@ -198,7 +220,7 @@ impl Lines {
 /// Being first in a key's line; the next waiter's turn comes when it is dropped. The last one to
 /// leave removes the line, and its place in the engine's queue.
 pub(super) struct Turn<'a> {
-    locker: &'a Locker,
+    lines: &'a Lines,
     key: String,
     pub(super) line: Arc<Line>,
     /// Holds the line's one permit (forgotten when taken, given back on drop).
@@ -243,7 +265,7 @@ impl Turn<'_> {
             self.line.handed_on.store(handed_on, Ordering::Release);
             self.line.turns.add_permits(1);
         }
-        let lines = &self.locker.inner.lines;
+        let lines = self.lines;
         let last = {
             let mut map = lines.map();
             let last = self.line.members.fetch_sub(1, Ordering::Relaxed) == 1;
@@ -260,13 +282,18 @@ impl Turn<'_> {
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        if let Some(place) = self.depart() {
-            let (locker, key) = (self.locker.clone(), std::mem::take(&mut self.key));
-            self.locker.spawn_background(None, async move {
-                if let Err(error) = locker.backend().leave_queue(&key, &place).await {
-                    tracing::debug!(key = %key, error = %error, "leaving the queue failed; the place lapses on its own");
-                }
-            });
+        if let Some(place) = self.depart()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let (backend, key) = (self.lines.backend.clone(), std::mem::take(&mut self.key));
+            self.lines.background.spawn_on(
+                async move {
+                    if let Err(error) = backend.leave_queue(&key, &place).await {
+                        tracing::debug!(key = %key, error = %error, "leaving the queue failed; the place lapses on its own");
+                    }
+                },
+                &runtime,
+            );
         }
     }
 }

@@ -1,38 +1,33 @@
-//! The handle users hold: configuration plus one engine, the API of locks, and the pieces of
-//! an acquisition in their own modules: the in-process line and passing ([`line`]), the wait
-//! as named steps ([`wait`]), release and cleanup ([`release`]), closing ([`close`]), and the
-//! builder with the process-wide locker ([`builder`]).
+//! The handle users hold: configuration plus one engine. Its parts live in their own modules,
+//! each below the one that uses it: acquiring ([`acquire`]: the API and the key rules), the
+//! wait as named steps ([`wait`]), the in-process line and passing ([`line`]), release and
+//! cleanup ([`release`]), closing and the readiness check ([`close`]), and the builder with the
+//! process-wide locker ([`builder`]).
 
 use std::{
     fmt,
-    sync::{Arc, atomic::AtomicU64},
-    time::Duration,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
 };
 
-use tokio::time::Instant;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
-use tracing::Instrument as _;
 
-mod builder;
+mod acquire;
+pub(crate) mod builder;
 mod close;
 mod line;
-mod release;
+pub(crate) mod release;
 mod wait;
 
-pub use builder::{LockerBuilder, global, set_global};
-pub(crate) use release::spawn_release;
-
 use crate::{
-    LockError, LockGuard, LockOptions,
-    backend::{Attempt, Backend, Capabilities, FairOrder, MemoryBackend, Request, Token, Watch},
+    backend::{Backend, BoxFuture, Capabilities},
     config::Settings,
-    guard::Hold,
-    lease::{Grant, Lease},
-    options::Expire,
+    error::BackendError,
     url::EngineUrl,
 };
 use line::Lines;
-use wait::Wait;
 
 /// A connection to a lock service, with its defaults. Cheap to clone (an `Arc`); clones share
 /// the connection. `Send + Sync`.
@@ -111,14 +106,23 @@ struct Inner {
 /// still held. A hold adds itself when it is made and goes when it is dropped.
 #[derive(Default)]
 struct Holds {
-    map: std::sync::Mutex<std::collections::HashMap<u64, std::sync::Weak<Hold>>>,
+    map: std::sync::Mutex<std::collections::HashMap<u64, std::sync::Weak<dyn HeldLock>>>,
     next: AtomicU64,
+}
+
+/// A hold a guard still has, as [`Locker::close`] sees it.
+pub(crate) trait HeldLock: Send + Sync {
+    /// Counts the hold lost, stops its renewal, and releases it unless its release was sent.
+    fn close(&self) -> BoxFuture<'_, Result<(), BackendError>>;
+    /// Its full key, for a warning.
+    fn key(&self) -> &str;
 }
 
 impl Holds {
     fn map(
         &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, std::sync::Weak<Hold>>> {
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, std::sync::Weak<dyn HeldLock>>>
+    {
         self.map
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -139,43 +143,17 @@ impl fmt::Debug for Locker {
 }
 
 impl Locker {
-    /// Builds a locker from the `DLOCK_*` environment variables, without any I/O.
-    ///
-    /// # Errors
-    /// [`LockError::Config`] naming the variable whose value is invalid.
-    pub fn from_env() -> Result<Self, LockError> {
-        LockerBuilder::from_env()?.build()
-    }
-
-    /// A locker on a new, private embedded table: locks exclude each other among this locker and
-    /// its clones only. For tests and single-process programs.
-    #[must_use]
-    pub fn memory() -> Self {
-        Self::with_backend(
-            Settings {
-                url: EngineUrl::parse("Locker::memory", "memory://").ok(),
-                ..Settings::default()
-            },
-            Arc::new(MemoryBackend::default()),
-        )
-    }
-
-    /// A builder starting from the built-in defaults (not the environment; see
-    /// [`LockerBuilder::from_env`]).
-    pub fn builder() -> LockerBuilder {
-        LockerBuilder::default()
-    }
-
     fn with_backend(settings: Settings, backend: Arc<dyn Backend>) -> Self {
+        let (background, closing) = (TaskTracker::new(), CancellationToken::new());
         Self {
             inner: Arc::new(Inner {
                 settings,
                 capabilities: backend.capabilities(),
+                lines: Lines::new(backend.clone(), background.clone(), closing.clone()),
                 backend,
-                lines: Lines::default(),
                 acquiring: TaskTracker::new(),
-                background: TaskTracker::new(),
-                closing: CancellationToken::new(),
+                background,
+                closing,
                 holds: Holds::default(),
             }),
         }
@@ -191,229 +169,37 @@ impl Locker {
         &*self.inner.backend
     }
 
-    /// Waits for the lock on `key` (the configured prefix is put in front) and returns a guard
-    /// that releases it when dropped or [released](LockGuard::release).
-    ///
-    /// # Errors
-    /// - [`LockError::Timeout`] when another holder kept it for the whole wait;
-    /// - [`LockError::Backend`] when the server could not be reached until the deadline;
-    /// - [`LockError::InvalidKey`] for an empty key or one longer than `DLOCK_MAX_KEY_LEN`
-    ///   (nothing is sent);
-    /// - [`LockError::Config`] for a zero lease, or `max_hold` without `expire_auto`.
-    pub async fn acquire(&self, key: &str, options: LockOptions) -> Result<LockGuard, LockError> {
-        self.acquire_full(self.full_key(key)?, options).await
-    }
-
-    /// [`acquire`](Self::acquire) with a key the caller made for it (the attribute's): its
-    /// buffer becomes the full key.
-    pub(crate) async fn acquire_owned(
-        &self,
-        key: String,
-        options: LockOptions,
-    ) -> Result<LockGuard, LockError> {
-        self.acquire_full(self.full_key_from(key)?, options).await
-    }
-
-    async fn acquire_full(
-        &self,
-        full_key: String,
-        options: LockOptions,
-    ) -> Result<LockGuard, LockError> {
-        let settings = &self.inner.settings;
-        let timeout = options.timeout.unwrap_or(settings.timeout);
-        let lease = match options.expire {
-            Some(Expire::Fixed(length)) => Lease {
-                length,
-                renewed: false,
-            },
-            Some(Expire::Auto) => Lease {
-                length: settings.expire,
-                renewed: true,
-            },
-            None => Lease {
-                length: settings.expire,
-                renewed: false,
-            },
-        };
-        crate::lease::check_lease(lease.length)?;
-        if options.max_hold.is_some() && !lease.renewed {
-            // A fixed lease already ends on its own; a ceiling on renewal would be ignored.
-            return Err(LockError::config(
-                "max_hold: only a renewed lease (`expire_auto`) has a ceiling to set",
-            ));
-        }
-        if let Some(guard) = self.reenter(&full_key) {
-            return Ok(guard);
-        }
-        if self.is_closing() {
-            return Err(LockError::Closed { key: full_key });
-        }
-        // Counted until it returns (or is dropped): `close` waits for it to give up.
-        let _acquiring = self.inner.acquiring.token();
-        if options.fair
-            && let FairOrder::Unsupported(why) = self.inner.capabilities.fair
-        {
-            return Err(LockError::config(format!("fair: {why}")));
-        }
-        let span = tracing::debug_span!("dlock.acquire", key = %full_key, name = options.name, ?timeout, expire = ?lease.length, renewed = lease.renewed);
-        Wait::new(self, full_key, timeout, lease, &options)?
-            .run()
-            .instrument(span)
-            .await
-    }
-
-    /// One attempt: the guard when the lock was free, `None` when it is held.
-    ///
-    /// # Errors
-    /// As [`acquire`](Self::acquire), except that a busy lock is `Ok(None)`.
-    pub async fn try_acquire(
-        &self,
-        key: &str,
-        expire: Duration,
-    ) -> Result<Option<LockGuard>, LockError> {
-        match self
-            .acquire(
-                key,
-                LockOptions::new().timeout(Duration::ZERO).expire(expire),
-            )
-            .await
-        {
-            Ok(guard) => Ok(Some(guard)),
-            Err(LockError::Timeout { .. }) => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Two attempts with one token, as when the first attempt's reply was lost and the wait
-    /// tried again: the first attempt's fence (which its caller never learnt) and the guard of
-    /// the second. For the shared semantic suite, through `__private`.
-    pub(crate) async fn attempt_twice(
-        &self,
-        key: &str,
-        lease: Duration,
-    ) -> Result<(u64, LockGuard), LockError> {
-        crate::lease::check_lease(lease)?;
-        let key = self.full_key(key)?;
-        let token = Token::generate()?;
-        let request = Request {
-            key: &key,
-            token: &token,
-            lease,
-            queue: None,
-        };
-        let Attempt::Acquired { fence: first, .. } = self.backend().acquire(request).await? else {
-            return Err(LockError::Timeout {
-                key,
-                waited: Duration::ZERO,
-            });
-        };
-        let sent_at = Instant::now();
-        let Attempt::Acquired {
-            fence,
-            granted,
-            lost,
-        } = self.backend().acquire(request).await?
-        else {
-            return Err(LockError::Lost { key });
-        };
-        let lease = Lease {
-            length: lease,
-            renewed: false,
-        }
-        .granted(granted);
-        let grant = Grant {
-            fence,
-            sent_at,
-            lease,
-            lost,
-        };
-        let hold = Hold::new(self.clone(), key, token, &grant, None);
-        hold.follow_engine(grant.lost);
-        Ok((first, LockGuard::new(hold, lease, None)))
-    }
-
     pub(crate) fn same_as(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    /// A further guard when an enclosing scope of this task (a locked body, or
-    /// [`LockGuard::scope`]) holds `key` through this locker.
-    fn reenter(&self, key: &str) -> Option<LockGuard> {
-        let hold = crate::scope::scoped_hold(self, key)?;
-        if !hold.reenter() {
-            return None;
-        }
-        tracing::debug!(key = %key, fencing_token = hold.fence(), "lock re-entered by its holder");
-        Some(LockGuard::reentered(hold))
+    /// Whether [`close`](Self::close) was called.
+    pub(crate) fn is_closing(&self) -> bool {
+        self.inner.closing.is_cancelled()
     }
 
-    fn full_key(&self, key: &str) -> Result<String, LockError> {
-        self.check_key(key)?;
-        let prefix = &self.inner.settings.key_prefix;
-        let mut full = String::with_capacity(prefix.len() + key.len());
-        full.push_str(prefix);
-        full.push_str(key);
-        self.engine_accepts(full)
+    /// Runs `task` on `runtime` (or the current one), counted by [`close`](Self::close); `None`
+    /// when there is no runtime to run it on.
+    pub(crate) fn spawn_background<T: Send + 'static>(
+        &self,
+        runtime: Option<&tokio::runtime::Handle>,
+        task: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Option<tokio::task::JoinHandle<T>> {
+        let runtime = runtime
+            .cloned()
+            .or_else(|| tokio::runtime::Handle::try_current().ok())?;
+        Some(self.inner.background.spawn_on(task, &runtime))
     }
 
-    /// [`full_key`](Self::full_key) made in `key`'s own buffer (no allocation when it has room
-    /// for the prefix).
-    fn full_key_from(&self, mut key: String) -> Result<String, LockError> {
-        self.check_key(&key)?;
-        key.insert_str(0, &self.inner.settings.key_prefix);
-        self.engine_accepts(key)
+    pub(crate) fn next_hold_id(&self) -> u64 {
+        self.inner.holds.next.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// The full key, unless the engine cannot store it.
-    fn engine_accepts(&self, full: String) -> Result<String, LockError> {
-        match self.backend().key_error(&full) {
-            Some(reason) => {
-                let key = &full[self.inner.settings.key_prefix.len()..];
-                Err(LockError::invalid_key(key, reason))
-            }
-            None => Ok(full),
-        }
+    pub(crate) fn register_hold(&self, id: u64, hold: std::sync::Weak<dyn HeldLock>) {
+        self.inner.holds.map().insert(id, hold);
     }
 
-    /// The rules for a key, before its prefix.
-    fn check_key(&self, key: &str) -> Result<(), LockError> {
-        let settings = &self.inner.settings;
-        if key.is_empty() {
-            return Err(LockError::invalid_key(key, "the key is empty"));
-        }
-        let len = settings.key_prefix.len() + key.len();
-        if len > settings.max_key_len {
-            return Err(LockError::invalid_key(
-                key,
-                format!(
-                    "the key is {len} bytes with its prefix; the longest accepted is {} (DLOCK_MAX_KEY_LEN)",
-                    settings.max_key_len
-                ),
-            ));
-        }
-        // The engines' own bookkeeping lives in a reserved namespace after the prefix,
-        // `__word:` (Redis's fencing counters `__fence:{tag}`, fair mode's `__fair:{…}`): a lock
-        // key may not start so, on any engine alike.
-        if let Some(word) = key.strip_prefix("__").and_then(|rest| rest.split_once(':'))
-            && !word.0.is_empty()
-            && word.0.bytes().all(|b| b.is_ascii_lowercase())
-        {
-            return Err(LockError::invalid_key(
-                key,
-                "keys starting with `__<word>:` (after the prefix, like `__fence:`) are \
-                 reserved for the engines' own bookkeeping",
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl Locker {
-    /// A release wake-up for `key`: a subscription already up (no I/O), or else a new one.
-    async fn wake_up(&self, key: &str, token: &Token) -> Option<Watch> {
-        match self.backend().watching(key, token) {
-            Some(watch) => Some(watch),
-            None => self.backend().watch(key, token).await,
-        }
+    pub(crate) fn forget_hold(&self, id: u64) {
+        self.inner.holds.map().remove(&id);
     }
 }

@@ -25,7 +25,7 @@ use super::{
 };
 use crate::{
     LockError, LockGuard, LockOptions,
-    backend::{Attempt, FairOrder, Request, Token, Watch, queue::Queued},
+    backend::{Attempt, FairOrder, Queued, Request, Token, Watch},
     error::BackendError,
     guard::Hold,
     lease::{Grant, Lease, far_future},
@@ -163,7 +163,7 @@ impl<'a> Wait<'a> {
         if !(self.options.fair || (!self.timeout.is_zero() && (native_line || lines.busy(key)))) {
             return Ok(true);
         }
-        let Some(first) = lines.turn(self.locker, key, self.deadline).await? else {
+        let Some(first) = lines.turn(key, self.deadline).await? else {
             return Ok(false);
         };
         self.handed_on = first.handed_on().filter(|_| self.queue_engine());
@@ -184,10 +184,11 @@ impl<'a> Wait<'a> {
     /// Arms the release wake-up (a subscription already up, or a new one).
     async fn arm_wake_up(&mut self) {
         self.watch_asked = true;
-        self.watch = self
-            .locker
-            .wake_up(&self.orphan.key, &self.orphan.token)
-            .await;
+        let (backend, key, token) = (self.locker.backend(), &self.orphan.key, &self.orphan.token);
+        self.watch = match backend.watching(key, token) {
+            Some(watch) => Some(watch),
+            None => backend.watch(key, token).await,
+        };
     }
 
     /// The offer to take the lock from a holder is withdrawn before anything else; when a holder
@@ -318,10 +319,7 @@ impl<'a> Wait<'a> {
     async fn refused(&mut self, ttl: Option<Duration>) -> Attempted {
         if self.turn.is_none() && !self.timeout.is_zero() {
             let lines = &self.locker.inner.lines;
-            match lines
-                .turn(self.locker, &self.orphan.key, self.deadline)
-                .await
-            {
+            match lines.turn(&self.orphan.key, self.deadline).await {
                 Ok(Some(first)) if first.waited => {
                     self.handed_on = first.handed_on().filter(|_| self.queue_engine());
                     self.turn = Some(first);

@@ -31,10 +31,10 @@ use etcd_client::{
 };
 use tokio::{sync::Notify, task::JoinHandle};
 
-use super::{
-    Attempt, Backend, BoxFuture, Built, Capabilities, FairOrder, LossSignal, Request, Token, Watch,
-    queue::NextInLine,
+use super::api::{
+    Attempt, Backend, BoxFuture, Built, Capabilities, FairOrder, NextInLine, Request, Token, Watch,
 };
+use crate::lease::LossSignal;
 use crate::{
     LockError,
     config::Settings,

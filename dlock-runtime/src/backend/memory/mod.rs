@@ -9,7 +9,8 @@ use std::{
 use tokio::time::Instant;
 
 use super::{
-    Attempt, Backend, BoxFuture, Built, Capabilities, Request, Token, Watch, queue::Watchers,
+    api::{Attempt, Backend, BoxFuture, Built, Capabilities, Request, Token, Watch},
+    watchers::Watchers,
 };
 use crate::error::BackendError;
 

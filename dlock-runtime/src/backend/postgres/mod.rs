@@ -17,8 +17,8 @@ use std::{
 use tokio_postgres::{AsyncMessage, Client, NoTls, Statement, config::SslMode, error::SqlState};
 
 use super::{
-    Attempt, Backend, BoxFuture, Built, Request, Token, Watch,
-    queue::{Queued, Watchers},
+    api::{Attempt, Backend, BoxFuture, Built, Queued, Request, Token, Watch},
+    watchers::Watchers,
 };
 
 #[cfg(feature = "tls")]
@@ -677,7 +677,7 @@ fn classify(what: &str, error: tokio_postgres::Error) -> BackendError {
 }
 
 fn lease_ms(lease: Duration) -> i64 {
-    i64::try_from(super::lease_millis(lease)).unwrap_or(i64::MAX)
+    i64::try_from(super::api::lease_millis(lease)).unwrap_or(i64::MAX)
 }
 
 impl Backend for PostgresBackend {

@@ -8,7 +8,7 @@ use redis::{
     aio::{ConnectionManager, ConnectionManagerConfig},
 };
 
-use super::{
+use super::api::{
     Attempt, Backend, BoxFuture, Built, Capabilities, EngineOption, Request, Token, Watch,
     lease_millis, option,
 };

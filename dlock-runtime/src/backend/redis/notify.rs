@@ -26,7 +26,7 @@ use redis::{
 };
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use crate::backend::{Watch, queue::NextInLine};
+use crate::backend::api::{NextInLine, Watch};
 
 /// How long a channel stays subscribed after its last waiter left.
 const LINGER: Duration = Duration::from_secs(2);

@@ -22,8 +22,11 @@ use futures_util::future::join_all;
 use tokio::{sync::Notify, time::Instant};
 
 use super::{
-    Attempt, Backend, BoxFuture, Built, Capabilities, FairOrder, Request, Token, Watch,
-    queue::NextInLine, redis::RedisBackend,
+    api::{
+        Attempt, Backend, BoxFuture, Built, Capabilities, FairOrder, NextInLine, Request, Token,
+        Watch,
+    },
+    redis::RedisBackend,
 };
 use crate::{
     LockError,
@@ -149,7 +152,8 @@ impl RedLockBackend {
             .into_iter()
             .zip(&hosts.hosts)
             .map(|(node_url, (host, port))| {
-                let node_url = EngineUrl::parse("DLOCK_URL", &node_url)?;
+                // Made from a checked list of hosts: every node is a `redis://` server.
+                let node_url = EngineUrl::checked(&node_url, "redis");
                 Ok(Node {
                     addr: format!("{host}:{port}"),
                     redis: RedisBackend::from_url(&node_url, settings)?,
@@ -481,7 +485,8 @@ mod tests {
         expire: Duration,
         request_timeout: Duration,
     ) -> Result<RedLockBackend, LockError> {
-        let url = EngineUrl::parse("DLOCK_URL", url)?;
+        check("DLOCK_URL", url)?;
+        let url = EngineUrl::checked(url, "redlock");
         let settings = Settings {
             expire,
             request_timeout,
@@ -505,7 +510,7 @@ mod tests {
             ("redis+redlock://u:s3cret@a:1,b:2,:3", "host name is empty"),
             ("redis+redlock://u:s3cret@", "no host"),
         ] {
-            let err = EngineUrl::parse("DLOCK_URL", url).unwrap_err();
+            let err = check("DLOCK_URL", url).unwrap_err();
             assert!(err.is_config(), "{url}: {err:?}");
             let text = err.to_string();
             assert!(
@@ -518,9 +523,9 @@ mod tests {
             "redis+redlock://a:1,b:2,c:3",
             "redis+redlock://u:pw@a:1,b:2,c:3,d:4,e:5",
         ] {
-            assert_eq!(EngineUrl::parse("X", url).unwrap().engine(), "redlock");
+            check("X", url).unwrap();
         }
-        let tls = EngineUrl::parse("X", "rediss+redlock://a:1,b:2,c:3");
+        let tls = check("X", "rediss+redlock://a:1,b:2,c:3");
         assert_eq!(tls.is_ok(), cfg!(feature = "tls"), "{tls:?}");
     }
 

@@ -45,10 +45,11 @@ use tokio::{
 };
 use zookeeper_client::{Acls, Client, CreateMode, SessionState};
 
-use super::{
-    Attempt, Backend, BoxFuture, Built, Capabilities, EngineOption, FairOrder, LossSignal, Request,
-    Token, Watch, option, queue::NextInLine,
+use super::api::{
+    Attempt, Backend, BoxFuture, Built, Capabilities, EngineOption, FairOrder, NextInLine, Request,
+    Token, Watch, option,
 };
+use crate::lease::LossSignal;
 use crate::{LockError, config::Settings, error::BackendError, url::EngineUrl};
 
 /// ZooKeeper: `zk://h1:p1,h2:p2[/chroot]`.

@@ -1,0 +1,229 @@
+//! Acquiring: the API of locks on a [`Locker`], and the rules for keys.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::Instrument as _;
+
+use super::{Locker, wait::Wait};
+use crate::{
+    LockError, LockGuard, LockOptions,
+    backend::{Attempt, FairOrder, Request, Token},
+    guard::{Hold, scoped_hold},
+    lease::{Grant, Lease},
+    options::Expire,
+};
+
+impl Locker {
+    /// Waits for the lock on `key` (the configured prefix is put in front) and returns a guard
+    /// that releases it when dropped or [released](LockGuard::release).
+    ///
+    /// # Errors
+    /// - [`LockError::Timeout`] when another holder kept it for the whole wait;
+    /// - [`LockError::Backend`] when the server could not be reached until the deadline;
+    /// - [`LockError::InvalidKey`] for an empty key or one longer than `DLOCK_MAX_KEY_LEN`
+    ///   (nothing is sent);
+    /// - [`LockError::Config`] for a zero lease, or `max_hold` without `expire_auto`.
+    pub async fn acquire(&self, key: &str, options: LockOptions) -> Result<LockGuard, LockError> {
+        self.acquire_full(self.full_key(key)?, options).await
+    }
+
+    /// [`acquire`](Self::acquire) with a key the caller made for it (the attribute's): its
+    /// buffer becomes the full key.
+    pub(crate) async fn acquire_owned(
+        &self,
+        key: String,
+        options: LockOptions,
+    ) -> Result<LockGuard, LockError> {
+        self.acquire_full(self.full_key_from(key)?, options).await
+    }
+
+    async fn acquire_full(
+        &self,
+        full_key: String,
+        options: LockOptions,
+    ) -> Result<LockGuard, LockError> {
+        let settings = &self.inner.settings;
+        let timeout = options.timeout.unwrap_or(settings.timeout);
+        let lease = match options.expire {
+            Some(Expire::Fixed(length)) => Lease {
+                length,
+                renewed: false,
+            },
+            Some(Expire::Auto) => Lease {
+                length: settings.expire,
+                renewed: true,
+            },
+            None => Lease {
+                length: settings.expire,
+                renewed: false,
+            },
+        };
+        crate::lease::check_lease(lease.length)?;
+        if options.max_hold.is_some() && !lease.renewed {
+            // A fixed lease already ends on its own; a ceiling on renewal would be ignored.
+            return Err(LockError::config(
+                "max_hold: only a renewed lease (`expire_auto`) has a ceiling to set",
+            ));
+        }
+        if let Some(guard) = self.reenter(&full_key) {
+            return Ok(guard);
+        }
+        if self.is_closing() {
+            return Err(LockError::Closed { key: full_key });
+        }
+        // Counted until it returns (or is dropped): `close` waits for it to give up.
+        let _acquiring = self.inner.acquiring.token();
+        if options.fair
+            && let FairOrder::Unsupported(why) = self.inner.capabilities.fair
+        {
+            return Err(LockError::config(format!("fair: {why}")));
+        }
+        let span = tracing::debug_span!("dlock.acquire", key = %full_key, name = options.name, ?timeout, expire = ?lease.length, renewed = lease.renewed);
+        Wait::new(self, full_key, timeout, lease, &options)?
+            .run()
+            .instrument(span)
+            .await
+    }
+
+    /// One attempt: the guard when the lock was free, `None` when it is held.
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire), except that a busy lock is `Ok(None)`.
+    pub async fn try_acquire(
+        &self,
+        key: &str,
+        expire: Duration,
+    ) -> Result<Option<LockGuard>, LockError> {
+        match self
+            .acquire(
+                key,
+                LockOptions::new().timeout(Duration::ZERO).expire(expire),
+            )
+            .await
+        {
+            Ok(guard) => Ok(Some(guard)),
+            Err(LockError::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Two attempts with one token, as when the first attempt's reply was lost and the wait
+    /// tried again: the first attempt's fence (which its caller never learnt) and the guard of
+    /// the second. For the shared semantic suite, through `__private`.
+    pub(crate) async fn attempt_twice(
+        &self,
+        key: &str,
+        lease: Duration,
+    ) -> Result<(u64, LockGuard), LockError> {
+        crate::lease::check_lease(lease)?;
+        let key = self.full_key(key)?;
+        let token = Token::generate()?;
+        let request = Request {
+            key: &key,
+            token: &token,
+            lease,
+            queue: None,
+        };
+        let Attempt::Acquired { fence: first, .. } = self.backend().acquire(request).await? else {
+            return Err(LockError::Timeout {
+                key,
+                waited: Duration::ZERO,
+            });
+        };
+        let sent_at = Instant::now();
+        let Attempt::Acquired {
+            fence,
+            granted,
+            lost,
+        } = self.backend().acquire(request).await?
+        else {
+            return Err(LockError::Lost { key });
+        };
+        let lease = Lease {
+            length: lease,
+            renewed: false,
+        }
+        .granted(granted);
+        let grant = Grant {
+            fence,
+            sent_at,
+            lease,
+            lost,
+        };
+        let hold = Hold::new(self.clone(), key, token, &grant, None);
+        hold.follow_engine(grant.lost);
+        Ok((first, LockGuard::new(hold, lease, None)))
+    }
+
+    /// A further guard when an enclosing scope of this task (a locked body, or
+    /// [`LockGuard::scope`]) holds `key` through this locker.
+    fn reenter(&self, key: &str) -> Option<LockGuard> {
+        let hold = scoped_hold(self, key)?;
+        if !hold.reenter() {
+            return None;
+        }
+        tracing::debug!(key = %key, fencing_token = hold.fence(), "lock re-entered by its holder");
+        Some(LockGuard::reentered(hold))
+    }
+
+    fn full_key(&self, key: &str) -> Result<String, LockError> {
+        self.check_key(key)?;
+        let prefix = &self.inner.settings.key_prefix;
+        let mut full = String::with_capacity(prefix.len() + key.len());
+        full.push_str(prefix);
+        full.push_str(key);
+        self.engine_accepts(full)
+    }
+
+    /// [`full_key`](Self::full_key) made in `key`'s own buffer (no allocation when it has room
+    /// for the prefix).
+    fn full_key_from(&self, mut key: String) -> Result<String, LockError> {
+        self.check_key(&key)?;
+        key.insert_str(0, &self.inner.settings.key_prefix);
+        self.engine_accepts(key)
+    }
+
+    /// The full key, unless the engine cannot store it.
+    fn engine_accepts(&self, full: String) -> Result<String, LockError> {
+        match self.backend().key_error(&full) {
+            Some(reason) => {
+                let key = &full[self.inner.settings.key_prefix.len()..];
+                Err(LockError::invalid_key(key, reason))
+            }
+            None => Ok(full),
+        }
+    }
+
+    /// The rules for a key, before its prefix.
+    fn check_key(&self, key: &str) -> Result<(), LockError> {
+        let settings = &self.inner.settings;
+        if key.is_empty() {
+            return Err(LockError::invalid_key(key, "the key is empty"));
+        }
+        let len = settings.key_prefix.len() + key.len();
+        if len > settings.max_key_len {
+            return Err(LockError::invalid_key(
+                key,
+                format!(
+                    "the key is {len} bytes with its prefix; the longest accepted is {} (DLOCK_MAX_KEY_LEN)",
+                    settings.max_key_len
+                ),
+            ));
+        }
+        // The engines' own bookkeeping lives in a reserved namespace after the prefix,
+        // `__word:` (Redis's fencing counters `__fence:{tag}`, fair mode's `__fair:{…}`): a lock
+        // key may not start so, on any engine alike.
+        if let Some(word) = key.strip_prefix("__").and_then(|rest| rest.split_once(':'))
+            && !word.0.is_empty()
+            && word.0.bytes().all(|b| b.is_ascii_lowercase())
+        {
+            return Err(LockError::invalid_key(
+                key,
+                "keys starting with `__<word>:` (after the prefix, like `__fence:`) are \
+                 reserved for the engines' own bookkeeping",
+            ));
+        }
+        Ok(())
+    }
+}
