@@ -23,7 +23,7 @@
 //! else starts its own `redis-server` on a free loopback port. `--engine redis-cluster` starts a
 //! throwaway Redis Cluster (3 masters, 3 replicas), `--engine redis-sentinel` a throwaway master
 //! with 2 replicas and 3 sentinels, `--engine redlock` 5 independent masters
-//! ([`dlock_examples::throwaway`]); the lockers get the
+//! ([`dlock_testkit`]); the lockers get the
 //! engine's URL. Every figure is also given as a ratio to the **floor**: the same work done with
 //! raw commands by hand (`SET key token NX PX`, then an `EVALSHA` compare-and-delete), the
 //! two-round-trip limit of any Redis lock; on a Cluster they go through a redis-rs cluster
@@ -63,8 +63,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dlock_examples::engine::{Connection, Deployment, Engine};
 use dlock_runtime::{LockError, LockOptions, Locker, dlock};
+use dlock_testkit::deployment::{Connection, Deployment, Engine};
 use redis::AsyncCommands as _;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
@@ -1551,7 +1551,7 @@ async fn main() -> std::process::ExitCode {
         #[cfg(feature = "etcd")]
         Engine::Etcd => Some(etcd::bench(&args).await),
         #[cfg(not(feature = "etcd"))]
-        Engine::Etcd => Some(Err(dlock_examples::engine::ETCD_FEATURE.into())),
+        Engine::Etcd => Some(Err(dlock_testkit::deployment::ETCD_FEATURE.into())),
         Engine::ZooKeeper => Some(zookeeper::bench(&args).await),
         _ => None,
     };

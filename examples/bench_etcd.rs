@@ -17,8 +17,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dlock_examples::engine::{Connection, Deployment, Engine};
 use dlock_runtime::{LockOptions, Locker};
+use dlock_testkit::deployment::{Connection, Deployment, Engine};
 use etcd_client::{Client, LockOptions as EtcdLockOptions};
 use redis::AsyncCommands as _;
 

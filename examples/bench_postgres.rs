@@ -11,8 +11,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dlock_examples::throwaway::postgres::PostgresServer;
 use dlock_runtime::{LockOptions, Locker};
+use dlock_testkit::postgres::PostgresServer;
 use tokio_postgres::{Client, NoTls, Statement};
 
 use super::{
@@ -20,7 +20,7 @@ use super::{
     medians, percentile, report,
 };
 
-const ENGINE: dlock_examples::engine::Engine = dlock_examples::engine::Engine::Postgres;
+const ENGINE: dlock_testkit::deployment::Engine = dlock_testkit::deployment::Engine::Postgres;
 
 struct Target {
     server: PostgresServer,

@@ -11,8 +11,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use dlock_examples::throwaway::zookeeper::ZkEnsemble;
 use dlock_runtime::{LockOptions, Locker};
+use dlock_testkit::zookeeper::ZkEnsemble;
 use zookeeper_client::{Acls, Client, CreateMode, LockPrefix};
 
 use super::{
@@ -20,7 +20,7 @@ use super::{
     medians, percentile, report,
 };
 
-const ENGINE: dlock_examples::engine::Engine = dlock_examples::engine::Engine::ZooKeeper;
+const ENGINE: dlock_testkit::deployment::Engine = dlock_testkit::deployment::Engine::ZooKeeper;
 
 struct Target {
     server: ZkEnsemble,

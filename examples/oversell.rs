@@ -21,7 +21,7 @@
 //!   `redis-server` and `redis-cli`); `--engine redis-sentinel`: a throwaway master with 2
 //!   replicas and 3 sentinels (needs `redis-sentinel` too); `--engine redlock`: RedLock over 5
 //!   independent throwaway masters (the stock lives on the first). All on free loopback ports,
-//!   stopped at the end, on error and on Ctrl-C ([`dlock_examples::throwaway`]). `--engine postgres`: a
+//!   stopped at the end, on error and on Ctrl-C ([`dlock_testkit`]). `--engine postgres`: a
 //!   throwaway PostgreSQL cluster (`initdb` into a temporary directory, needs the `postgresql`
 //!   package), whose database holds the locks and the stock alike. `--engine etcd`: the locks on
 //!   a throwaway etcd member (needs `etcd`), the stock on a throwaway `redis-server` beside it.
@@ -52,11 +52,9 @@ use std::{
     time::Duration,
 };
 
-use dlock_examples::{
-    engine::{Connection, Deployment, Engine},
-    redact_url,
-};
+use dlock_examples::redact_url;
 use dlock_runtime::{LockError, Locker, dlock};
+use dlock_testkit::deployment::{Connection, Deployment, Engine};
 use redis::AsyncCommands as _;
 use tokio::{
     io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader},
@@ -717,7 +715,7 @@ impl Backend {
                 });
             }
         }
-        if !dlock_examples::throwaway::RedisServer::available() {
+        if !dlock_testkit::RedisServer::available() {
             return Ok(Self::Embedded {
                 why: "no DLOCK_REDIS_URL / REDIS_URL and no redis-server on PATH",
             });

@@ -2,11 +2,6 @@
 //! very same code in separate processes:
 //!
 //! - [`orders`]: the axum order service of `examples/axum_orders.rs` (its `#[dlock]` handlers);
-//! - [`throwaway`]: throwaway Redis deployments on free loopback ports, stopped when dropped: a
-//!   `redis-server`, a Redis Cluster, a master with replicas and sentinels (the test harness
-//!   starts its servers with them too);
-//! - [`engine`]: the `--engine` flag of `oversell` and `bench`, the deployment it starts, and a
-//!   data connection on any engine URL;
 //! - [`http`]: a tiny HTTP/1.1 client over a `TcpStream`, enough to call that service.
 //!
 //! Run the programs with `cargo run --example oversell`, `--example axum_orders`,
@@ -14,10 +9,8 @@
 #![deny(missing_docs)]
 #![warn(unreachable_pub, missing_debug_implementations)]
 
-pub mod engine;
 pub mod http;
 pub mod orders;
-pub mod throwaway;
 
 /// An engine URL fit for printing ([`dlock_runtime::EngineUrl`]'s `Display`: the credentials
 /// are replaced by `***`); a URL no engine of this build reads is not shown at all.

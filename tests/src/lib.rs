@@ -2,10 +2,10 @@
 //! them when dropped, with the faults the fault tests need (kill, restart on the same port,
 //! SIGSTOP/SIGCONT), and the Cluster and Sentinel deployments of the engine suite.
 //!
-//! The deployments live in [`dlock_examples::throwaway`], where the examples run on them too;
-//! they are re-exported here under the names the tests use ([`RedisServer`], [`cluster`],
-//! [`sentinel`], [`free_port`], [`INSTALL_REDIS`]). A missing `redis-server` binary fails the
-//! test with the command that installs it.
+//! The deployments and the proxy live in [`dlock_testkit`], where the examples and the
+//! benchmark use them too; they are re-exported here under the names the tests use
+//! ([`RedisServer`], [`cluster`], [`sentinel`], [`free_port`], [`INSTALL_REDIS`], [`proxy`]). A
+//! missing server binary fails the test with the command that installs it.
 #![warn(unreachable_pub, missing_debug_implementations)]
 
 use std::{
@@ -17,10 +17,9 @@ use dlock_runtime::Locker;
 
 pub mod engines;
 pub mod pg;
-pub mod proxy;
-pub use dlock_examples::throwaway::postgres::{self, PostgresServer};
-pub use dlock_examples::throwaway::{
-    INSTALL_REDIS, RedisServer, cluster, etcd, free_port, redlock, sentinel, zookeeper,
+pub use dlock_testkit::postgres::{self, PostgresServer};
+pub use dlock_testkit::{
+    INSTALL_REDIS, RedisServer, cluster, etcd, free_port, proxy, redlock, sentinel, zookeeper,
 };
 pub use engines::Engine;
 

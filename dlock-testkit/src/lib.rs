@@ -1,17 +1,18 @@
-//! Throwaway Redis deployments on free loopback ports, stopped when dropped: one
-//! [`RedisServer`], a [`RedisCluster`](cluster::RedisCluster) of 3 masters and 3 replicas, and
-//! a master with 2 replicas watched by 3 sentinels ([`RedisSentinels`](sentinel::RedisSentinels)),
-//! and independent masters for RedLock ([`RedLockServers`](redlock::RedLockServers)).
-//! No persistence, loopback only. The examples (`oversell`, `bench`) run on them, and the test
-//! harness (`dlock-tests`, which re-exports them) starts its servers with them, with the faults
-//! its tests need (kill, restart on the same port, SIGSTOP/SIGCONT, a failover, a slot
-//! migrated).
-//!
-//! A throwaway PostgreSQL cluster ([`PostgresServer`](postgres::PostgresServer)) runs the same
-//! way for the PostgreSQL engine, and a ZooKeeper server or ensemble of local JVMs
-//! ([`ZkEnsemble`](zookeeper::ZkEnsemble)) for the ZooKeeper engine.
+//! What the tests, the examples and the benchmark share: throwaway deployments of every engine
+//! on free loopback ports, stopped when dropped (one [`RedisServer`], a
+//! [`RedisCluster`](cluster::RedisCluster) of 3 masters and 3 replicas, a master with 2 replicas
+//! watched by 3 sentinels ([`RedisSentinels`](sentinel::RedisSentinels)), independent masters for
+//! RedLock ([`RedLockServers`](redlock::RedLockServers)), a PostgreSQL cluster
+//! ([`PostgresServer`](postgres::PostgresServer)), etcd members
+//! ([`EtcdCluster`](etcd::EtcdCluster)) and ZooKeeper servers of local JVMs
+//! ([`ZkEnsemble`](zookeeper::ZkEnsemble))), the `--engine` of the examples
+//! ([`deployment`]), and a TCP proxy that cuts and heals the link to a server
+//! ([`proxy::Proxy`]). No persistence, loopback only, with the faults the tests need (kill,
+//! restart on the same port, SIGSTOP/SIGCONT, a failover, a slot migrated).
 //!
 //! A missing binary is reported with the command that installs it ([`INSTALL_REDIS`]).
+#![deny(missing_docs)]
+#![warn(unreachable_pub, missing_debug_implementations)]
 
 use std::{
     io::{Read as _, Write as _},
@@ -21,8 +22,10 @@ use std::{
 };
 
 pub mod cluster;
+pub mod deployment;
 pub mod etcd;
 pub mod postgres;
+pub mod proxy;
 pub mod redlock;
 mod resp;
 pub mod sentinel;

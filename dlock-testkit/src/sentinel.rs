@@ -502,6 +502,6 @@ mod tests {
         let mut all = ports;
         all.extend(sentinels.servers().iter().map(RedisServer::port));
         drop(sentinels);
-        assert!(all.iter().all(|&p| !crate::throwaway::ping(p)));
+        assert!(all.iter().all(|&p| !crate::ping(p)));
     }
 }

@@ -12,7 +12,7 @@ use redis::{
     cluster_async::ClusterConnection,
 };
 
-use crate::throwaway::{
+use crate::{
     RedisServer,
     cluster::RedisCluster,
     etcd::EtcdCluster,
@@ -73,7 +73,7 @@ impl std::str::FromStr for Engine {
     type Err = String;
 
     /// ```
-    /// use dlock_examples::engine::Engine;
+    /// use dlock_testkit::deployment::Engine;
     ///
     /// assert_eq!("redis-cluster".parse(), Ok(Engine::RedisCluster));
     /// assert_eq!("etcd".parse(), Ok(Engine::Etcd));
@@ -141,7 +141,7 @@ impl Deployment {
     pub async fn start(engine: Engine) -> Result<Self, String> {
         let missing = match engine {
             Engine::Redis | Engine::RedLock if !RedisServer::available() => {
-                Some(crate::throwaway::INSTALL_REDIS)
+                Some(crate::INSTALL_REDIS)
             }
             Engine::RedisCluster if !RedisCluster::available() => Some(
                 "redis-server or redis-cli not found on PATH: install them with `sudo apt-get install -y redis-server`",
@@ -149,8 +149,8 @@ impl Deployment {
             Engine::RedisSentinel if !RedisSentinels::available() => Some(INSTALL_SENTINEL),
             Engine::Postgres if !PostgresServer::available() => Some(INSTALL_POSTGRES),
             Engine::Etcd if !cfg!(feature = "etcd") => Some(ETCD_FEATURE),
-            Engine::Etcd if !EtcdCluster::available() => Some(crate::throwaway::etcd::INSTALL_ETCD),
-            Engine::Etcd if !RedisServer::available() => Some(crate::throwaway::INSTALL_REDIS),
+            Engine::Etcd if !EtcdCluster::available() => Some(crate::etcd::INSTALL_ETCD),
+            Engine::Etcd if !RedisServer::available() => Some(crate::INSTALL_REDIS),
             Engine::ZooKeeper if !ZkEnsemble::available() => Some(INSTALL_ZOOKEEPER),
             _ => None,
         };

@@ -727,6 +727,6 @@ mod tests {
         );
         let ports: Vec<u16> = cluster.nodes().iter().map(RedisServer::port).collect();
         drop(cluster);
-        assert!(ports.iter().all(|&p| !crate::throwaway::ping(p)));
+        assert!(ports.iter().all(|&p| !crate::ping(p)));
     }
 }
