@@ -20,18 +20,31 @@
 //!     -> Result<Response, OrderError> { … }
 //! ```
 //!
-//! Configuration: the lock client is `Locker::from_env()` (`DLOCK_REDIS_URL` or `REDIS_URL`,
-//! `DLOCK_KEY_PREFIX`, …, see dlock-runtime's docs), the stock is kept in the same Redis. The
-//! port comes from `--port` or `PORT` (default 3000; `0` picks a free one); the program prints
-//! `listening on 127.0.0.1:<port>` once it accepts connections. Logs go to stderr
-//! (`RUST_LOG=debug` shows each lock acquisition).
+//! Configuration: the lock client is `Locker::from_env()` (`DLOCK_URL`, any engine, and
+//! `DLOCK_KEY_PREFIX`, …; see dlock-runtime's docs); the stock is kept in Redis: `STOCK_URL`,
+//! else the `DLOCK_URL` when it names one Redis server, else `DLOCK_REDIS_URL` / `REDIS_URL`, else
+//! `redis://127.0.0.1:6379`. `GET /health` is the readiness probe: it pings the lock engine
+//! (`Locker::ping`). The port comes from `--port` or `PORT` (default 3000; `0` picks a free one);
+//! the program prints `listening on 127.0.0.1:<port>` once it accepts connections. Logs go to
+//! stderr (`RUST_LOG=debug` shows each lock acquisition). On Ctrl-C or SIGTERM it drains its
+//! requests and closes the locker, leaving nothing in the engine.
 
 use std::process::ExitCode;
 
 use dlock_examples::orders::{self, AppState};
 use tracing_subscriber::EnvFilter;
 
-const USAGE: &str = "usage: axum_orders [--port <port>]   (or PORT=<port>; default 3000)";
+/// The service's arguments (`--help` prints them).
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "axum_orders",
+    about = "An HTTP order service whose handlers are locked with #[dlock]."
+)]
+struct Args {
+    /// The port to listen on, on 127.0.0.1 (0 picks a free one).
+    #[arg(long, env = "PORT", default_value_t = 3000)]
+    port: u16,
+}
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -42,13 +55,7 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
 
-    let port = match port() {
-        Ok(port) => port,
-        Err(message) => {
-            eprintln!("axum_orders: {message}\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let port = <Args as clap::Parser>::parse().port;
     let state = match AppState::from_env().await {
         Ok(state) => state,
         Err(e) => {
@@ -73,26 +80,4 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// `--port N` (or `--port=N`), else `PORT`, else 3000.
-fn port() -> Result<u16, String> {
-    let mut args = std::env::args().skip(1);
-    let mut port = std::env::var("PORT").ok();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--port" => port = Some(args.next().ok_or("--port needs a value")?),
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                std::process::exit(0);
-            }
-            _ => match arg.strip_prefix("--port=") {
-                Some(value) => port = Some(value.to_owned()),
-                None => return Err(format!("unknown argument `{arg}`")),
-            },
-        }
-    }
-    port.map_or(Ok(3000), |p| {
-        p.parse().map_err(|_| format!("invalid port `{p}`"))
-    })
 }

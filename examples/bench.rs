@@ -19,8 +19,9 @@
 //! drift of the machine hits them alike; each figure is the median round. In W1 the variants
 //! take turns cycle by cycle.
 //!
-//! With `--engine redis` (the default) it uses `DLOCK_REDIS_URL` (or `REDIS_URL`) when set, or
-//! else starts its own `redis-server` on a free loopback port. `--engine redis-cluster` starts a
+//! Without `--engine` it uses `DLOCK_URL` when that names a Redis engine (or, kept for
+//! compatibility, `DLOCK_REDIS_URL` or `REDIS_URL`), or else starts its own `redis-server` on a
+//! free loopback port; `--engine redis` always starts one. `--engine redis-cluster` starts a
 //! throwaway Redis Cluster (3 masters, 3 replicas), `--engine redis-sentinel` a throwaway master
 //! with 2 replicas and 3 sentinels, `--engine redlock` 5 independent masters
 //! ([`dlock_testkit`]); the lockers get the
@@ -136,6 +137,8 @@ struct Args {
     json: Option<String>,
     plot: Option<String>,
     engine: Engine,
+    /// No `--engine` was given: the environment's deployment, if it names one.
+    from_env: bool,
     /// Which workloads to run (`--only w1,w4`): all by default.
     only: Option<Vec<String>>,
 }
@@ -148,61 +151,65 @@ impl Args {
     }
 }
 
+/// The benchmark's arguments (`--help` prints them).
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "bench",
+    about = "dlock against each engine's own lock (the floor), measured side by side in one run.",
+    after_help = "Without --engine it runs on DLOCK_URL when that names a Redis engine (one \
+                  server, Cluster, Sentinel or RedLock), else (kept for compatibility) on \
+                  DLOCK_REDIS_URL / REDIS_URL, else on a throwaway redis-server."
+)]
+struct Cli {
+    /// Tiny counts and one round: a correctness smoke test.
+    #[arg(long)]
+    quick: bool,
+    /// Rounds of every variant (the figures are the median round).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    rounds: Option<u64>,
+    /// Only these workloads.
+    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4"])]
+    only: Option<Vec<String>>,
+    /// Append each row as a JSON line to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<String>,
+    /// Write W3's wait-time plot (SVG) to this file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<String>,
+    /// Run on a throwaway deployment of this engine.
+    #[arg(long, value_enum)]
+    engine: Option<Engine>,
+}
+
 fn parse_args() -> Result<Args, String> {
-    let mut args = Args {
-        sizes: Sizes::full(),
-        rounds: 5,
-        json: None,
-        plot: None,
-        engine: Engine::Redis,
-        only: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--quick" => {
-                args.sizes = Sizes::quick();
-                args.rounds = 1;
-            }
-            "--rounds" => {
-                args.rounds = it
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .filter(|n| *n > 0)
-                    .ok_or("--rounds needs a positive number")?;
-            }
-            "--only" => {
-                let list = it.next().ok_or("--only needs workloads, like w1,w4")?;
-                let only: Vec<String> = list.split(',').map(str::to_lowercase).collect();
-                if let Some(bad) = only
-                    .iter()
-                    .find(|w| !["w1", "w2", "w3", "w4"].contains(&w.as_str()))
-                {
-                    return Err(format!(
-                        "--only: unknown workload `{bad}`; expected w1, w2, w3 or w4"
-                    ));
-                }
-                args.only = Some(only);
-            }
-            "--json" => args.json = Some(it.next().ok_or("--json needs a file")?),
-            "--plot" => args.plot = Some(it.next().ok_or("--plot needs a file")?),
-            "--engine" => {
-                args.engine = it
-                    .next()
-                    .ok_or_else(|| format!("--engine needs one of {}", Engine::NAMES))?
-                    .parse()?;
-            }
-            "-h" | "--help" => {
-                println!(
-                    "usage: bench [--quick] [--rounds N] [--only w1,w2,w3,w4] [--json FILE] [--plot FILE.svg] [--engine {}]",
-                    Engine::NAMES
-                );
-                std::process::exit(0);
-            }
-            other => return Err(format!("unknown argument `{other}` (try --help)")),
+    let cli = <Cli as clap::Parser>::parse();
+    let engine = match cli.engine {
+        Some(Engine::Memory) => {
+            return Err(
+                "--engine memory: the embedded table has no floor to measure against (it runs \
+                 in the suite and the demo)"
+                    .to_owned(),
+            );
         }
-    }
-    Ok(args)
+        Some(engine) => engine,
+        None => Engine::Redis,
+    };
+    let rounds = cli.rounds.map_or(if cli.quick { 1 } else { 5 }, |r| {
+        usize::try_from(r).unwrap_or(usize::MAX)
+    });
+    Ok(Args {
+        sizes: if cli.quick {
+            Sizes::quick()
+        } else {
+            Sizes::full()
+        },
+        rounds,
+        json: cli.json,
+        plot: cli.plot,
+        engine,
+        from_env: cli.engine.is_none(),
+        only: cli.only,
+    })
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -1481,17 +1488,36 @@ fn report(
 }
 
 /// The Redis `engine` to measure, said on stdout, and the throwaway deployment to stop at the
-/// end (none for a server from `DLOCK_REDIS_URL` or `REDIS_URL`).
-async fn target(engine: Engine) -> Result<(Target, Option<Deployment>), String> {
-    let from_env = std::env::var("DLOCK_REDIS_URL")
-        .or_else(|_| std::env::var("REDIS_URL"))
-        .ok()
-        .filter(|u| !u.is_empty());
-    if let (Engine::Redis, Some(url)) = (engine, from_env) {
-        println!(
-            "Redis: {} (from the environment)",
-            dlock_examples::redact_url(&url)
-        );
+/// end (none for a deployment named by `DLOCK_URL`, or the older `DLOCK_REDIS_URL` or
+/// `REDIS_URL`, when no `--engine` was given).
+async fn target(engine: Engine, from_env: bool) -> Result<(Target, Option<Deployment>), String> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let from_env = from_env
+        .then(|| {
+            var("DLOCK_URL")
+                .map(|url| ("DLOCK_URL", url))
+                .or_else(|| var("DLOCK_REDIS_URL").map(|url| ("DLOCK_REDIS_URL", url)))
+                .or_else(|| var("REDIS_URL").map(|url| ("REDIS_URL", url)))
+        })
+        .flatten();
+    if let Some((name, url)) = from_env {
+        let parsed: dlock_runtime::EngineUrl = url.parse().map_err(|e| format!("{e}"))?;
+        let engine = Engine::of_url_engine(parsed.engine())
+            .filter(|e| {
+                matches!(
+                    e,
+                    Engine::Redis | Engine::RedisCluster | Engine::RedisSentinel | Engine::RedLock
+                )
+            })
+            .ok_or_else(|| {
+                format!(
+                    "{name} names a `{}` engine: measure it on a throwaway deployment \
+                     (`--engine {}`), which the benchmark can read server figures from",
+                    parsed.engine(),
+                    parsed.engine()
+                )
+            })?;
+        println!("{engine}: {parsed} (from {name})");
         let target = Target {
             engine,
             masters: vec![url.clone()],
@@ -1500,7 +1526,7 @@ async fn target(engine: Engine) -> Result<(Target, Option<Deployment>), String> 
         return Ok((target, None));
     }
     let deployment = Deployment::start(engine).await.map_err(|e| match engine {
-        Engine::Redis => format!("needs Redis: set DLOCK_REDIS_URL, or install redis-server: {e}"),
+        Engine::Redis => format!("needs Redis: set DLOCK_URL, or install redis-server: {e}"),
         _ => format!("starting a throwaway {engine}: {e}"),
     })?;
     let target = Target {
@@ -1568,7 +1594,7 @@ async fn main() -> std::process::ExitCode {
             }
         };
     }
-    let (target, _deployment) = match target(args.engine).await {
+    let (target, _deployment) = match target(args.engine, args.from_env).await {
         Ok(target) => target,
         Err(e) => {
             eprintln!("bench: {e}");

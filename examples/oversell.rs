@@ -7,38 +7,29 @@
 //! ```text
 //! cargo run --example oversell                      # 4 instances, 200 buyers, 50 in stock
 //! cargo run --example oversell -- --instances 3 --buyers 60 --stock 20
-//! cargo run --example oversell -- --embedded        # force the in-process backend
-//! cargo run --example oversell -- --engine redis-cluster   # on a throwaway Redis Cluster
-//! cargo run --example oversell -- --engine redis-sentinel  # on a throwaway Sentinel deployment
-//! cargo run --example oversell -- --engine redlock         # RedLock over 5 throwaway masters
-//! cargo run --example oversell -- --engine postgres        # on a throwaway PostgreSQL cluster
-//! cargo run --example oversell -- --engine etcd            # locks on a throwaway etcd
-//! cargo run --example oversell -- --engine zookeeper       # on a throwaway ZooKeeper server
+//! cargo run --example oversell -- --engine redis-cluster   # on a throwaway deployment
+//! DLOCK_URL=postgres://app@db/shop cargo run --example oversell   # on your own deployment
+//! cargo run --example oversell -- --help
 //! ```
 //!
-//! Backend, said in the output:
-//! - `--engine redis-cluster`: a throwaway Redis Cluster (3 masters, 3 replicas; needs
-//!   `redis-server` and `redis-cli`); `--engine redis-sentinel`: a throwaway master with 2
-//!   replicas and 3 sentinels (needs `redis-sentinel` too); `--engine redlock`: RedLock over 5
-//!   independent throwaway masters (the stock lives on the first). All on free loopback ports,
-//!   stopped at the end, on error and on Ctrl-C ([`dlock_testkit`]). `--engine postgres`: a
-//!   throwaway PostgreSQL cluster (`initdb` into a temporary directory, needs the `postgresql`
-//!   package), whose database holds the locks and the stock alike. `--engine etcd`: the locks on
-//!   a throwaway etcd member (needs `etcd`), the stock on a throwaway `redis-server` beside it.
-//!   `--engine zookeeper`: a throwaway standalone ZooKeeper server (a JVM; needs the `zookeeper`
-//!   package and a JRE), whose znodes hold the locks and the stock alike.
-//! - Else (`--engine redis`, the default): `DLOCK_REDIS_URL` (or `REDIS_URL`) when set: that
-//!   Redis;
-//! - else, with `redis-server` on `PATH`: a throwaway server on a free loopback port
-//!   (`--save "" --appendonly no --bind 127.0.0.1`), stopped at the end, on error and on Ctrl-C;
-//! - else (or with `--embedded`, or `DLOCK_BACKEND=memory`): the embedded backend
-//!   (`Locker::memory()`), the instances being tasks of this one process.
+//! Where it runs, said in the output:
+//! - `--engine <name>`: a throwaway deployment of that engine on free loopback ports
+//!   ([`dlock_testkit`]), stopped at the end, on error and on Ctrl-C: `redis`, `redis-cluster`
+//!   (3 masters, 3 replicas), `redis-sentinel` (a master, 2 replicas, 3 sentinels), `redlock`
+//!   (5 independent masters), `etcd` (one member; build with `--features etcd`), `zookeeper`
+//!   (a standalone server: a JVM), `postgres` (`initdb` into a temporary directory), or
+//!   `memory` (the embedded table, the instances being tasks of this process);
+//! - else `DLOCK_URL`, any engine's URL: your deployment;
+//! - else (kept for compatibility) `DLOCK_BACKEND=memory`, or `DLOCK_REDIS_URL` / `REDIS_URL`;
+//! - else, with `redis-server` on `PATH`: a throwaway Redis server;
+//! - else the embedded table.
 //!
-//! With Redis the stock lives in Redis (plain `GET` then `SET`, not atomic on purpose; on
-//! PostgreSQL a row read with `SELECT` and written with `UPDATE`) and each
-//! instance is a separate OS process — this program started again with a hidden `--worker` mode —
-//! configured from the environment (`DLOCK_URL`, which names any engine) with its own
-//! connections, reporting every purchase and its lock wait on stdout.
+//! The stock lives on the engine of the locks: in Redis (plain `GET` then `SET`, not atomic on
+//! purpose; on RedLock on the first master), a PostgreSQL row (`SELECT` then `UPDATE`), a
+//! ZooKeeper znode, or etcd keys (read, then write back). Each instance is a separate OS
+//! process — this program started again with a hidden `--worker` mode — configured from the
+//! environment (`DLOCK_URL`) with its own connections, reporting every purchase and its lock
+//! wait on stdout.
 //!
 //! Exit code 0 only when the locked run is exact (sold == stock, oversold 0, nothing failed).
 
@@ -53,7 +44,7 @@ use std::{
 };
 
 use dlock_examples::redact_url;
-use dlock_runtime::{LockError, Locker, dlock};
+use dlock_runtime::{EngineUrl, LockError, Locker, dlock};
 use dlock_testkit::deployment::{Connection, Deployment, Engine};
 use redis::AsyncCommands as _;
 use tokio::{
@@ -63,24 +54,44 @@ use tokio::{
     time::Instant,
 };
 
-const USAGE: &str = "\
-usage: oversell [--instances N] [--buyers N] [--stock N] [--embedded]
-                [--engine redis|redis-cluster|redis-sentinel|redlock|postgres|zookeeper]
+/// The demo's arguments (`--help` prints them).
+#[derive(Clone, Copy, Debug, clap::Parser)]
+#[command(
+    name = "oversell",
+    about = "Sells a small stock to many buyers through several instances of a shop, without a \
+             lock and with #[dlock], and shows the difference.",
+    after_help = "Where it runs: --engine starts a throwaway deployment; else DLOCK_URL (any \
+                  engine); else DLOCK_BACKEND=memory or DLOCK_REDIS_URL / REDIS_URL; else a \
+                  throwaway redis-server when one is on PATH; else the embedded table."
+)]
+struct Config {
+    /// Instances of the shop service.
+    #[arg(long, default_value_t = 4, value_parser = at_least_one)]
+    instances: usize,
+    /// Buyers, each trying to buy one item at the same moment.
+    #[arg(long, default_value_t = 200, value_parser = at_least_one)]
+    buyers: usize,
+    /// Items in stock.
+    #[arg(long, default_value_t = 50)]
+    stock: u64,
+    /// The embedded table, the instances being tasks of this process (`--engine memory`).
+    #[arg(long, conflicts_with = "engine")]
+    embedded: bool,
+    /// Run on a throwaway deployment of this engine.
+    #[arg(long, value_enum)]
+    engine: Option<Engine>,
+}
 
-  --instances N   instances of the shop service (default 4)
-  --buyers N      buyers, each trying to buy one item at the same moment (default 200)
-  --stock N       items in stock (default 50)
-  --embedded      use the embedded backend even when Redis is available
-                  (also: DLOCK_BACKEND=memory)
-  --engine E      redis (default): see Backend below; redis-cluster: a throwaway Redis Cluster
-                  (3 masters, 3 replicas); redis-sentinel: a throwaway master, 2 replicas and
-                  3 sentinels; redlock: RedLock over 5 throwaway independent masters;
-                  postgres: a throwaway PostgreSQL cluster (locks and stock in
-                  its database); zookeeper: a throwaway ZooKeeper server (locks
-                  and stock in its znodes)
-
-Backend: DLOCK_REDIS_URL or REDIS_URL when set; else a throwaway redis-server when one is on
-PATH; else the embedded backend, instances as tasks of this process.";
+/// A count from 1 to `u32::MAX` (buyers are numbered with `u32`).
+fn at_least_one(value: &str) -> Result<usize, String> {
+    match value.parse::<u32>() {
+        Ok(n) if n > 0 => Ok(n as usize),
+        _ => Err(format!(
+            "`{value}` is not a whole number from 1 to {}",
+            u32::MAX
+        )),
+    }
+}
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -94,17 +105,7 @@ async fn main() -> ExitCode {
             }
         };
     }
-    let config = match Config::parse(&args) {
-        Ok(Some(config)) => config,
-        Ok(None) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(message) => {
-            eprintln!("oversell: {message}\n\n{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    let config = <Config as clap::Parser>::parse();
     // Dropping the demo (Ctrl-C) kills the workers and stops the throwaway server it owns.
     tokio::select! {
         result = demo(config) => match result {
@@ -144,6 +145,10 @@ enum Store {
     /// and written back (not atomic on purpose), sales as sequential children of
     /// `/oversell/<sku>/sales`.
     ZooKeeper(zookeeper_client::Client),
+    /// The stock in etcd (`DLOCK_URL=etcd://…`): the key `oversell/<sku>/stock` read and written
+    /// back (not atomic on purpose), sales as keys under `oversell/<sku>/sales/`.
+    #[cfg(feature = "etcd")]
+    Etcd(Box<etcd_client::Client>),
     /// The stock in this process, read and written with separate loads and stores.
     Memory(Arc<MemoryStore>),
 }
@@ -206,6 +211,64 @@ mod zk_stock {
     }
 }
 
+/// The keys of the stock on etcd.
+#[cfg(feature = "etcd")]
+mod etcd_stock {
+    use etcd_client::{Client, DeleteOptions, Error, GetOptions};
+
+    /// `h1:p1,h2:p2` of `[user:password@]h1:p1,h2:p2[/…][?…]` (the demo's store connects
+    /// without credentials).
+    pub(super) fn endpoints(hosts: &str) -> Vec<String> {
+        let hosts = hosts.rsplit_once('@').map_or(hosts, |(_, h)| h);
+        let hosts = hosts.split(['/', '?']).next().unwrap_or_default();
+        hosts.split(',').map(str::to_owned).collect()
+    }
+
+    fn stock_key(sku: &str) -> String {
+        format!("oversell/{sku}/stock")
+    }
+
+    fn sales_prefix(sku: &str) -> String {
+        format!("oversell/{sku}/sales/")
+    }
+
+    pub(super) async fn stock(etcd: &Client, sku: &str) -> Result<u64, Error> {
+        let got = etcd.clone().get(stock_key(sku), None).await?;
+        Ok(got
+            .kvs()
+            .first()
+            .and_then(|kv| kv.value_str().ok()?.parse().ok())
+            .unwrap_or(0))
+    }
+
+    pub(super) async fn set_stock(etcd: &Client, sku: &str, n: u64) -> Result<(), Error> {
+        etcd.clone()
+            .put(stock_key(sku), n.to_string(), None)
+            .await?;
+        Ok(())
+    }
+
+    pub(super) async fn record_sale(etcd: &Client, sku: &str, buyer: u32) -> Result<(), Error> {
+        let key = format!("{}{buyer}", sales_prefix(sku));
+        etcd.clone().put(key, buyer.to_string(), None).await?;
+        Ok(())
+    }
+
+    pub(super) async fn sales(etcd: &Client, sku: &str) -> Result<u64, Error> {
+        let options = GetOptions::new().with_prefix().with_count_only();
+        let got = etcd.clone().get(sales_prefix(sku), Some(options)).await?;
+        Ok(u64::try_from(got.count()).unwrap_or(0))
+    }
+
+    pub(super) async fn remove(etcd: &Client, sku: &str) -> Result<(), Error> {
+        let options = DeleteOptions::new().with_prefix();
+        etcd.clone()
+            .delete(format!("oversell/{sku}/"), Some(options))
+            .await?;
+        Ok(())
+    }
+}
+
 #[derive(Default)]
 struct MemoryStore {
     stock: AtomicU64,
@@ -236,6 +299,16 @@ impl Store {
             Ok(Self::ZooKeeper(
                 zookeeper_client::Client::connect(hosts).await?,
             ))
+        } else if let Some(hosts) = url.strip_prefix("etcd://") {
+            #[cfg(feature = "etcd")]
+            return Ok(Self::Etcd(Box::new(
+                etcd_client::Client::connect(etcd_stock::endpoints(hosts), None).await?,
+            )));
+            #[cfg(not(feature = "etcd"))]
+            return Err(ShopError::Config(format!(
+                "{hosts}: {}",
+                dlock_testkit::deployment::ETCD_FEATURE
+            )));
         } else {
             Ok(Self::Redis(Connection::open(url).await?))
         }
@@ -253,6 +326,8 @@ impl Store {
                 .await?
                 .map_or(0, |row| u64::try_from(row.get::<_, i64>(0)).unwrap_or(0)),
             Self::ZooKeeper(zk) => zk_stock::stock(zk, sku).await?,
+            #[cfg(feature = "etcd")]
+            Self::Etcd(etcd) => etcd_stock::stock(etcd, sku).await?,
             Self::Memory(m) => m.stock.load(Ordering::SeqCst),
         })
     }
@@ -270,6 +345,8 @@ impl Store {
                 .await?;
             }
             Self::ZooKeeper(zk) => zk_stock::set_stock(zk, sku, n).await?,
+            #[cfg(feature = "etcd")]
+            Self::Etcd(etcd) => etcd_stock::set_stock(etcd, sku, n).await?,
             Self::Memory(m) => m.stock.store(n, Ordering::SeqCst),
         }
         Ok(())
@@ -289,6 +366,8 @@ impl Store {
                 .await?;
             }
             Self::ZooKeeper(zk) => zk_stock::record_sale(zk, sku, buyer).await?,
+            #[cfg(feature = "etcd")]
+            Self::Etcd(etcd) => etcd_stock::record_sale(etcd, sku, buyer).await?,
             Self::Memory(m) => {
                 m.sales.fetch_add(1, Ordering::SeqCst);
             }
@@ -310,6 +389,8 @@ impl Store {
                 u64::try_from(n).unwrap_or(0)
             }
             Self::ZooKeeper(zk) => zk_stock::sales(zk, sku).await?,
+            #[cfg(feature = "etcd")]
+            Self::Etcd(etcd) => etcd_stock::sales(etcd, sku).await?,
             Self::Memory(m) => m.sales.load(Ordering::SeqCst),
         })
     }
@@ -324,6 +405,8 @@ impl Store {
                 db.execute("DELETE FROM oversell_sales WHERE sku = $1", &[&sku])
                     .await?;
             }
+            #[cfg(feature = "etcd")]
+            Self::Etcd(etcd) => etcd_stock::remove(etcd, sku).await?,
             Self::ZooKeeper(_) | Self::Memory(_) => {}
         }
         self.set_stock(sku, stock).await
@@ -344,6 +427,8 @@ impl Store {
                     .await?;
             }
             Self::ZooKeeper(zk) => zk_stock::remove(zk, sku).await?,
+            #[cfg(feature = "etcd")]
+            Self::Etcd(etcd) => etcd_stock::remove(etcd, sku).await?,
             Self::Memory(_) => {}
         }
         Ok(())
@@ -389,6 +474,20 @@ enum ShopError {
     Store(redis::RedisError),
     Postgres(tokio_postgres::Error),
     ZooKeeper(zookeeper_client::Error),
+    #[cfg(feature = "etcd")]
+    Etcd(etcd_client::Error),
+    #[cfg_attr(
+        feature = "etcd",
+        allow(dead_code, reason = "only without the etcd engine")
+    )]
+    Config(String),
+}
+
+#[cfg(feature = "etcd")]
+impl From<etcd_client::Error> for ShopError {
+    fn from(e: etcd_client::Error) -> Self {
+        Self::Etcd(e)
+    }
 }
 
 impl From<zookeeper_client::Error> for ShopError {
@@ -422,6 +521,9 @@ impl fmt::Display for ShopError {
             Self::Store(e) => write!(f, "stock store: {e}"),
             Self::Postgres(e) => write!(f, "stock store (PostgreSQL): {e}"),
             Self::ZooKeeper(e) => write!(f, "stock store (ZooKeeper): {e}"),
+            #[cfg(feature = "etcd")]
+            Self::Etcd(e) => write!(f, "stock store (etcd): {e}"),
+            Self::Config(e) => write!(f, "{e}"),
         }
     }
 }
@@ -603,69 +705,6 @@ async fn emit(event: &Event) -> std::io::Result<()> {
 // The coordinator.
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Clone, Copy, Debug)]
-struct Config {
-    instances: usize,
-    buyers: usize,
-    stock: u64,
-    embedded: bool,
-    engine: Engine,
-}
-
-impl Config {
-    /// `Ok(None)` for `--help`.
-    fn parse(args: &[String]) -> Result<Option<Self>, String> {
-        let mut config = Self {
-            instances: 4,
-            buyers: 200,
-            stock: 50,
-            embedded: false,
-            engine: Engine::Redis,
-        };
-        let mut args = args.iter();
-        while let Some(arg) = args.next() {
-            let (flag, inline) = match arg.split_once('=') {
-                Some((f, v)) => (f, Some(v.to_owned())),
-                None => (arg.as_str(), None),
-            };
-            let mut value = |name: &str| {
-                inline
-                    .clone()
-                    .or_else(|| args.next().cloned())
-                    .ok_or_else(|| format!("{name} needs a value"))
-            };
-            match flag {
-                "-h" | "--help" => return Ok(None),
-                "--embedded" => config.embedded = true,
-                "--instances" => config.instances = number(flag, &value(flag)?)?,
-                "--buyers" => config.buyers = number(flag, &value(flag)?)?,
-                "--stock" => config.stock = number(flag, &value(flag)?)?,
-                "--engine" => config.engine = value(flag)?.parse()?,
-                _ => return Err(format!("unknown argument `{arg}`")),
-            }
-        }
-        if config.instances == 0 || config.buyers == 0 {
-            return Err("--instances and --buyers must be at least 1".to_owned());
-        }
-        if u32::try_from(config.buyers).is_err() {
-            return Err("--buyers is too large".to_owned());
-        }
-        if config.embedded && config.engine != Engine::Redis {
-            return Err(format!(
-                "--embedded and --engine {} exclude each other",
-                config.engine
-            ));
-        }
-        Ok(Some(config))
-    }
-}
-
-fn number<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, String> {
-    value
-        .parse()
-        .map_err(|_| format!("{flag}: `{value}` is not a non-negative number"))
-}
-
 /// The variable that hands a worker the stock's Redis URL when it is not `DLOCK_URL` (etcd).
 const DATA_URL: &str = "OVERSELL_DATA_URL";
 
@@ -688,24 +727,38 @@ enum Backend {
 
 impl Backend {
     async fn choose(config: &Config) -> Result<Self, String> {
-        if config.engine != Engine::Redis {
-            // An engine asked for by name: its throwaway deployment, whatever the environment
-            // says (DLOCK_REDIS_URL names one server).
-            return Self::throwaway(config.engine).await;
-        }
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         if config.embedded {
             return Ok(Self::Embedded { why: "--embedded" });
         }
-        if std::env::var("DLOCK_BACKEND").is_ok_and(|b| b.eq_ignore_ascii_case("memory")) {
+        if let Some(engine) = config.engine {
+            return Self::throwaway(engine).await;
+        }
+        if let Some(url) = var("DLOCK_URL") {
+            let parsed: EngineUrl = url.parse().map_err(|e| format!("{e}"))?;
+            if parsed.engine() == "memory" {
+                return Ok(Self::Embedded {
+                    why: "DLOCK_URL=memory://",
+                });
+            }
+            let engine = Engine::of_url_engine(parsed.engine())
+                .ok_or_else(|| format!("DLOCK_URL: no stock store for `{}`", parsed.engine()))?;
+            return Ok(Self::Redis {
+                engine,
+                about: format!("{parsed} (from DLOCK_URL)"),
+                data_url: url.clone(),
+                url,
+                _deployment: None,
+            });
+        }
+        if var("DLOCK_BACKEND").is_some_and(|b| b.eq_ignore_ascii_case("memory")) {
             return Ok(Self::Embedded {
                 why: "DLOCK_BACKEND=memory",
             });
         }
-        for var in ["DLOCK_REDIS_URL", "REDIS_URL"] {
-            if let Ok(url) = std::env::var(var)
-                && !url.is_empty()
-            {
-                let about = format!("Redis at {} (from {var})", redact_url(&url));
+        for name in ["DLOCK_REDIS_URL", "REDIS_URL"] {
+            if let Some(url) = var(name) {
+                let about = format!("Redis at {} (from {name})", redact_url(&url));
                 return Ok(Self::Redis {
                     engine: Engine::Redis,
                     data_url: url.clone(),
@@ -717,7 +770,7 @@ impl Backend {
         }
         if !dlock_testkit::RedisServer::available() {
             return Ok(Self::Embedded {
-                why: "no DLOCK_REDIS_URL / REDIS_URL and no redis-server on PATH",
+                why: "no DLOCK_URL and no redis-server on PATH",
             });
         }
         Self::throwaway(Engine::Redis).await
@@ -725,6 +778,11 @@ impl Backend {
 
     /// The throwaway deployment of `engine`.
     async fn throwaway(engine: Engine) -> Result<Self, String> {
+        if engine == Engine::Memory {
+            return Ok(Self::Embedded {
+                why: "--engine memory",
+            });
+        }
         let deployment = Deployment::start(engine)
             .await
             .map_err(|e| format!("starting a throwaway {engine}: {e}"))?;

@@ -4,13 +4,14 @@
 //! that needs two locks.
 //!
 //! ```text
-//! cargo run --example service                       # embedded backend (Locker::memory())
-//! DLOCK_BACKEND=redis DLOCK_REDIS_URL=redis://127.0.0.1:6379 cargo run --example service
+//! cargo run --example service                                  # embedded table (Locker::memory())
+//! DLOCK_URL=redis://127.0.0.1:6379 cargo run --example service  # any engine's URL
 //! ```
 //!
 //! By default the process-wide locker (the one `#[dlock]` uses without `client = …`) is installed
-//! with `set_global(Locker::memory())`; when `DLOCK_BACKEND` is set it comes from the
-//! environment instead. The program prints each step and exits non-zero if a check fails.
+//! with `set_global(Locker::memory())`; when `DLOCK_URL` (or the older `DLOCK_BACKEND`) is set it
+//! comes from the environment instead (`Locker::from_env()`), on whatever engine the URL names.
+//! The program prints each step, closes the locker, and exits non-zero if a check fails.
 
 use std::{
     collections::HashMap,
@@ -147,7 +148,10 @@ impl Ledger {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let locker = if std::env::var_os("DLOCK_BACKEND").is_some() {
+    let configured = ["DLOCK_URL", "DLOCK_BACKEND"]
+        .iter()
+        .any(|var| std::env::var_os(var).is_some());
+    let locker = if configured {
         match Locker::from_env() {
             Ok(locker) => locker,
             Err(e) => {

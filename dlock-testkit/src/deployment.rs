@@ -23,8 +23,8 @@ use crate::{
     zookeeper::{INSTALL_ZOOKEEPER, ZkEnsemble},
 };
 
-/// A Redis engine the examples can run on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// An engine the examples can run on: `--engine <name>` starts its throwaway deployment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 #[non_exhaustive]
 pub enum Engine {
     /// One `redis-server` (`redis://`).
@@ -33,22 +33,23 @@ pub enum Engine {
     RedisCluster,
     /// A master and 2 replicas watched by 3 sentinels (`redis+sentinel://`).
     RedisSentinel,
-    /// One etcd member (`etcd://`).
-    Etcd,
     /// RedLock over 5 independent masters (`redis+redlock://`).
+    #[value(name = "redlock")]
     RedLock,
+    /// One etcd member (`etcd://`; the examples' `etcd` feature).
+    Etcd,
+    /// A standalone ZooKeeper server (`zk://`): Curator's lock recipe.
+    #[value(name = "zookeeper")]
+    ZooKeeper,
     /// A PostgreSQL cluster (`postgres://`): the lock table in its database.
     Postgres,
-    /// A standalone ZooKeeper server (`zk://`): Curator's lock recipe.
-    ZooKeeper,
+    /// The embedded table of this process (`memory://`): nothing to start.
+    Memory,
 }
 
 impl Engine {
-    /// The names [`FromStr`](std::str::FromStr) takes, for a usage text.
-    pub const NAMES: &str = "redis|redis-cluster|redis-sentinel|redlock|postgres|etcd|zookeeper";
-
-    /// `redis`, `redis-cluster`, `redis-sentinel`, `redlock`, `postgres`, `etcd` or `zookeeper`:
-    /// the flag's value.
+    /// The flag's value: `redis`, `redis-cluster`, `redis-sentinel`, `redlock`, `etcd`,
+    /// `zookeeper`, `postgres` or `memory`.
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
@@ -59,40 +60,23 @@ impl Engine {
             Self::Postgres => "postgres",
             Self::Etcd => "etcd",
             Self::ZooKeeper => "zookeeper",
+            Self::Memory => "memory",
         }
+    }
+
+    /// The engine of a URL's engine name (as `dlock_runtime::EngineUrl::engine` says it).
+    #[must_use]
+    pub fn of_url_engine(name: &str) -> Option<Self> {
+        <Self as clap::ValueEnum>::value_variants()
+            .iter()
+            .copied()
+            .find(|e| e.name() == name)
     }
 }
 
 impl fmt::Display for Engine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Engine {
-    type Err = String;
-
-    /// ```
-    /// use dlock_testkit::deployment::Engine;
-    ///
-    /// assert_eq!("redis-cluster".parse(), Ok(Engine::RedisCluster));
-    /// assert_eq!("etcd".parse(), Ok(Engine::Etcd));
-    /// assert!("zk".parse::<Engine>().unwrap_err().contains("redis-sentinel"));
-    /// ```
-    fn from_str(name: &str) -> Result<Self, String> {
-        match name {
-            "redis" => Ok(Self::Redis),
-            "redis-cluster" => Ok(Self::RedisCluster),
-            "redis-sentinel" => Ok(Self::RedisSentinel),
-            "redlock" => Ok(Self::RedLock),
-            "postgres" => Ok(Self::Postgres),
-            "etcd" => Ok(Self::Etcd),
-            "zookeeper" => Ok(Self::ZooKeeper),
-            other => Err(format!(
-                "unknown engine `{other}`; expected one of {}",
-                Self::NAMES
-            )),
-        }
     }
 }
 
@@ -130,6 +114,8 @@ pub enum Deployment {
     },
     /// A standalone ZooKeeper server.
     ZooKeeper(ZkEnsemble),
+    /// Nothing: the embedded table of the process.
+    Memory,
 }
 
 impl Deployment {
@@ -177,6 +163,7 @@ impl Deployment {
                 })
                 .map_err(|e| e.to_string()),
             Engine::ZooKeeper => Ok(Self::ZooKeeper(ZkEnsemble::single())),
+            Engine::Memory => Ok(Self::Memory),
         })
         .await;
         match started {
@@ -204,6 +191,7 @@ impl Deployment {
             Self::Postgres(_) => Engine::Postgres,
             Self::Etcd { .. } => Engine::Etcd,
             Self::ZooKeeper(_) => Engine::ZooKeeper,
+            Self::Memory => Engine::Memory,
         }
     }
 
@@ -221,6 +209,7 @@ impl Deployment {
             Self::Postgres(server) => server.url(),
             Self::Etcd { etcd, .. } => etcd.url(),
             Self::ZooKeeper(server) => server.url(),
+            Self::Memory => "memory://".to_owned(),
         }
     }
 
@@ -247,6 +236,7 @@ impl Deployment {
             Self::Postgres(server) => vec![server.port()],
             Self::Etcd { data, .. } => vec![data.port()],
             Self::ZooKeeper(server) => vec![server.port(0)],
+            Self::Memory => Vec::new(),
         }
     }
 
@@ -307,6 +297,7 @@ impl Deployment {
                 etcd.endpoints().join(","),
                 data.port()
             ),
+            Self::Memory => "the embedded table of this process (memory://)".to_owned(),
         }
     }
 }

@@ -6,6 +6,7 @@
 //! | `POST /orders/{sku}/now` | the same with a single attempt: `409 Conflict` + `Retry-After` while another order holds the lock |
 //! | `GET /stock/{sku}` | the stock left |
 //! | `PUT /stock/{sku}/{n}` | sets the stock to `n` and forgets the orders (under the same lock) |
+//! | `GET /health` | readiness: `200 ok` when the lock engine answers a ping, else `503` |
 //!
 //! The stock lives in Redis and is updated with a plain `GET` then `SET` — not atomic on purpose:
 //! the lock is what keeps two instances of the service from selling the same item twice. A lock
@@ -29,7 +30,7 @@ use redis::AsyncCommands as _;
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct AppState {
-    /// The lock client (`Locker::from_env()`: `DLOCK_REDIS_URL`, `DLOCK_KEY_PREFIX`, …).
+    /// The lock client (`Locker::from_env()`: `DLOCK_URL`, `DLOCK_KEY_PREFIX`, …).
     pub locks: Locker,
     /// The stock store: a Redis connection, re-established by itself when dropped.
     pub store: redis::aio::ConnectionManager,
@@ -66,7 +67,7 @@ impl std::error::Error for StartError {}
 
 impl AppState {
     /// The lock client from the environment (`Locker::from_env()`, no I/O) and a connection to
-    /// the stock store at `DLOCK_REDIS_URL` (or `REDIS_URL`, or `redis://127.0.0.1:6379`).
+    /// the stock store at [`store_url`].
     ///
     /// # Errors
     /// An invalid `DLOCK_*` variable, or a stock store that cannot be reached.
@@ -82,12 +83,20 @@ impl AppState {
     }
 }
 
-/// Where the stock lives: `DLOCK_REDIS_URL`, else `REDIS_URL`, else `redis://127.0.0.1:6379`.
+/// Where the stock lives: `STOCK_URL`, else the `DLOCK_URL` when it names one Redis server,
+/// else `DLOCK_REDIS_URL`, else `REDIS_URL`, else `redis://127.0.0.1:6379`.
 #[must_use]
 pub fn store_url() -> String {
-    std::env::var("DLOCK_REDIS_URL")
-        .or_else(|_| std::env::var("REDIS_URL"))
-        .unwrap_or_else(|_| dlock_runtime::DEFAULT_REDIS_URL.to_owned())
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let lock_url = var("DLOCK_URL").filter(|url| {
+        url.parse::<dlock_runtime::EngineUrl>()
+            .is_ok_and(|u| u.engine() == "redis")
+    });
+    var("STOCK_URL")
+        .or(lock_url)
+        .or_else(|| var("DLOCK_REDIS_URL"))
+        .or_else(|| var("REDIS_URL"))
+        .unwrap_or_else(|| dlock_runtime::DEFAULT_REDIS_URL.to_owned())
 }
 
 /// The service's routes.
@@ -97,6 +106,7 @@ pub fn router(state: AppState) -> Router {
         .route("/orders/{sku}/now", post(order_now))
         .route("/stock/{sku}", get(stock))
         .route("/stock/{sku}/{n}", put(seed))
+        .route("/health", get(health))
         .with_state(state)
 }
 
@@ -177,6 +187,22 @@ async fn stock(
         Some(n) => (StatusCode::OK, format!("{n}\n")).into_response(),
         None => unknown_sku(),
     })
+}
+
+/// Readiness: the lock engine answers a ping (with these credentials), within two request
+/// timeouts. The body says nothing of the engine.
+async fn health(State(state): State<AppState>) -> Response {
+    match state.locks.ping().await {
+        Ok(_) => (StatusCode::OK, "ok\n").into_response(),
+        Err(error) => {
+            tracing::warn!(error = %error, "readiness: the lock engine did not answer");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "lock service unavailable\n",
+            )
+                .into_response()
+        }
+    }
 }
 
 /// Read, think, write: a lost update waiting to happen without the lock.
