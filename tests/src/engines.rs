@@ -390,18 +390,19 @@ fn etcdctl(etcd: &EtcdCluster, args: &[&str]) -> String {
 /// The password the ACL engines' user gets in place of the README's `>CHANGE-ME`.
 const ACL_PASSWORD: &str = "acl-test-pw";
 
-/// The `ACL SETUSER dlock-app …` line of the README, split into words, with the test password:
-/// the suite runs as exactly the user the README tells operators to create.
+/// The `ACL SETUSER dlock-app …` line of the Redis page (`docs/redis.md`), split into words,
+/// with the test password: the suite runs as exactly the user the docs tell operators to
+/// create.
 ///
 /// # Panics
-/// When the README has no such line.
+/// When the page has no such line.
 #[must_use]
 pub fn readme_acl_rule() -> Vec<String> {
-    let readme = include_str!("../../README.md");
-    let line = readme
+    let page = include_str!("../../docs/redis.md");
+    let line = page
         .lines()
         .find(|l| l.starts_with("ACL SETUSER dlock-app "))
-        .expect("README.md gives the ACL rule for a dlock user");
+        .expect("docs/redis.md gives the ACL rule for a dlock user");
     line.split_whitespace()
         .map(|word| match word {
             ">CHANGE-ME" => format!(">{ACL_PASSWORD}"),

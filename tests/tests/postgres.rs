@@ -348,10 +348,10 @@ async fn the_schema_is_created_on_first_use() {
 #[tokio::test]
 async fn the_readme_ddl_and_grants_are_enough_and_a_missing_table_is_a_clear_error() {
     let server = pg::shared_server();
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../docs/postgres.md");
     let start = readme
         .find("```sql\nCREATE SEQUENCE IF NOT EXISTS dlock_fence;")
-        .expect("README.md gives the PostgreSQL DDL")
+        .expect("docs/postgres.md gives the PostgreSQL DDL")
         + "```sql\n".len();
     let ddl = &readme[start..start + readme[start..].find("```").unwrap()];
     assert!(
@@ -382,7 +382,7 @@ async fn the_readme_ddl_and_grants_are_enough_and_a_missing_table_is_a_clear_err
     assert!(err.is_backend(), "{err:?}");
     let text = err.to_string();
     assert!(
-        text.contains("dlock_locks") && text.contains("README"),
+        text.contains("dlock_locks") && text.contains("docs/postgres.md"),
         "{text}"
     );
     assert!(

@@ -32,7 +32,7 @@ pub(super) const BUILT: Built = Built {
     options: &[],
 };
 
-/// The table and the sequence, as `README.md` gives them to operators who create them
+/// The table and the sequence, as `docs/postgres.md` gives them to operators who create them
 /// themselves; run on first use when the table is missing.
 pub(crate) const SCHEMA: &str = "\
 CREATE SEQUENCE IF NOT EXISTS dlock_fence;
@@ -598,7 +598,7 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
                 return Err(BackendError::with_source(
                     "PostgreSQL refused: the table `dlock_locks` (or `dlock_waiters`, or the \
                      sequence `dlock_fence`) does not exist and this user may not create it; run \
-                     the DDL in dlock's README as an owner, and grant this user SELECT, INSERT, \
+                     the DDL in dlock's docs/postgres.md as an owner, and grant this user SELECT, INSERT, \
                      UPDATE, DELETE on dlock_locks and dlock_waiters and USAGE on dlock_fence",
                     e,
                 )
@@ -631,7 +631,7 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
             // Tables made by hand, or by another version, without a column dlock needs.
             BackendError::with_source(
                 "PostgreSQL refused: `dlock_locks` or `dlock_waiters` lacks a column dlock needs; \
-                 compare the tables with the DDL in dlock's README",
+                 compare the tables with the DDL in dlock's docs/postgres.md",
                 e,
             )
             .refused()

@@ -615,10 +615,10 @@ fn classify(what: &'static str, error: redis::RedisError) -> BackendError {
     let why = match error.code() {
         _ if script_denied => Some(
             "the Redis user may not run a command or use a key the lock script needs \
-             (grant the ACL rule in dlock's README)",
+             (grant the ACL rule in dlock's docs/redis.md)",
         ),
         Some("NOPERM") => Some(
-            "the Redis user lacks a permission the lock needs (grant the ACL rule in dlock's README)",
+            "the Redis user lacks a permission the lock needs (grant the ACL rule in dlock's docs/redis.md)",
         ),
         Some("NOSCRIPT") => Some("the lock script could not be loaded on the server"),
         Some("WRONGTYPE") => Some(
