@@ -57,7 +57,7 @@ use line::Lines;
 ///   attempt recognises a lock it set itself; giving up removes such a lock.
 /// - **Cancellation**: dropping an acquisition future leaves no lock behind.
 /// - **Backend errors** while waiting are retried until the deadline; the last one is returned as
-///   [`LockError::Backend`] when the deadline passes. A refusal that asking again cannot cure (a
+///   [`LockError::Backend`](crate::LockError::Backend) when the deadline passes. A refusal that asking again cannot cure (a
 ///   permission the server's ACL denies, a lock key holding another type) fails at once.
 /// - **Notifications**: a waiter refused once subscribes to the key's release channel (one
 ///   pub/sub connection per locker; a channel stays subscribed 2s after its last waiter) and is
@@ -72,7 +72,7 @@ use line::Lines;
 ///   request (a compare-and-set of the key to the waiter's token, with a new fence) instead of
 ///   deleting it and waking someone. At most 4 times in a row; then the release frees the key
 ///   and wakes the place first in the queue, so another process's waiters get their turn.
-/// - **Re-entry**: inside a `#[dlock]` body or [`LockGuard::scope`], acquiring a key that scope
+/// - **Re-entry**: inside a `#[dlock]` body or [`LockGuard::scope`](crate::LockGuard::scope), acquiring a key that scope
 ///   holds through this locker (or a clone) returns at once; nowhere else.
 #[derive(Clone)]
 pub struct Locker {
