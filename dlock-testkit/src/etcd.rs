@@ -1,8 +1,6 @@
 //! Throwaway etcd: one member, or a cluster of local member processes.
 
 use std::{
-    io::{Read as _, Write as _},
-    net::TcpStream,
     path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
@@ -397,16 +395,16 @@ struct Status {
     leader: u64,
 }
 
-/// `POST /v3/maintenance/status` on the member's gRPC gateway, within a second.
+/// `POST /v3/maintenance/status` on the member's gRPC gateway.
 fn status(port: u16) -> Option<Status> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
-    let request = format!(
-        "POST /v3/maintenance/status HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
-    );
-    stream.write_all(request.as_bytes()).ok()?;
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).ok()?;
+    let reply = crate::http::blocking(
+        &format!("127.0.0.1:{port}"),
+        "POST",
+        "/v3/maintenance/status",
+        "{}",
+    )
+    .ok()?
+    .body;
     let field = |name: &str| -> Option<u64> {
         let at = reply.find(&format!("\"{name}\":\""))? + name.len() + 4;
         reply[at..].split('"').next()?.parse().ok()

@@ -24,6 +24,7 @@ use std::{
 pub mod cluster;
 pub mod deployment;
 pub mod etcd;
+pub mod http;
 pub mod postgres;
 pub mod proxy;
 pub mod redlock;

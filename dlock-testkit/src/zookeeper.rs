@@ -247,13 +247,7 @@ impl ZkEnsemble {
     /// `srvr`'s `Received:`.
     #[must_use]
     pub fn received(&self, i: usize) -> Option<u64> {
-        let reply = srvr(self.servers[i].client_port)?;
-        reply
-            .lines()
-            .find_map(|l| l.strip_prefix("Received: "))?
-            .trim()
-            .parse()
-            .ok()
+        received_at(self.servers[i].client_port)
     }
 
     /// The version the first running server reports (`3.8.0`).
@@ -336,6 +330,18 @@ impl Drop for ZkEnsemble {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Requests (packets, pings included) the server on 127.0.0.1:`port` has received since it
+/// started, from `srvr`'s `Received:`.
+#[must_use]
+pub fn received_at(port: u16) -> Option<u64> {
+    srvr(port)?
+        .lines()
+        .find_map(|l| l.strip_prefix("Received: "))?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// What a server on `port` answers to `srvr`, or `None` when it does not answer.

@@ -2,14 +2,12 @@
 //! very same code in separate processes:
 //!
 //! - [`orders`]: the axum order service of `examples/axum_orders.rs` (its `#[dlock]` handlers);
-//! - [`http`]: a tiny HTTP/1.1 client over a `TcpStream`, enough to call that service.
 //!
 //! Run the programs with `cargo run --example oversell`, `--example axum_orders`,
 //! `--example service` and `--example bench`; `scripts/run-examples` runs each once.
 #![deny(missing_docs)]
 #![warn(unreachable_pub, missing_debug_implementations)]
 
-pub mod http;
 pub mod orders;
 
 /// An engine URL fit for printing ([`dlock_runtime::EngineUrl`]'s `Display`: the credentials

@@ -10,11 +10,9 @@ use std::{
     time::Duration,
 };
 
-use dlock_examples::{
-    http::{Response, request},
-    orders::orders_key,
-};
+use dlock_examples::orders::orders_key;
 use dlock_runtime::LockOptions;
+use dlock_testkit::http::{Response, request};
 use dlock_tests::{RedisServer, unique_key};
 use redis::Commands as _;
 

@@ -1,0 +1,1097 @@
+//! Each engine's [`Setup`]: its deployment, its floor (its own lock primitive, or the same
+//! algorithm written by hand with the same round trips), the other libraries people use on it,
+//! W3's counter on its own data, and what its servers tell of their load.
+
+use std::time::Duration;
+
+use dlock_testkit::{
+    deployment::{Connection, Deployment, Engine},
+    postgres::PostgresServer,
+    zookeeper::ZkEnsemble,
+};
+use redis::AsyncCommands as _;
+
+use crate::harness::{
+    Body, BoxFuture, Client, Contender, Counter, CounterHandle, Error, ServerStats, Setup, token,
+};
+
+/// A throwaway deployment of `engine`, set up for measuring.
+pub(crate) async fn throwaway(engine: Engine) -> Result<Setup, Error> {
+    match engine {
+        Engine::Postgres => postgres().await,
+        Engine::ZooKeeper => zookeeper().await,
+        #[cfg(feature = "etcd")]
+        Engine::Etcd => etcd::setup().await,
+        #[cfg(not(feature = "etcd"))]
+        Engine::Etcd => Err(dlock_testkit::deployment::ETCD_FEATURE.into()),
+        Engine::Memory => Err(
+            "--engine memory: the embedded table has no floor to measure against (the suite and \
+             the demo run it)"
+                .into(),
+        ),
+        _ => {
+            let deployment = Deployment::start(engine).await?;
+            let masters = deployment
+                .masters()
+                .into_iter()
+                .map(|port| format!("redis://127.0.0.1:{port}"))
+                .collect();
+            let about = deployment.describe();
+            redis_family(
+                engine,
+                deployment.url(),
+                masters,
+                about,
+                Some(Box::new(deployment)),
+            )
+        }
+    }
+}
+
+/// A deployment named by a URL (`DLOCK_URL`): one of the Redis engines.
+pub(crate) fn from_url(engine: Engine, url: &str, about: String) -> Result<Setup, Error> {
+    let masters = match engine {
+        Engine::Redis => vec![url.to_owned()],
+        Engine::RedLock => redis_hosts(url),
+        _ => Vec::new(),
+    };
+    redis_family(engine, url.to_owned(), masters, about, None)
+}
+
+/// `redis://h:p` for each host of a multi-host URL.
+fn redis_hosts(url: &str) -> Vec<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let hosts = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let hosts = hosts.split(['/', '?']).next().unwrap_or_default();
+    hosts.split(',').map(|h| format!("redis://{h}")).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redis, Cluster, Sentinel, RedLock.
+// ---------------------------------------------------------------------------------------------
+
+/// The compare-and-delete of the floor's release.
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0";
+
+fn redis_family(
+    engine: Engine,
+    url: String,
+    masters: Vec<String>,
+    about: String,
+    deployment: Option<Box<dyn std::any::Any + Send + Sync>>,
+) -> Result<Setup, Error> {
+    // On a Cluster every key carries the hash tag `{bench}`: one slot, one master, as on one
+    // server; W2 runs once more with its keys spread over the masters.
+    let (prefix, spread_prefix) = if engine == Engine::RedisCluster {
+        ("{bench}:", Some("bench:"))
+    } else {
+        ("bench:", None)
+    };
+    let floor: Box<dyn Contender> = if engine == Engine::RedLock {
+        Box::new(RedLockByHand {
+            masters: masters.clone(),
+            prefix,
+        })
+    } else {
+        Box::new(RawRedis {
+            url: url.clone(),
+            prefix,
+        })
+    };
+    // RedLock keeps its data on the first master: its masters share no data.
+    let data_url = if engine == Engine::RedLock {
+        masters.first().cloned().unwrap_or_else(|| url.clone())
+    } else {
+        url.clone()
+    };
+    Ok(Setup {
+        engine,
+        about,
+        floor,
+        others: Vec::new(),
+        counter: Box::new(RedisCounter {
+            url: data_url,
+            prefix,
+        }),
+        stats: Box::new(RedisStats {
+            masters: masters.clone(),
+        }),
+        masters,
+        requests_are: "commands",
+        prefix,
+        spread_prefix,
+        url,
+        _deployment: deployment,
+    })
+}
+
+/// The floor on one server (or Cluster, or Sentinel master): `SET key token NX PX`, retried
+/// every millisecond while refused, then a compare-and-delete script: the two round trips any
+/// Redis lock needs.
+struct RawRedis {
+    url: String,
+    prefix: &'static str,
+}
+
+impl Contender for RawRedis {
+    fn name(&self) -> String {
+        "floor (SET NX PX + compare-and-delete)".to_owned()
+    }
+
+    fn client(&self) -> BoxFuture<'_, Result<Box<dyn Client>, Error>> {
+        Box::pin(async move {
+            Ok(Box::new(RawRedisClient {
+                redis: Connection::open(&self.url).await?,
+                release: redis::Script::new(RELEASE),
+                prefix: self.prefix,
+            }) as Box<dyn Client>)
+        })
+    }
+}
+
+struct RawRedisClient {
+    redis: Connection,
+    release: redis::Script,
+    prefix: &'static str,
+}
+
+/// `SET key token NX PX 30000` on `redis`: whether it was set.
+async fn set_nx(redis: &mut Connection, key: &str, token: &str) -> Result<bool, Error> {
+    let set: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(redis)
+        .await?;
+    Ok(set.is_some())
+}
+
+impl Client for RawRedisClient {
+    fn hold<'a>(&'a mut self, key: &'a str, body: Body<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let (key, token) = (format!("{}{key}", self.prefix), token());
+            while !set_nx(&mut self.redis, &key, &token).await? {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            body.await?;
+            let _: i64 = self
+                .release
+                .key(&key)
+                .arg(&token)
+                .invoke_async(&mut self.redis)
+                .await?;
+            Ok(())
+        })
+    }
+}
+
+/// The floor on RedLock: the algorithm by hand, one round to every master at once (`SET NX PX`),
+/// held with a majority, undone on every master otherwise and retried every millisecond; the
+/// release one round of compare-and-delete. No fence.
+struct RedLockByHand {
+    masters: Vec<String>,
+    prefix: &'static str,
+}
+
+impl Contender for RedLockByHand {
+    fn name(&self) -> String {
+        "floor (RedLock by hand: SET NX PX on every master, a majority)".to_owned()
+    }
+
+    fn client(&self) -> BoxFuture<'_, Result<Box<dyn Client>, Error>> {
+        Box::pin(async move {
+            let mut masters = Vec::new();
+            for url in &self.masters {
+                masters.push(Connection::open(url).await?);
+            }
+            Ok(Box::new(RedLockClient {
+                masters,
+                release: redis::Script::new(RELEASE),
+                prefix: self.prefix,
+            }) as Box<dyn Client>)
+        })
+    }
+}
+
+struct RedLockClient {
+    masters: Vec<Connection>,
+    release: redis::Script,
+    prefix: &'static str,
+}
+
+impl RedLockClient {
+    async fn release_everywhere(&mut self, key: &str, token: &str) {
+        let release = &self.release;
+        let rounds = self.masters.iter_mut().map(|m| async move {
+            let _: Result<i64, _> = release.key(key).arg(token).invoke_async(m).await;
+        });
+        futures_util::future::join_all(rounds).await;
+    }
+}
+
+impl Client for RedLockClient {
+    fn hold<'a>(&'a mut self, key: &'a str, body: Body<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let (key, token) = (format!("{}{key}", self.prefix), token());
+            let quorum = self.masters.len() / 2 + 1;
+            loop {
+                let (k, t) = (&key, &token);
+                let sets = self
+                    .masters
+                    .iter_mut()
+                    .map(|m| async move { set_nx(m, k, t).await.unwrap_or(false) });
+                let granted = futures_util::future::join_all(sets)
+                    .await
+                    .into_iter()
+                    .filter(|g| *g)
+                    .count();
+                if granted >= quorum {
+                    break;
+                }
+                self.release_everywhere(&key, &token).await;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            body.await?;
+            self.release_everywhere(&key, &token).await;
+            Ok(())
+        })
+    }
+}
+
+struct RedisCounter {
+    url: String,
+    prefix: &'static str,
+}
+
+impl Counter for RedisCounter {
+    fn handle<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Box<dyn CounterHandle>, Error>> {
+        Box::pin(async move {
+            Ok(Box::new(RedisCounterHandle {
+                redis: Connection::open(&self.url).await?,
+                key: format!("{}counter:{name}", self.prefix),
+            }) as Box<dyn CounterHandle>)
+        })
+    }
+}
+
+struct RedisCounterHandle {
+    redis: Connection,
+    key: String,
+}
+
+impl CounterHandle for RedisCounterHandle {
+    fn get(&mut self) -> BoxFuture<'_, Result<u64, Error>> {
+        Box::pin(async move {
+            let n: Option<u64> = self.redis.get(&self.key).await?;
+            Ok(n.unwrap_or(0))
+        })
+    }
+
+    fn set(&mut self, n: u64) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async move {
+            let () = self.redis.set(&self.key, n).await?;
+            Ok(())
+        })
+    }
+}
+
+/// `INFO` on every server that takes writes: commands run (inside scripts too; `INFO` itself
+/// left out) and CPU time.
+struct RedisStats {
+    masters: Vec<String>,
+}
+
+impl RedisStats {
+    async fn info(&self, section: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for url in &self.masters {
+            let Ok(client) = redis::Client::open(url.as_str()) else {
+                continue;
+            };
+            let Ok(mut redis) = client.get_multiplexed_async_connection().await else {
+                continue;
+            };
+            if let Ok(info) = redis::cmd("INFO")
+                .arg(section)
+                .query_async::<String>(&mut redis)
+                .await
+            {
+                out.push(info);
+            }
+        }
+        out
+    }
+}
+
+impl ServerStats for RedisStats {
+    fn requests(&self) -> BoxFuture<'_, Option<u64>> {
+        Box::pin(async move {
+            let infos = self.info("commandstats").await;
+            (!infos.is_empty()).then(|| {
+                infos
+                    .iter()
+                    .flat_map(|info| info.lines())
+                    .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
+                    .filter_map(|l| {
+                        l.split("calls=")
+                            .nth(1)?
+                            .split(',')
+                            .next()?
+                            .parse::<u64>()
+                            .ok()
+                    })
+                    .sum()
+            })
+        })
+    }
+
+    fn cpu(&self) -> BoxFuture<'_, Vec<Duration>> {
+        Box::pin(async move {
+            self.info("cpu")
+                .await
+                .iter()
+                .map(|info| {
+                    let seconds: f64 = info
+                        .lines()
+                        .filter(|l| {
+                            l.starts_with("used_cpu_sys:") || l.starts_with("used_cpu_user:")
+                        })
+                        .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
+                        .sum();
+                    Duration::from_secs_f64(seconds)
+                })
+                .collect()
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL.
+// ---------------------------------------------------------------------------------------------
+
+/// The bench's own tables: the floor's lease rows, and W3's counter.
+const POSTGRES_TABLES: &str = "
+CREATE EXTENSION IF NOT EXISTS pg_stat_statements;
+CREATE TABLE IF NOT EXISTS bench_locks (key text PRIMARY KEY, token text NOT NULL, expires_at timestamptz NOT NULL);
+CREATE TABLE IF NOT EXISTS bench_counter (key text PRIMARY KEY, n bigint NOT NULL);";
+
+async fn postgres() -> Result<Setup, Error> {
+    let server = tokio::task::spawn_blocking(|| {
+        PostgresServer::try_start_with(&[
+            "shared_preload_libraries=pg_stat_statements",
+            "pg_stat_statements.track=all",
+        ])
+    })
+    .await??;
+    let url = server.url();
+    pg_client(&url)
+        .await?
+        .batch_execute(POSTGRES_TABLES)
+        .await?;
+    let about = format!(
+        "a throwaway PostgreSQL{} on 127.0.0.1:{} (fsync off, pg_stat_statements)",
+        PostgresServer::version().map_or_else(String::new, |v| format!(" {v}")),
+        server.port()
+    );
+    let pids = server.pids();
+    Ok(Setup {
+        engine: Engine::Postgres,
+        about,
+        floor: Box::new(PgByHand { url: url.clone() }),
+        others: vec![Box::new(PgAdvisory { url: url.clone() })],
+        counter: Box::new(PgCounter { url: url.clone() }),
+        stats: Box::new(PgStats {
+            url: url.clone(),
+            pids,
+        }),
+        masters: Vec::new(),
+        requests_are: "statements",
+        prefix: "bench:",
+        spread_prefix: None,
+        url,
+        _deployment: Some(Box::new(server)),
+    })
+}
+
+async fn pg_client(url: &str) -> Result<tokio_postgres::Client, Error> {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+/// The floor on PostgreSQL: a lease row written by hand with the same writes as a lease lock
+/// (an upsert that takes a free or expired row, then a delete by token), each prepared, retried
+/// every millisecond while the row is held. No fence, no wake-up.
+struct PgByHand {
+    url: String,
+}
+
+impl Contender for PgByHand {
+    fn name(&self) -> String {
+        "floor (lease row by hand: upsert + delete)".to_owned()
+    }
+
+    fn client(&self) -> BoxFuture<'_, Result<Box<dyn Client>, Error>> {
+        Box::pin(async move {
+            let db = pg_client(&self.url).await?;
+            let lock = db
+                .prepare(
+                    "INSERT INTO bench_locks AS l (key, token, expires_at) \
+                     VALUES ($1, $2, clock_timestamp() + interval '30 seconds') \
+                     ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at \
+                     WHERE l.expires_at < clock_timestamp() RETURNING 1",
+                )
+                .await?;
+            let unlock = db
+                .prepare("DELETE FROM bench_locks WHERE key = $1 AND token = $2")
+                .await?;
+            Ok(Box::new(PgByHandClient { db, lock, unlock }) as Box<dyn Client>)
+        })
+    }
+}
+
+struct PgByHandClient {
+    db: tokio_postgres::Client,
+    lock: tokio_postgres::Statement,
+    unlock: tokio_postgres::Statement,
+}
+
+impl Client for PgByHandClient {
+    fn hold<'a>(&'a mut self, key: &'a str, body: Body<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let (key, token) = (format!("bench:{key}"), token());
+            while self
+                .db
+                .query_opt(&self.lock, &[&key, &token])
+                .await?
+                .is_none()
+            {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            body.await?;
+            self.db.execute(&self.unlock, &[&key, &token]).await?;
+            Ok(())
+        })
+    }
+}
+
+/// PostgreSQL's own advisory locks (no lease: the lock lives as long as the session).
+struct PgAdvisory {
+    url: String,
+}
+
+impl Contender for PgAdvisory {
+    fn name(&self) -> String {
+        "advisory locks (pg_try_advisory_lock, no lease)".to_owned()
+    }
+
+    fn client(&self) -> BoxFuture<'_, Result<Box<dyn Client>, Error>> {
+        Box::pin(async move {
+            let db = pg_client(&self.url).await?;
+            let lock = db
+                .prepare("SELECT pg_try_advisory_lock(hashtextextended($1, 0))")
+                .await?;
+            let unlock = db
+                .prepare("SELECT pg_advisory_unlock(hashtextextended($1, 0))")
+                .await?;
+            Ok(Box::new(PgAdvisoryClient { db, lock, unlock }) as Box<dyn Client>)
+        })
+    }
+}
+
+struct PgAdvisoryClient {
+    db: tokio_postgres::Client,
+    lock: tokio_postgres::Statement,
+    unlock: tokio_postgres::Statement,
+}
+
+impl Client for PgAdvisoryClient {
+    fn hold<'a>(&'a mut self, key: &'a str, body: Body<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let key = format!("bench:{key}");
+            while !self
+                .db
+                .query_one(&self.lock, &[&key])
+                .await?
+                .get::<_, bool>(0)
+            {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            body.await?;
+            let released: bool = self.db.query_one(&self.unlock, &[&key]).await?.get(0);
+            if released {
+                Ok(())
+            } else {
+                Err("pg_advisory_unlock found no lock".into())
+            }
+        })
+    }
+}
+
+struct PgCounter {
+    url: String,
+}
+
+impl Counter for PgCounter {
+    fn handle<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Box<dyn CounterHandle>, Error>> {
+        Box::pin(async move {
+            let db = pg_client(&self.url).await?;
+            let get = db
+                .prepare("SELECT coalesce((SELECT n FROM bench_counter WHERE key = $1), 0)")
+                .await?;
+            let set = db
+                .prepare(
+                    "INSERT INTO bench_counter (key, n) VALUES ($1, $2) \
+                     ON CONFLICT (key) DO UPDATE SET n = EXCLUDED.n",
+                )
+                .await?;
+            Ok(Box::new(PgCounterHandle {
+                db,
+                get,
+                set,
+                key: name.to_owned(),
+            }) as Box<dyn CounterHandle>)
+        })
+    }
+}
+
+struct PgCounterHandle {
+    db: tokio_postgres::Client,
+    get: tokio_postgres::Statement,
+    set: tokio_postgres::Statement,
+    key: String,
+}
+
+impl CounterHandle for PgCounterHandle {
+    fn get(&mut self) -> BoxFuture<'_, Result<u64, Error>> {
+        Box::pin(async move {
+            let n: i64 = self.db.query_one(&self.get, &[&self.key]).await?.get(0);
+            Ok(u64::try_from(n).unwrap_or(0))
+        })
+    }
+
+    fn set(&mut self, n: u64) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async move {
+            let n = i64::try_from(n).unwrap_or(i64::MAX);
+            self.db.execute(&self.set, &[&self.key, &n]).await?;
+            Ok(())
+        })
+    }
+}
+
+/// `pg_stat_statements` (statements executed; the reading counts once in the next), and the CPU
+/// time of the server's processes.
+struct PgStats {
+    url: String,
+    pids: Vec<u32>,
+}
+
+impl ServerStats for PgStats {
+    fn requests(&self) -> BoxFuture<'_, Option<u64>> {
+        Box::pin(async move {
+            let db = pg_client(&self.url).await.ok()?;
+            let n: i64 = db
+                .query_one(
+                    "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements",
+                    &[],
+                )
+                .await
+                .ok()?
+                .get(0);
+            u64::try_from(n).ok()
+        })
+    }
+
+    fn cpu(&self) -> BoxFuture<'_, Vec<Duration>> {
+        let pids = self.pids.clone();
+        Box::pin(async move { vec![process_cpu(&pids)] })
+    }
+
+    fn own_requests(&self) -> u64 {
+        1
+    }
+}
+
+/// CPU time of `pids` so far (Linux `/proc/<pid>/stat`).
+fn process_cpu(pids: &[u32]) -> Duration {
+    let ticks_per_second = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .unwrap_or(100);
+    let ticks: u64 = pids
+        .iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+        .filter_map(|stat| {
+            let rest = stat.rsplit_once(')')?.1;
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            // After `)`: state is field 0, utime 11, stime 12.
+            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+        })
+        .sum();
+    #[allow(clippy::cast_precision_loss)]
+    Duration::from_secs_f64(ticks as f64 / ticks_per_second as f64)
+}
+
+// ---------------------------------------------------------------------------------------------
+// ZooKeeper.
+// ---------------------------------------------------------------------------------------------
+
+/// Servers of the throwaway ensemble (3, as a production ensemble; ZooKeeper on 2 cores is slow
+/// to start, and so is this engine's run).
+const ZK_SERVERS: usize = 3;
+
+async fn zookeeper() -> Result<Setup, Error> {
+    let ensemble = tokio::task::spawn_blocking(|| ZkEnsemble::start(ZK_SERVERS)).await?;
+    let url = ensemble.url();
+    let about = format!(
+        "a throwaway ZooKeeper{} ensemble of {ZK_SERVERS} servers on {} (local JVMs)",
+        ensemble
+            .version()
+            .map_or_else(String::new, |v| format!(" {v}")),
+        ensemble.hosts()
+    );
+    let hosts = ensemble.hosts();
+    Ok(Setup {
+        engine: Engine::ZooKeeper,
+        about,
+        floor: Box::new(ZkByHand {
+            hosts: hosts.clone(),
+        }),
+        others: vec![Box::new(ZkRecipe {
+            hosts: hosts.clone(),
+        })],
+        counter: Box::new(ZkCounter {
+            hosts: hosts.clone(),
+        }),
+        stats: Box::new(ZkStats {
+            ports: (0..ZK_SERVERS).map(|i| ensemble.port(i)).collect(),
+            pids: ensemble.pids(),
+        }),
+        masters: Vec::new(),
+        requests_are: "requests",
+        prefix: "bench:",
+        spread_prefix: None,
+        url,
+        _deployment: Some(Box::new(ensemble)),
+    })
+}
+
+fn persistent() -> zookeeper_client::CreateOptions<'static> {
+    zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all())
+}
+
+/// The floor on ZooKeeper: the lock recipe by hand with the same round trips as dlock's (an
+/// ephemeral sequential node under a container, the line listed, a watch on the predecessor;
+/// a delete to release), without Curator's protected names.
+struct ZkByHand {
+    hosts: String,
+}
+
+impl Contender for ZkByHand {
+    fn name(&self) -> String {
+        "floor (ephemeral sequential node by hand)".to_owned()
+    }
+
+    fn client(&self) -> BoxFuture<'_, Result<Box<dyn Client>, Error>> {
+        Box::pin(async move {
+            let zk = zookeeper_client::Client::connect(&self.hosts).await?;
+            Ok(Box::new(ZkByHandClient { zk }) as Box<dyn Client>)
+        })
+    }
+}
+
+struct ZkByHandClient {
+    zk: zookeeper_client::Client,
+}
+
+impl ZkByHandClient {
+    /// Puts a node in `dir`'s line and waits until it is first; its path.
+    async fn take(&self, dir: &str) -> Result<String, Error> {
+        use zookeeper_client::{Acls, CreateMode};
+        let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let path = match self
+            .zk
+            .create(&format!("{dir}/lock-"), b"", &ephemeral)
+            .await
+        {
+            Ok((_, sequence)) => format!("{dir}/lock-{sequence}"),
+            Err(zookeeper_client::Error::NoNode) => {
+                let container = CreateMode::Container.with_acls(Acls::anyone_all());
+                match self.zk.create(dir, b"", &container).await {
+                    Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                let (_, sequence) = self
+                    .zk
+                    .create(&format!("{dir}/lock-"), b"", &ephemeral)
+                    .await?;
+                format!("{dir}/lock-{sequence}")
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let name = path.rsplit('/').next().unwrap_or_default().to_owned();
+        loop {
+            let mut line = self.zk.list_children(dir).await?;
+            line.sort();
+            let at = line
+                .iter()
+                .position(|c| *c == name)
+                .ok_or("the node left the line")?;
+            if at == 0 {
+                return Ok(path);
+            }
+            let ahead = format!("{dir}/{}", line[at - 1]);
+            let (stat, watcher) = self.zk.check_and_watch_stat(&ahead).await?;
+            if stat.is_some() {
+                watcher.changed().await;
+            }
+        }
+    }
+}
+
+impl Client for ZkByHandClient {
+    fn hold<'a>(&'a mut self, key: &'a str, body: Body<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let path = self.take(&format!("/bench-floor-{key}")).await?;
+            body.await?;
+            self.zk.delete(&path, None).await?;
+            Ok(())
+        })
+    }
+}
+
+/// `zookeeper-client`'s own lock recipe, in Curator's layout (`LockPrefix::new_curator`), then a
+/// delete of its node.
+struct ZkRecipe {
+    hosts: String,
+}
+
+impl Contender for ZkRecipe {
+    fn name(&self) -> String {
+        "zookeeper-client's lock recipe".to_owned()
+    }
+
+    fn client(&self) -> BoxFuture<'_, Result<Box<dyn Client>, Error>> {
+        Box::pin(async move {
+            let zk = zookeeper_client::Client::connect(&self.hosts).await?;
+            Ok(Box::new(ZkRecipeClient { zk }) as Box<dyn Client>)
+        })
+    }
+}
+
+struct ZkRecipeClient {
+    zk: zookeeper_client::Client,
+}
+
+impl Client for ZkRecipeClient {
+    fn hold<'a>(&'a mut self, key: &'a str, body: Body<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        use zookeeper_client::{Acls, CreateMode, LockPrefix};
+        Box::pin(async move {
+            let dir = format!("/bench-recipe-{key}");
+            let prefix = LockPrefix::new_curator(&dir, "lock-")?;
+            let options = zookeeper_client::LockOptions::new(Acls::anyone_all())
+                .with_ancestor_options(CreateMode::Container.with_acls(Acls::anyone_all()))?;
+            let lock = self.zk.lock(prefix, b"", options).await?;
+            body.await?;
+            self.zk.delete(lock.lock_path(), None).await?;
+            // Its `Drop` would delete the node again in the background: the cycle did it.
+            std::mem::forget(lock);
+            Ok(())
+        })
+    }
+}
+
+struct ZkCounter {
+    hosts: String,
+}
+
+impl Counter for ZkCounter {
+    fn handle<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Box<dyn CounterHandle>, Error>> {
+        Box::pin(async move {
+            let zk = zookeeper_client::Client::connect(&self.hosts).await?;
+            let path = format!("/bench-counter-{name}");
+            match zk.create(&path, b"0", &persistent()).await {
+                Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+                Err(e) => return Err(e.into()),
+            }
+            Ok(Box::new(ZkCounterHandle { zk, path }) as Box<dyn CounterHandle>)
+        })
+    }
+}
+
+struct ZkCounterHandle {
+    zk: zookeeper_client::Client,
+    path: String,
+}
+
+impl CounterHandle for ZkCounterHandle {
+    fn get(&mut self) -> BoxFuture<'_, Result<u64, Error>> {
+        Box::pin(async move {
+            let (data, _) = self.zk.get_data(&self.path).await?;
+            Ok(String::from_utf8_lossy(&data).parse().unwrap_or(0))
+        })
+    }
+
+    fn set(&mut self, n: u64) -> BoxFuture<'_, Result<(), Error>> {
+        Box::pin(async move {
+            self.zk
+                .set_data(&self.path, n.to_string().as_bytes(), None)
+                .await?;
+            Ok(())
+        })
+    }
+}
+
+/// `srvr`'s `Received:` on every server (pings included), and the CPU time of their JVMs.
+struct ZkStats {
+    ports: Vec<u16>,
+    pids: Vec<u32>,
+}
+
+impl ServerStats for ZkStats {
+    fn requests(&self) -> BoxFuture<'_, Option<u64>> {
+        let ports = self.ports.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                ports
+                    .iter()
+                    .map(|port| dlock_testkit::zookeeper::received_at(*port))
+                    .sum::<Option<u64>>()
+            })
+            .await
+            .ok()
+            .flatten()
+        })
+    }
+
+    fn cpu(&self) -> BoxFuture<'_, Vec<Duration>> {
+        let pids = self.pids.clone();
+        Box::pin(async move { pids.iter().map(|pid| process_cpu(&[*pid])).collect() })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// etcd.
+// ---------------------------------------------------------------------------------------------
+
+#[cfg(feature = "etcd")]
+mod etcd {
+    use std::time::Duration;
+
+    use dlock_testkit::{deployment::Engine, etcd::EtcdCluster};
+    use etcd_client::{Client as Etcd, LockOptions};
+
+    use crate::harness::{
+        Body, BoxFuture, Client, Contender, Counter, CounterHandle, Error, ServerStats, Setup,
+    };
+
+    /// Members of the throwaway cluster (3, as a production cluster).
+    const MEMBERS: usize = 3;
+
+    pub(super) async fn setup() -> Result<Setup, Error> {
+        let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(MEMBERS)).await?;
+        let endpoints = cluster.endpoints();
+        Ok(Setup {
+            engine: Engine::Etcd,
+            about: format!(
+                "a throwaway etcd cluster of {MEMBERS} members on {}",
+                endpoints.join(",")
+            ),
+            floor: Box::new(EtcdLock {
+                endpoints: endpoints.clone(),
+                lease_per_cycle: false,
+            }),
+            others: vec![Box::new(EtcdLock {
+                endpoints: endpoints.clone(),
+                lease_per_cycle: true,
+            })],
+            counter: Box::new(EtcdCounter {
+                endpoints: endpoints.clone(),
+            }),
+            stats: Box::new(EtcdStats {
+                endpoints: endpoints.clone(),
+            }),
+            masters: Vec::new(),
+            requests_are: "RPCs",
+            prefix: "bench:",
+            spread_prefix: None,
+            url: cluster.url(),
+            _deployment: Some(Box::new(cluster)),
+        })
+    }
+
+    /// etcd's own lock service (`Lock`/`Unlock` of `v3lockpb`, what `etcdctl lock` and Go's
+    /// `concurrency` package use), under one session lease per client, or a lease per cycle.
+    struct EtcdLock {
+        endpoints: Vec<String>,
+        lease_per_cycle: bool,
+    }
+
+    impl Contender for EtcdLock {
+        fn name(&self) -> String {
+            if self.lease_per_cycle {
+                "etcd Lock/Unlock, a lease per cycle".to_owned()
+            } else {
+                "floor (etcd Lock/Unlock, one session lease)".to_owned()
+            }
+        }
+
+        fn client(&self) -> BoxFuture<'_, Result<Box<dyn Client>, Error>> {
+            Box::pin(async move {
+                let mut etcd = Etcd::connect(&self.endpoints, None).await?;
+                let session = etcd.lease_grant(60, None).await?.id();
+                Ok(Box::new(EtcdLockClient {
+                    etcd,
+                    session,
+                    lease_per_cycle: self.lease_per_cycle,
+                }) as Box<dyn Client>)
+            })
+        }
+    }
+
+    struct EtcdLockClient {
+        etcd: Etcd,
+        session: i64,
+        lease_per_cycle: bool,
+    }
+
+    impl Client for EtcdLockClient {
+        fn hold<'a>(
+            &'a mut self,
+            key: &'a str,
+            body: Body<'a>,
+        ) -> BoxFuture<'a, Result<(), Error>> {
+            Box::pin(async move {
+                let lease = if self.lease_per_cycle {
+                    self.etcd.lease_grant(30, None).await?.id()
+                } else {
+                    self.session
+                };
+                let held = self
+                    .etcd
+                    .lock(
+                        format!("bench:{key}"),
+                        Some(LockOptions::new().with_lease(lease)),
+                    )
+                    .await?;
+                body.await?;
+                self.etcd.unlock(held.key()).await?;
+                if self.lease_per_cycle {
+                    self.etcd.lease_revoke(lease).await?;
+                }
+                Ok(())
+            })
+        }
+    }
+
+    struct EtcdCounter {
+        endpoints: Vec<String>,
+    }
+
+    impl Counter for EtcdCounter {
+        fn handle<'a>(
+            &'a self,
+            name: &'a str,
+        ) -> BoxFuture<'a, Result<Box<dyn CounterHandle>, Error>> {
+            Box::pin(async move {
+                Ok(Box::new(EtcdCounterHandle {
+                    etcd: Etcd::connect(&self.endpoints, None).await?,
+                    key: format!("bench-counter/{name}"),
+                }) as Box<dyn CounterHandle>)
+            })
+        }
+    }
+
+    struct EtcdCounterHandle {
+        etcd: Etcd,
+        key: String,
+    }
+
+    impl CounterHandle for EtcdCounterHandle {
+        fn get(&mut self) -> BoxFuture<'_, Result<u64, Error>> {
+            Box::pin(async move {
+                let got = self.etcd.get(self.key.as_str(), None).await?;
+                Ok(got
+                    .kvs()
+                    .first()
+                    .and_then(|kv| kv.value_str().ok()?.parse().ok())
+                    .unwrap_or(0))
+            })
+        }
+
+        fn set(&mut self, n: u64) -> BoxFuture<'_, Result<(), Error>> {
+            Box::pin(async move {
+                self.etcd
+                    .put(self.key.as_str(), n.to_string(), None)
+                    .await?;
+                Ok(())
+            })
+        }
+    }
+
+    /// Every member's `/metrics`: gRPC calls started (`Status` left out) and CPU time.
+    struct EtcdStats {
+        endpoints: Vec<String>,
+    }
+
+    impl EtcdStats {
+        async fn metrics(&self) -> Vec<(u64, Duration)> {
+            let mut out = Vec::new();
+            for endpoint in &self.endpoints {
+                let Ok(response) = dlock_testkit::http::request(endpoint, "GET", "/metrics").await
+                else {
+                    continue;
+                };
+                let mut rpcs = 0u64;
+                let mut cpu = 0f64;
+                for line in response.body.lines() {
+                    if line.starts_with("grpc_server_started_total{")
+                        && !line.contains("grpc_method=\"Status\"")
+                    {
+                        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                        let n = line
+                            .rsplit(' ')
+                            .next()
+                            .and_then(|v| v.parse::<f64>().ok())
+                            .unwrap_or(0.0) as u64;
+                        rpcs += n;
+                    } else if let Some(v) = line.strip_prefix("process_cpu_seconds_total ") {
+                        cpu = v.trim().parse().unwrap_or(0.0);
+                    }
+                }
+                out.push((rpcs, Duration::from_secs_f64(cpu)));
+            }
+            out
+        }
+    }
+
+    impl ServerStats for EtcdStats {
+        fn requests(&self) -> BoxFuture<'_, Option<u64>> {
+            Box::pin(async move {
+                let metrics = self.metrics().await;
+                (!metrics.is_empty()).then(|| metrics.iter().map(|(rpcs, _)| rpcs).sum())
+            })
+        }
+
+        fn cpu(&self) -> BoxFuture<'_, Vec<Duration>> {
+            Box::pin(async move {
+                self.metrics()
+                    .await
+                    .into_iter()
+                    .map(|(_, cpu)| cpu)
+                    .collect()
+            })
+        }
+    }
+}
