@@ -11,7 +11,7 @@ use std::{
 
 use super::{
     INSTALL_REDIS, RedisServer, free_port,
-    resp::{Reply, command_at, info_field, query},
+    resp::{self, RedisResult, Value, command_at, info_field},
 };
 
 /// How to install `redis-cli` (Debian ships it with `redis-server`), printed when it is missing.
@@ -326,8 +326,8 @@ impl RedisCluster {
     #[must_use]
     pub fn slot_of(&self, key: &str) -> u16 {
         let port = self.any_live();
-        match query(port, &["CLUSTER", "KEYSLOT", key]) {
-            Some(Reply::Int(slot)) => u16::try_from(slot).expect("a slot fits u16"),
+        match command_at(port, &["CLUSTER", "KEYSLOT", key]) {
+            Ok(Value::Int(slot)) => u16::try_from(slot).expect("a slot fits u16"),
             other => panic!("CLUSTER KEYSLOT {key} on {port}: {other:?}"),
         }
     }
@@ -438,12 +438,9 @@ impl RedisCluster {
         let slot = slot.to_string();
         let mut moved = 0;
         loop {
-            let reply = query(source.port, &["CLUSTER", "GETKEYSINSLOT", &slot, "100"]);
-            let keys: Vec<String> = match reply.as_ref().and_then(Reply::items) {
-                Some(items) => items
-                    .iter()
-                    .filter_map(|k| k.text().map(str::to_owned))
-                    .collect(),
+            let reply = command_at(source.port, &["CLUSTER", "GETKEYSINSLOT", &slot, "100"]);
+            let keys: Vec<String> = match reply.as_ref().ok().and_then(resp::items) {
+                Some(items) => items.iter().filter_map(resp::text).collect(),
                 None => panic!("CLUSTER GETKEYSINSLOT {slot} on {}: {reply:?}", source.port),
             };
             if keys.is_empty() {
@@ -452,8 +449,9 @@ impl RedisCluster {
             let port = target.port.to_string();
             let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
             args.extend(keys.iter().map(String::as_str));
-            match query(source.port, &args) {
-                Some(Reply::Status(s)) if s == "OK" || s == "NOKEY" => moved += keys.len(),
+            match command_at(source.port, &args) {
+                Ok(Value::Okay) => moved += keys.len(),
+                Ok(Value::SimpleString(s)) if s == "NOKEY" => moved += keys.len(),
                 other => panic!("MIGRATE of slot {slot} to {port}: {other:?}"),
             }
         }
@@ -494,10 +492,12 @@ impl RedisCluster {
         );
     }
 
-    /// Sends one command to the node on `port` and returns the raw RESP reply (see
-    /// [`RedisServer::command`]); `None` when it does not answer.
-    #[must_use]
-    pub fn command(&self, port: u16, args: &[&str]) -> Option<String> {
+    /// Sends one command to the node on `port` over a fresh connection (see
+    /// [`RedisServer::command`]).
+    ///
+    /// # Errors
+    /// The node's error reply (`MOVED …`, `ASK …`), or the connection's failure.
+    pub fn command(&self, port: u16, args: &[&str]) -> RedisResult<Value> {
         command_at(port, args)
     }
 
@@ -620,13 +620,13 @@ fn parse_node(line: &str) -> Option<Node> {
 
 /// The text of a status or bulk reply of the node on `port`.
 fn text(port: u16, args: &[&str]) -> Option<String> {
-    query(port, args)?.text().map(str::to_owned)
+    resp::text(&command_at(port, args).ok()?)
 }
 
 fn expect_ok(port: u16, args: &[&str]) {
-    let reply = query(port, args);
+    let reply = command_at(port, args);
     assert!(
-        reply.as_ref().is_some_and(Reply::is_ok),
+        matches!(reply, Ok(Value::Okay)),
         "{args:?} on {port}: {reply:?}"
     );
 }
@@ -681,28 +681,34 @@ mod tests {
         let source = cluster.master_of_slot(slot);
         let target = *masters.iter().find(|&&m| m != source).unwrap();
         assert_eq!(
-            cluster
-                .command(source, &["SET", "{t}present", "v"])
-                .as_deref(),
-            Some("+OK\r\n")
+            cluster.command(source, &["SET", "{t}present", "v"]).ok(),
+            Some(Value::Okay)
         );
         let started = Instant::now();
         cluster.begin_migration(slot, target);
         assert_eq!(
-            cluster.command(source, &["GET", "{t}present"]).as_deref(),
-            Some("$1\r\nv\r\n")
+            cluster.command(source, &["GET", "{t}present"]).ok(),
+            Some(Value::BulkString(b"v".to_vec()))
         );
-        let ask = cluster.command(source, &["GET", "{t}absent"]).unwrap();
-        assert_eq!(ask, format!("-ASK {slot} 127.0.0.1:{target}\r\n"));
+        let ask = cluster.command(source, &["GET", "{t}absent"]).unwrap_err();
+        assert_eq!(ask.code(), Some("ASK"));
+        assert_eq!(
+            ask.redirect_node(),
+            Some((&*format!("127.0.0.1:{target}"), slot))
+        );
         cluster.finish_migration(slot, target);
         eprintln!("slot migrated in {:?}", started.elapsed());
         assert_eq!(cluster.master_of_slot(slot), target);
         assert_eq!(
-            cluster.command(target, &["GET", "{t}present"]).as_deref(),
-            Some("$1\r\nv\r\n")
+            cluster.command(target, &["GET", "{t}present"]).ok(),
+            Some(Value::BulkString(b"v".to_vec()))
         );
-        let moved = cluster.command(source, &["GET", "{t}present"]).unwrap();
-        assert_eq!(moved, format!("-MOVED {slot} 127.0.0.1:{target}\r\n"));
+        let moved = cluster.command(source, &["GET", "{t}present"]).unwrap_err();
+        assert_eq!(moved.code(), Some("MOVED"));
+        assert_eq!(
+            moved.redirect_node(),
+            Some((&*format!("127.0.0.1:{target}"), slot))
+        );
 
         // A master killed: its replica takes over.
         let victim = cluster.master_of_slot(0);

@@ -55,15 +55,23 @@ pub async fn request(addr: &str, method: &str, path: &str) -> io::Result<Respons
     request_with(addr, method, path, "").await
 }
 
-/// [`request_with`] from code that is not async (the deployments), on a runtime of its own.
+/// [`request_with`] from code that is not async (the deployments), on a runtime of its own in a
+/// thread of its own, so that it may be called from inside a test's runtime as well.
 ///
 /// # Errors
 /// As [`request_with`].
 pub fn blocking(addr: &str, method: &str, path: &str, body: &str) -> io::Result<Response> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?
-        .block_on(request_with(addr, method, path, body))
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?
+                    .block_on(request_with(addr, method, path, body))
+            })
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the HTTP request's thread panicked")))
+    })
 }
 
 async fn exchange(addr: &str, method: &str, path: &str, body: &str) -> io::Result<Response> {

@@ -15,8 +15,7 @@
 #![warn(unreachable_pub, missing_debug_implementations)]
 
 use std::{
-    io::{Read as _, Write as _},
-    net::{TcpListener, TcpStream},
+    net::TcpListener,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -28,7 +27,7 @@ pub mod http;
 pub mod postgres;
 pub mod proxy;
 pub mod redlock;
-mod resp;
+pub mod resp;
 pub mod sentinel;
 mod server;
 pub mod zookeeper;
@@ -65,14 +64,7 @@ pub fn wait_ready(port: u16, child: &mut Child) -> std::io::Result<()> {
 /// `true` when a server on 127.0.0.1:`port` answers `PING` now (within a second).
 #[must_use]
 pub fn ping(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    let mut reply = [0u8; 7];
-    stream.write_all(b"PING\r\n").is_ok()
-        && stream.read_exact(&mut reply).is_ok()
-        && &reply == b"+PONG\r\n"
+    matches!(resp::command_at(port, &["PING"]), Ok(resp::Value::SimpleString(s)) if s == "PONG")
 }
 
 /// The command line of a throwaway server: `port` on 127.0.0.1 only, no persistence (no RDB

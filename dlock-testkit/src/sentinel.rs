@@ -11,7 +11,7 @@ use std::{
 
 use super::{
     RedisServer, free_port,
-    resp::{Reply, command_at, info_field, query},
+    resp::{self, RedisResult, Value, command_at, info_field},
 };
 
 /// How to install `redis-sentinel`, printed when it is missing.
@@ -262,10 +262,10 @@ impl RedisSentinels {
         let deadline = Instant::now() + FAILOVER_WITHIN;
         let sentinel = *self.live_sentinels().first().expect("a live sentinel");
         loop {
-            let reply = query(sentinel, &["SENTINEL", "FAILOVER", MASTER_NAME]);
+            let reply = command_at(sentinel, &["SENTINEL", "FAILOVER", MASTER_NAME]);
             let transient = match &reply {
-                Some(r) if r.is_ok() => return,
-                Some(Reply::Error(e)) => e.starts_with("INPROG") || e.starts_with("NOGOODSLAVE"),
+                Ok(Value::Okay) => return,
+                Err(e) => matches!(e.code(), Some("INPROG" | "NOGOODSLAVE")),
                 _ => false,
             };
             assert!(
@@ -297,10 +297,12 @@ impl RedisSentinels {
         }
     }
 
-    /// Sends one command to the server or sentinel on `port` and returns the raw RESP reply
-    /// (see [`RedisServer::command`]); `None` when it does not answer.
-    #[must_use]
-    pub fn command(&self, port: u16, args: &[&str]) -> Option<String> {
+    /// Sends one command to the server or sentinel on `port` over a fresh connection (see
+    /// [`RedisServer::command`]).
+    ///
+    /// # Errors
+    /// Its error reply, or the connection's failure.
+    pub fn command(&self, port: u16, args: &[&str]) -> RedisResult<Value> {
         command_at(port, args)
     }
 
@@ -404,11 +406,12 @@ fn wait_healthy(deadline: Instant, mut check: impl FnMut() -> Result<(), String>
 
 /// The master's port as the sentinel on `sentinel` names it.
 fn master_addr(sentinel: u16) -> Option<u16> {
-    let reply = query(
+    let reply = command_at(
         sentinel,
         &["SENTINEL", "get-master-addr-by-name", MASTER_NAME],
-    )?;
-    reply.items()?.get(1)?.text()?.parse().ok()
+    )
+    .ok()?;
+    resp::text(resp::items(&reply)?.get(1)?)?.parse().ok()
 }
 
 /// `role` of `INFO replication` of the server on `port`.
@@ -419,24 +422,24 @@ fn role(port: u16) -> Option<String> {
 
 /// `SENTINEL MASTER mymaster` of the sentinel on `port`, as field-value pairs.
 fn master_fields(port: u16) -> Option<Vec<(String, String)>> {
-    pairs(query(port, &["SENTINEL", "MASTER", MASTER_NAME])?.items()?)
+    pairs(resp::items(
+        &command_at(port, &["SENTINEL", "MASTER", MASTER_NAME]).ok()?,
+    )?)
 }
 
 /// `SENTINEL REPLICAS mymaster` of the sentinel on `port`: field-value pairs per replica.
 fn replica_fields(port: u16) -> Option<Vec<Vec<(String, String)>>> {
-    let reply = query(port, &["SENTINEL", "REPLICAS", MASTER_NAME])?;
-    reply.items()?.iter().map(|r| pairs(r.items()?)).collect()
+    let reply = command_at(port, &["SENTINEL", "REPLICAS", MASTER_NAME]).ok()?;
+    resp::items(&reply)?
+        .iter()
+        .map(|r| pairs(resp::items(r)?))
+        .collect()
 }
 
 /// A flat field-value array as pairs.
-fn pairs(flat: &[Reply]) -> Option<Vec<(String, String)>> {
+fn pairs(flat: &[Value]) -> Option<Vec<(String, String)>> {
     flat.chunks(2)
-        .map(|kv| {
-            Some((
-                kv.first()?.text()?.to_owned(),
-                kv.get(1)?.text()?.to_owned(),
-            ))
-        })
+        .map(|kv| Some((resp::text(kv.first()?)?, resp::text(kv.get(1)?)?)))
         .collect()
 }
 
@@ -448,7 +451,7 @@ fn lookup<'a>(pairs: &'a [(String, String)], field: &str) -> Option<&'a str> {
 }
 
 fn text(port: u16, args: &[&str]) -> Option<String> {
-    query(port, args)?.text().map(str::to_owned)
+    resp::text(&command_at(port, args).ok()?)
 }
 
 #[cfg(test)]
@@ -478,8 +481,8 @@ mod tests {
             )
         );
         assert_eq!(
-            sentinels.command(old, &["SET", "k", "v"]).as_deref(),
-            Some("+OK\r\n")
+            sentinels.command(old, &["SET", "k", "v"]).ok(),
+            Some(Value::Okay)
         );
 
         let started = Instant::now();
@@ -491,12 +494,12 @@ mod tests {
         assert!(replicas.contains(&new));
         assert_eq!(sentinels.master_port(), new);
         assert_eq!(
-            sentinels.server(new).command(&["GET", "k"]).as_deref(),
-            Some("$1\r\nv\r\n")
+            sentinels.server(new).command(&["GET", "k"]).ok(),
+            Some(Value::BulkString(b"v".to_vec()))
         );
         assert_eq!(
-            sentinels.command(new, &["SET", "k", "w"]).as_deref(),
-            Some("+OK\r\n")
+            sentinels.command(new, &["SET", "k", "w"]).ok(),
+            Some(Value::Okay)
         );
 
         let mut all = ports;

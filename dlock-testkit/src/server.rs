@@ -8,7 +8,10 @@ use std::{
 
 use dlock_runtime::Locker;
 
-use super::{INSTALL_REDIS, free_port, resp::command_at};
+use super::{
+    INSTALL_REDIS, free_port,
+    resp::{RedisResult, Value, command_at},
+};
 
 /// A `redis-server` owned by this program (a test, an example): no persistence, loopback only,
 /// on a free port.
@@ -210,10 +213,12 @@ impl RedisServer {
         super::ping(self.port)
     }
 
-    /// Sends one command over a fresh plain connection and returns the raw RESP reply, read
-    /// whole however long it is (`None` when the server does not answer within a second).
-    #[must_use]
-    pub fn command(&self, args: &[&str]) -> Option<String> {
+    /// Sends one command over a fresh plain connection (redis-rs's synchronous client, each
+    /// step bounded by a second) and returns the server's reply.
+    ///
+    /// # Errors
+    /// The server's error reply (`NOAUTH …`, `WRONGTYPE …`), or the connection's failure.
+    pub fn command(&self, args: &[&str]) -> RedisResult<Value> {
         command_at(self.port, args)
     }
 
@@ -223,9 +228,9 @@ impl RedisServer {
     /// When the server does not answer.
     #[must_use]
     pub fn exists(&self, key: &str) -> bool {
-        match self.command(&["EXISTS", key]).as_deref() {
-            Some(":1\r\n") => true,
-            Some(":0\r\n") => false,
+        match self.command(&["EXISTS", key]) {
+            Ok(Value::Int(1)) => true,
+            Ok(Value::Int(0)) => false,
             other => panic!("EXISTS {key}: unexpected reply {other:?}"),
         }
     }
@@ -254,6 +259,9 @@ impl RedisServer {
     pub fn calls(&self, command: &str) -> u64 {
         let info = self
             .command(&["INFO", "commandstats"])
+            .ok()
+            .as_ref()
+            .and_then(super::resp::text)
             .expect("INFO answered");
         info.lines()
             .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))

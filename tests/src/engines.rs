@@ -7,6 +7,7 @@ use std::{
     time::Duration,
 };
 
+use crate::resp::Value;
 use dlock_runtime::{LockError, LockGuard, LockOptions, Locker};
 
 use crate::{
@@ -157,8 +158,8 @@ impl Engine {
                     rule.retain(|word| !word.starts_with('&'));
                 }
                 let args: Vec<&str> = rule.iter().map(String::as_str).collect();
-                let reply = server.command(&args).unwrap_or_default();
-                assert!(reply.starts_with("+OK"), "{args:?}: {reply}");
+                let reply = server.command(&args);
+                assert!(matches!(reply, Ok(Value::Okay)), "{args:?}: {reply:?}");
                 let url = format!(
                     "redis://dlock-app:{ACL_PASSWORD}@127.0.0.1:{}",
                     server.port()

@@ -19,7 +19,7 @@ pub mod engines;
 pub mod pg;
 pub use dlock_testkit::postgres::{self, PostgresServer};
 pub use dlock_testkit::{
-    INSTALL_REDIS, RedisServer, cluster, etcd, free_port, proxy, redlock, sentinel, zookeeper,
+    INSTALL_REDIS, RedisServer, cluster, etcd, free_port, proxy, redlock, resp, sentinel, zookeeper,
 };
 pub use engines::Engine;
 

@@ -11,6 +11,7 @@ use std::{
 };
 
 use dlock_runtime::{LockError, Locker, dlock};
+use dlock_tests::resp::Value;
 use dlock_tests::{RedisServer, acquire_and_release};
 
 /// Sleeps `for_ms`, then records that it got past the sleep.
@@ -47,8 +48,10 @@ async fn fixed_lease_running_out_aborts_the_body() {
 /// The key is set with the attribute's lease.
 #[dlock(key = "ttl", client = locker, expire = "300ms")]
 async fn ttl(locker: &Locker, server: &RedisServer) -> Result<i64, LockError> {
-    let reply = server.command(&["PTTL", "dlock:ttl"]).unwrap();
-    Ok(reply.trim().trim_start_matches(':').parse().unwrap())
+    match server.command(&["PTTL", "dlock:ttl"]) {
+        Ok(Value::Int(ms)) => Ok(ms),
+        other => panic!("PTTL: {other:?}"),
+    }
 }
 
 #[tokio::test]
@@ -292,8 +295,8 @@ async fn key_deleted_underneath(
     server: &RedisServer,
 ) -> Result<u8, LockError> {
     assert_eq!(
-        server.command(&["DEL", &format!("dlock:{key}")]).as_deref(),
-        Some(":1\r\n")
+        server.command(&["DEL", &format!("dlock:{key}")]).ok(),
+        Some(Value::Int(1))
     );
     Ok(7)
 }

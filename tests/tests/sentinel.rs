@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use dlock_runtime::{LockOptions, Locker};
+use dlock_tests::resp::{self, Value};
 use dlock_tests::{
     acquire_and_release,
     engines::{
@@ -21,7 +22,7 @@ fn locker(sentinels: &RedisSentinels, replicas: u32) -> Locker {
 }
 
 fn exists(sentinels: &RedisSentinels, port: u16, key: &str) -> bool {
-    sentinels.command(port, &["EXISTS", key]).as_deref() == Some(":1\r\n")
+    matches!(sentinels.command(port, &["EXISTS", key]), Ok(Value::Int(1)))
 }
 
 /// Waits until the server on `port` reports itself a replica (the sentinels demoted it).
@@ -30,7 +31,11 @@ async fn demoted(sentinels: &RedisSentinels, port: u16) -> bool {
     while Instant::now() < deadline {
         if sentinels
             .command(port, &["ROLE"])
-            .is_some_and(|r| r.contains("slave"))
+            .ok()
+            .as_ref()
+            .and_then(resp::items)
+            .and_then(|role| resp::text(role.first()?))
+            .is_some_and(|role| role == "slave")
         {
             return true;
         }
@@ -153,10 +158,8 @@ async fn without_acknowledgement_a_failover_can_lose_a_lock_and_fencing_still_ho
     for &replica in &replicas {
         sentinels.server(replica).pause();
     }
-    let cut = sentinels
-        .command(old, &["CLIENT", "KILL", "TYPE", "replica"])
-        .unwrap_or_default();
-    assert!(cut.starts_with(':'), "{cut}");
+    let cut = sentinels.command(old, &["CLIENT", "KILL", "TYPE", "replica"]);
+    assert!(matches!(cut, Ok(Value::Int(_))), "{cut:?}");
     let key = unique_key("unreplicated");
     let first = holder.acquire(&key, LockOptions::new()).await.unwrap();
     sentinels.kill(old);

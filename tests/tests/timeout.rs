@@ -9,6 +9,7 @@ use std::{
 
 use dlock_runtime::{LockError, LockOptions, Locker, dlock};
 use dlock_tests::RedisServer;
+use dlock_tests::resp::Value;
 use tokio::time::Instant;
 
 #[dlock(key = "busy", client = locker, timeout = "0s")]
@@ -125,7 +126,8 @@ async fn fair_attribute_serves_callers_in_order() {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while server
             .command(&["LLEN", &format!("dlock:__fair:{{dlock:fair:{name}}}:queue")])
-            .is_none_or(|r| r.trim() != format!(":{}", me + 1))
+            .ok()
+            != Some(Value::Int(i64::try_from(me + 1).unwrap()))
         {
             assert!(
                 std::time::Instant::now() < deadline,

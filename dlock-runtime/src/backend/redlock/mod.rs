@@ -191,6 +191,25 @@ impl RedLockBackend {
     }
 
     /// Compare-and-delete by token on every master, for an attempt that did not get the lock.
+    /// Raises the fence counter of `key` to `fence` on the masters that granted (`fences[i]`
+    /// is what master `i` issued, `None` where it refused); masters already there need no
+    /// request. Returns how many granting masters now stand at `fence`.
+    async fn raise_fences(&self, key: &str, fences: &[Option<u64>], fence: u64) -> usize {
+        let raises = join_all(self.nodes.iter().zip(fences).filter_map(|(node, f)| {
+            let f = (*f)?;
+            Some(async move {
+                if f == fence {
+                    return true;
+                }
+                tokio::time::timeout(self.request_timeout, node.redis.raise_fence(key, fence))
+                    .await
+                    .is_ok_and(|r| r.is_ok())
+            })
+        }))
+        .await;
+        raises.iter().filter(|ok| **ok).count()
+    }
+
     async fn undo(&self, key: &str, token: &Token) {
         let round = self.round(|node| node.release(key, token)).await;
         if round.failed() > 0 {
@@ -293,22 +312,7 @@ impl Backend for RedLockBackend {
                 // to it, so that every master of this majority issues only higher ones from now
                 // on. Masters already there need no request.
                 let fence = fences.iter().flatten().copied().max().unwrap_or(0);
-                let raises = join_all(self.nodes.iter().zip(&fences).filter_map(|(node, f)| {
-                    let f = (*f)?;
-                    Some(async move {
-                        if f == fence {
-                            return true;
-                        }
-                        tokio::time::timeout(
-                            self.request_timeout,
-                            node.redis.raise_fence(request.key, fence),
-                        )
-                        .await
-                        .is_ok_and(|r| r.is_ok())
-                    })
-                }))
-                .await;
-                let raised = raises.iter().filter(|ok| **ok).count();
+                let raised = self.raise_fences(request.key, &fences, fence).await;
                 // The guard's lease clock, which counts from the same instant, ends with this.
                 let valid = crate::lease::valid_until(started, request.lease) > Instant::now();
                 if valid && raised >= self.quorum {

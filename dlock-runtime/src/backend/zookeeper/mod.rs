@@ -247,54 +247,19 @@ impl Conn {
         };
         *epochs += 1;
         let (ended_tx, ended) = watch::channel(false);
-        let mut states = client.state_watcher();
         // Curator's LOST: the ensemble expires a session it has not heard from for the session
         // timeout. A connection is found lost at most 2/5 of it after the last reply
         // (`zookeeper-client`'s connection timeout), so one still lost half the session
         // timeout later counts as expired, before the servers can have expired it (0.9 of it
         // at most since the last reply). The client would wait 7/5 of it.
         let grace = client.session_timeout() / 2;
-        let (conn, epoch) = (Arc::downgrade(self), *epochs);
-        tokio::spawn(async move {
-            let mut disconnected = false;
-            loop {
-                let state = if disconnected {
-                    tokio::select! {
-                        state = states.changed() => state,
-                        () = tokio::time::sleep(grace) => {
-                            tracing::warn!(?grace, "zookeeper connection lost for half the session timeout: the session counts as expired, its holds are lost");
-                            break;
-                        }
-                    }
-                } else {
-                    states.changed().await
-                };
-                if state == SessionState::Closed {
-                    // Closed by this client (`Locker::close`, or its last handle dropped).
-                    tracing::debug!("zookeeper session closed");
-                    break;
-                }
-                if state.is_terminated() {
-                    tracing::warn!(?state, "zookeeper session ended: its holds are lost");
-                    break;
-                }
-                disconnected = state == SessionState::Disconnected;
-                if disconnected {
-                    tracing::debug!(
-                        "zookeeper connection lost; the session lives on while it reconnects"
-                    );
-                }
-            }
-            let _ = ended_tx.send(true);
-            // Its client goes with the last task holding it: a session still open on the
-            // servers is closed then, deleting its nodes.
-            if let Some(conn) = conn.upgrade() {
-                let mut current = conn.current();
-                if current.as_ref().is_some_and(|s| s.epoch == epoch) {
-                    *current = None;
-                }
-            }
-        });
+        tokio::spawn(watch_session(
+            client.state_watcher(),
+            grace,
+            ended_tx,
+            Arc::downgrade(self),
+            *epochs,
+        ));
         let session = Session {
             client,
             epoch: *epochs,
@@ -700,7 +665,7 @@ impl ZooKeeperBackend {
         entry.granted = true;
         entry.predecessor = None;
         entry.waiting = None;
-        let (deadline, mut until) = watch::channel(sent_at + lease);
+        let (deadline, until) = watch::channel(sent_at + lease);
         entry.deadline = Some(deadline);
         let gone = entry.gone.subscribe();
         let path = entry
@@ -708,67 +673,24 @@ impl ZooKeeperBackend {
             .as_ref()
             .map(|node| format!("{}/{node}", entry.dir))
             .unwrap_or_default();
-        let (conn, all, key) = (self.conn.clone(), self.entries.clone(), token.0.clone());
-        let (client, live) = (session.client.clone(), session.clone());
-        entry.timer = Some(AbortOnDrop::new(tokio::spawn(async move {
-            loop {
-                let at = *until.borrow_and_update();
-                tokio::select! {
-                    // The node went with the session (and the hold is lost through it).
-                    () = live.clone().end() => return,
-                    () = tokio::time::sleep_until(at) => {
-                        if *until.borrow() == at {
-                            break;
-                        }
-                    }
-                    changed = until.changed() => {
-                        if changed.is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-            // The hold's `expire` ran out: it is let go on the server too.
-            let entry = all
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&key);
-            let Some(mut entry) = entry else { return };
-            let _ = entry.gone.send(true);
-            // This very task: not aborted by dropping the entry.
-            if let Some(timer) = entry.timer.take() {
-                timer.detach();
-            }
-            delete_until_gone(&conn, &client, &live, &path).await;
-        })));
-        let (session, all, key) = (session.clone(), self.entries.clone(), token.0.clone());
-        let signal = async move {
-            let mut gone = gone;
-            let epoch = session.epoch;
-            tokio::select! {
-                () = session.end() => {
-                    // Released before its session ended: nothing was lost.
-                    let held = all
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .get(&key)
-                        .is_some_and(|e| e.epoch == epoch);
-                    if !held {
-                        std::future::pending::<()>().await;
-                    }
-                }
-                dropped = async { gone.wait_for(|g| *g).await.is_err() } => {
-                    // The entry was dropped (a release): nothing was lost.
-                    if dropped {
-                        std::future::pending::<()>().await;
-                    }
-                }
-            }
-        };
+        entry.timer = Some(AbortOnDrop::new(tokio::spawn(expire_at_deadline(
+            until,
+            session.clone(),
+            self.conn.clone(),
+            self.entries.clone(),
+            token.0.clone(),
+            path,
+        ))));
+        drop(entries);
         Attempt::Acquired {
             fence,
             granted: None,
-            lost: Some(LossSignal(Box::pin(signal))),
+            lost: Some(loss_signal(
+                session.clone(),
+                self.entries.clone(),
+                token.0.clone(),
+                gone,
+            )),
         }
     }
 
@@ -838,6 +760,129 @@ impl ZooKeeperBackend {
         waiting.quiet = false;
         quiet
     }
+}
+
+/// Follows a session's states until it ends: closed by this client, expired or otherwise
+/// terminated, or disconnected for longer than `grace` (then it counts as expired). Then says so
+/// on `ended_tx` and forgets the session (when it is still `conn`'s current one, of `epoch`).
+async fn watch_session(
+    mut states: zookeeper_client::StateWatcher,
+    grace: Duration,
+    ended_tx: watch::Sender<bool>,
+    conn: std::sync::Weak<Conn>,
+    epoch: u64,
+) {
+    let mut disconnected = false;
+    loop {
+        let state = if disconnected {
+            tokio::select! {
+                state = states.changed() => state,
+                () = tokio::time::sleep(grace) => {
+                    tracing::warn!(?grace, "zookeeper connection lost for half the session timeout: the session counts as expired, its holds are lost");
+                    break;
+                }
+            }
+        } else {
+            states.changed().await
+        };
+        if state == SessionState::Closed {
+            // Closed by this client (`Locker::close`, or its last handle dropped).
+            tracing::debug!("zookeeper session closed");
+            break;
+        }
+        if state.is_terminated() {
+            tracing::warn!(?state, "zookeeper session ended: its holds are lost");
+            break;
+        }
+        disconnected = state == SessionState::Disconnected;
+        if disconnected {
+            tracing::debug!("zookeeper connection lost; the session lives on while it reconnects");
+        }
+    }
+    let _ = ended_tx.send(true);
+    // Its client goes with the last task holding it: a session still open on the
+    // servers is closed then, deleting its nodes.
+    if let Some(conn) = conn.upgrade() {
+        let mut current = conn.current();
+        if current.as_ref().is_some_and(|s| s.epoch == epoch) {
+            *current = None;
+        }
+    }
+}
+
+/// A grant's `expire` clock: sleeps until the deadline on `until` (moved by each renewal), then
+/// forgets the hold (`key` in `all`), tells its loss signal and deletes its node at `path`. Ends
+/// at once when the session ends (the node goes with it).
+async fn expire_at_deadline(
+    mut until: watch::Receiver<Instant>,
+    live: Session,
+    conn: Arc<Conn>,
+    all: Entries,
+    key: String,
+    path: String,
+) {
+    loop {
+        let at = *until.borrow_and_update();
+        tokio::select! {
+            // The node went with the session (and the hold is lost through it).
+            () = live.clone().end() => return,
+            () = tokio::time::sleep_until(at) => {
+                if *until.borrow() == at {
+                    break;
+                }
+            }
+            changed = until.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    // The hold's `expire` ran out: it is let go on the server too.
+    let entry = all
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&key);
+    let Some(mut entry) = entry else { return };
+    let _ = entry.gone.send(true);
+    // This very task: not aborted by dropping the entry.
+    if let Some(timer) = entry.timer.take() {
+        timer.detach();
+    }
+    delete_until_gone(&conn, &live.client, &live, &path).await;
+}
+
+/// The loss signal of a grant: fires when the session ends while the hold (`key` in `all`, of
+/// this session) is still there; never after a release (which drops the entry and so closes
+/// `gone`).
+fn loss_signal(
+    session: Session,
+    all: Entries,
+    key: String,
+    mut gone: watch::Receiver<bool>,
+) -> LossSignal {
+    LossSignal(Box::pin(async move {
+        let epoch = session.epoch;
+        tokio::select! {
+            () = session.end() => {
+                // Released before its session ended: nothing was lost.
+                let held = all
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(&key)
+                    .is_some_and(|e| e.epoch == epoch);
+                if !held {
+                    std::future::pending::<()>().await;
+                }
+            }
+            dropped = async { gone.wait_for(|g| *g).await.is_err() } => {
+                // The entry was dropped (a release): nothing was lost.
+                if dropped {
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }))
 }
 
 /// Deletes `path` (an ephemeral node of `session`), asking again until it is gone or the
