@@ -48,14 +48,42 @@ pub(crate) async fn throwaway(engine: Engine) -> Result<Setup, Error> {
     }
 }
 
-/// A deployment named by a URL (`DLOCK_URL`): one of the Redis engines.
-pub(crate) fn from_url(engine: Engine, url: &str, about: String) -> Result<Setup, Error> {
-    let masters = match engine {
-        Engine::Redis => vec![url.to_owned()],
-        Engine::RedLock => redis_hosts(url),
-        _ => Vec::new(),
-    };
-    redis_family(engine, url.to_owned(), masters, about, None)
+/// A deployment named by a URL (`DLOCK_URL`), any engine but the embedded one. The servers'
+/// load is read where they let a client read it (Redis `INFO`, etcd's `/metrics`, ZooKeeper's
+/// `srvr` when whitelisted, `pg_stat_statements` when loaded); their CPU time only on this
+/// machine's throwaway servers.
+pub(crate) async fn from_url(engine: Engine, url: &str, about: String) -> Result<Setup, Error> {
+    match engine {
+        Engine::Postgres => postgres_at(url.to_owned(), about, Vec::new(), None).await,
+        Engine::ZooKeeper => {
+            let hosts = zk_hosts(url)?;
+            let ports = hosts
+                .split(',')
+                .filter_map(|h| h.rsplit_once(':')?.1.parse().ok())
+                .collect();
+            Ok(zookeeper_at(url.to_owned(), hosts, about, ports, Vec::new(), None))
+        }
+        #[cfg(feature = "etcd")]
+        Engine::Etcd => etcd::at(url, about),
+        #[cfg(not(feature = "etcd"))]
+        Engine::Etcd => Err(dlock_testkit::deployment::ETCD_FEATURE.into()),
+        Engine::Memory => Err("the embedded engine has no floor to measure against".into()),
+        Engine::RedLock => redis_family(engine, url.to_owned(), redis_hosts(url), about, None),
+        Engine::Redis => redis_family(engine, url.to_owned(), vec![url.to_owned()], about, None),
+        _ => redis_family(engine, url.to_owned(), Vec::new(), about, None),
+    }
+}
+
+/// The `h1:p1,h2:p2[/chroot]` of a `zk://` URL, for the floor's own client.
+fn zk_hosts(url: &str) -> Result<String, Error> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.split('?').next().unwrap_or_default();
+    if rest.contains('@') {
+        return Err("the benchmark's ZooKeeper floor takes no credentials in the URL: measure \
+                    a throwaway ensemble with --engine zookeeper"
+            .into());
+    }
+    Ok(rest.to_owned())
 }
 
 /// `redis://h:p` for each host of a multi-host URL.
@@ -375,7 +403,6 @@ impl ServerStats for RedisStats {
 
 /// The bench's own tables: the floor's lease rows, and W3's counter.
 const POSTGRES_TABLES: &str = "
-CREATE EXTENSION IF NOT EXISTS pg_stat_statements;
 CREATE TABLE IF NOT EXISTS bench_locks (key text PRIMARY KEY, token text NOT NULL, expires_at timestamptz NOT NULL);
 CREATE TABLE IF NOT EXISTS bench_counter (key text PRIMARY KEY, n bigint NOT NULL);";
 
@@ -387,17 +414,29 @@ async fn postgres() -> Result<Setup, Error> {
         ])
     })
     .await??;
-    let url = server.url();
-    pg_client(&url)
-        .await?
-        .batch_execute(POSTGRES_TABLES)
-        .await?;
     let about = format!(
         "a throwaway PostgreSQL{} on 127.0.0.1:{} (fsync off, pg_stat_statements)",
         PostgresServer::version().map_or_else(String::new, |v| format!(" {v}")),
         server.port()
     );
     let pids = server.pids();
+    postgres_at(server.url(), about, pids, Some(Box::new(server))).await
+}
+
+/// PostgreSQL at `url`: the floor's and the counter's tables created there (`bench_locks`,
+/// `bench_counter`), and `pg_stat_statements` where the server lets it be.
+async fn postgres_at(
+    url: String,
+    about: String,
+    pids: Vec<u32>,
+    deployment: Option<Box<dyn std::any::Any + Send + Sync>>,
+) -> Result<Setup, Error> {
+    let db = pg_client(&url).await?;
+    db.batch_execute(POSTGRES_TABLES).await?;
+    // Counting statements needs the extension; without it the report leaves the column empty.
+    let _ = db
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .await;
     Ok(Setup {
         engine: Engine::Postgres,
         about,
@@ -413,7 +452,7 @@ async fn postgres() -> Result<Setup, Error> {
         prefix: "bench:",
         spread_prefix: None,
         url,
-        _deployment: Some(Box::new(server)),
+        _deployment: deployment,
     })
 }
 
@@ -653,7 +692,6 @@ const ZK_SERVERS: usize = 3;
 
 async fn zookeeper() -> Result<Setup, Error> {
     let ensemble = tokio::task::spawn_blocking(|| ZkEnsemble::start(ZK_SERVERS)).await?;
-    let url = ensemble.url();
     let about = format!(
         "a throwaway ZooKeeper{} ensemble of {ZK_SERVERS} servers on {} (local JVMs)",
         ensemble
@@ -661,8 +699,28 @@ async fn zookeeper() -> Result<Setup, Error> {
             .map_or_else(String::new, |v| format!(" {v}")),
         ensemble.hosts()
     );
-    let hosts = ensemble.hosts();
-    Ok(Setup {
+    let ports = (0..ZK_SERVERS).map(|i| ensemble.port(i)).collect();
+    let pids = ensemble.pids();
+    Ok(zookeeper_at(
+        ensemble.url(),
+        ensemble.hosts(),
+        about,
+        ports,
+        pids,
+        Some(Box::new(ensemble)),
+    ))
+}
+
+/// ZooKeeper at `url` (`hosts` for the floor's own client; `ports` asked for `srvr`).
+fn zookeeper_at(
+    url: String,
+    hosts: String,
+    about: String,
+    ports: Vec<u16>,
+    pids: Vec<u32>,
+    deployment: Option<Box<dyn std::any::Any + Send + Sync>>,
+) -> Setup {
+    Setup {
         engine: Engine::ZooKeeper,
         about,
         floor: Box::new(ZkByHand {
@@ -671,20 +729,15 @@ async fn zookeeper() -> Result<Setup, Error> {
         others: vec![Box::new(ZkRecipe {
             hosts: hosts.clone(),
         })],
-        counter: Box::new(ZkCounter {
-            hosts: hosts.clone(),
-        }),
-        stats: Box::new(ZkStats {
-            ports: (0..ZK_SERVERS).map(|i| ensemble.port(i)).collect(),
-            pids: ensemble.pids(),
-        }),
+        counter: Box::new(ZkCounter { hosts }),
+        stats: Box::new(ZkStats { ports, pids }),
         masters: Vec::new(),
         requests_are: "requests",
         prefix: "bench:",
         spread_prefix: None,
         url,
-        _deployment: Some(Box::new(ensemble)),
-    })
+        _deployment: deployment,
+    }
 }
 
 fn persistent() -> zookeeper_client::CreateOptions<'static> {
@@ -902,12 +955,40 @@ mod etcd {
     pub(super) async fn setup() -> Result<Setup, Error> {
         let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(MEMBERS)).await?;
         let endpoints = cluster.endpoints();
-        Ok(Setup {
+        let about = format!(
+            "a throwaway etcd cluster of {MEMBERS} members on {}",
+            endpoints.join(",")
+        );
+        Ok(setup_at(cluster.url(), endpoints, about, Some(Box::new(cluster))))
+    }
+
+    /// etcd at a plain `etcd://h1:p1,h2:p2` URL (the floor's client takes no TLS or
+    /// credentials here).
+    pub(super) fn at(url: &str, about: String) -> Result<Setup, Error> {
+        let Some(rest) = url.strip_prefix("etcd://") else {
+            return Err("the benchmark's etcd floor needs a plain etcd:// URL: measure a \
+                        throwaway cluster with --engine etcd"
+                .into());
+        };
+        let hosts = rest.split(['/', '?']).next().unwrap_or_default();
+        if hosts.contains('@') {
+            return Err("the benchmark's etcd floor takes no credentials in the URL: measure a \
+                        throwaway cluster with --engine etcd"
+                .into());
+        }
+        let endpoints = hosts.split(',').map(str::to_owned).collect();
+        Ok(setup_at(url.to_owned(), endpoints, about, None))
+    }
+
+    fn setup_at(
+        url: String,
+        endpoints: Vec<String>,
+        about: String,
+        deployment: Option<Box<dyn std::any::Any + Send + Sync>>,
+    ) -> Setup {
+        Setup {
             engine: Engine::Etcd,
-            about: format!(
-                "a throwaway etcd cluster of {MEMBERS} members on {}",
-                endpoints.join(",")
-            ),
+            about,
             floor: Box::new(EtcdLock {
                 endpoints: endpoints.clone(),
                 lease_per_cycle: false,
@@ -919,16 +1000,14 @@ mod etcd {
             counter: Box::new(EtcdCounter {
                 endpoints: endpoints.clone(),
             }),
-            stats: Box::new(EtcdStats {
-                endpoints: endpoints.clone(),
-            }),
+            stats: Box::new(EtcdStats { endpoints }),
             masters: Vec::new(),
             requests_are: "RPCs",
             prefix: "bench:",
             spread_prefix: None,
-            url: cluster.url(),
-            _deployment: Some(Box::new(cluster)),
-        })
+            url,
+            _deployment: deployment,
+        }
     }
 
     /// etcd's own lock service (`Lock`/`Unlock` of `v3lockpb`, what `etcdctl lock` and Go's

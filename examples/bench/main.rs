@@ -98,11 +98,11 @@ impl Sizes {
 #[command(
     name = "bench",
     about = "dlock against each engine's own lock (the floor), measured side by side in one run.",
-    after_help = "Without --engine it runs on DLOCK_URL when that names a Redis engine (one \
-                  server, Cluster, Sentinel or RedLock), else (kept for compatibility) on \
-                  DLOCK_REDIS_URL / REDIS_URL, else on a throwaway redis-server. --engine all \
-                  runs every engine of this build on its throwaway deployment and ends with one \
-                  table of ratios."
+    after_help = "Without --engine it runs on the deployment DLOCK_URL names (any engine but \
+                  memory://; it writes keys, rows or nodes under `bench`), else (kept for \
+                  compatibility) on DLOCK_REDIS_URL / REDIS_URL, else on a throwaway \
+                  redis-server. --engine all runs every engine of this build on its throwaway \
+                  deployment and ends with one table of ratios."
 )]
 struct Cli {
     /// Tiny counts and one round: a correctness smoke test.
@@ -256,7 +256,7 @@ async fn run(cli: &Cli, args: &Args) -> Result<bool, Error> {
     Ok(all.iter().all(|r| r.exact != Some(false)))
 }
 
-/// The deployment the environment names, without `--engine`: `DLOCK_URL` (a Redis engine), or
+/// The deployment the environment names, without `--engine`: `DLOCK_URL` (any engine), or
 /// the older `DLOCK_REDIS_URL` / `REDIS_URL`, or a throwaway `redis-server`.
 async fn from_environment() -> Result<Setup, Error> {
     let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
@@ -271,21 +271,14 @@ async fn from_environment() -> Result<Setup, Error> {
     };
     let parsed: dlock_runtime::EngineUrl = url.parse()?;
     let engine = Engine::of_url_engine(parsed.engine())
-        .filter(|e| {
-            matches!(
-                e,
-                Engine::Redis | Engine::RedisCluster | Engine::RedisSentinel | Engine::RedLock
-            )
-        })
+        .filter(|e| *e != Engine::Memory)
         .ok_or_else(|| {
             format!(
-                "{name} names a `{}` engine: measure it on a throwaway deployment (`--engine \
-                 {}`), whose servers the benchmark can read",
-                parsed.engine(),
+                "{name} names a `{}` engine, which has no floor to measure against",
                 parsed.engine()
             )
         })?;
-    engines::from_url(engine, &url, format!("{parsed} (from {name})"))
+    engines::from_url(engine, &url, format!("{parsed} (from {name})")).await
 }
 
 /// The workloads on one engine: its rows (medians, with their ratios to the floor) and W3's
