@@ -61,7 +61,14 @@ pub(crate) async fn from_url(engine: Engine, url: &str, about: String) -> Result
                 .split(',')
                 .filter_map(|h| h.rsplit_once(':')?.1.parse().ok())
                 .collect();
-            Ok(zookeeper_at(url.to_owned(), hosts, about, ports, Vec::new(), None))
+            Ok(zookeeper_at(
+                url.to_owned(),
+                hosts,
+                about,
+                ports,
+                Vec::new(),
+                None,
+            ))
         }
         #[cfg(feature = "etcd")]
         Engine::Etcd => etcd::at(url, about),
@@ -79,9 +86,11 @@ fn zk_hosts(url: &str) -> Result<String, Error> {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let rest = rest.split('?').next().unwrap_or_default();
     if rest.contains('@') {
-        return Err("the benchmark's ZooKeeper floor takes no credentials in the URL: measure \
+        return Err(
+            "the benchmark's ZooKeeper floor takes no credentials in the URL: measure \
                     a throwaway ensemble with --engine zookeeper"
-            .into());
+                .into(),
+        );
     }
     Ok(rest.to_owned())
 }
@@ -959,22 +968,31 @@ mod etcd {
             "a throwaway etcd cluster of {MEMBERS} members on {}",
             endpoints.join(",")
         );
-        Ok(setup_at(cluster.url(), endpoints, about, Some(Box::new(cluster))))
+        Ok(setup_at(
+            cluster.url(),
+            endpoints,
+            about,
+            Some(Box::new(cluster)),
+        ))
     }
 
     /// etcd at a plain `etcd://h1:p1,h2:p2` URL (the floor's client takes no TLS or
     /// credentials here).
     pub(super) fn at(url: &str, about: String) -> Result<Setup, Error> {
         let Some(rest) = url.strip_prefix("etcd://") else {
-            return Err("the benchmark's etcd floor needs a plain etcd:// URL: measure a \
+            return Err(
+                "the benchmark's etcd floor needs a plain etcd:// URL: measure a \
                         throwaway cluster with --engine etcd"
-                .into());
+                    .into(),
+            );
         };
         let hosts = rest.split(['/', '?']).next().unwrap_or_default();
         if hosts.contains('@') {
-            return Err("the benchmark's etcd floor takes no credentials in the URL: measure a \
+            return Err(
+                "the benchmark's etcd floor takes no credentials in the URL: measure a \
                         throwaway cluster with --engine etcd"
-                .into());
+                    .into(),
+            );
         }
         let endpoints = hosts.split(',').map(str::to_owned).collect();
         Ok(setup_at(url.to_owned(), endpoints, about, None))
