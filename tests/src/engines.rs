@@ -209,7 +209,18 @@ impl Engine {
             }
             "postgres" => {
                 static POSTGRES: Mutex<Weak<PostgresServer>> = Mutex::new(Weak::new());
-                let server = shared(&POSTGRES, PostgresServer::start);
+                let server = shared(&POSTGRES, || {
+                    let server = PostgresServer::start();
+                    // Once, here: concurrent `CREATE TABLE IF NOT EXISTS` can fail.
+                    server
+                        .sql(&format!(
+                            "{}\n{};",
+                            crate::pg::TABLES,
+                            crate::pg::ORDER_TABLE
+                        ))
+                        .expect("create the workers' tables");
+                    server
+                });
                 let url = server.url();
                 Self::Shared {
                     deployment: server,
@@ -290,6 +301,17 @@ impl Engine {
     pub fn url(&self) -> Option<&str> {
         match self {
             Self::Redis { url, .. } | Self::Shared { url, .. } => Some(url),
+            Self::Memory(_) => None,
+        }
+    }
+
+    /// Where the workers and the tests keep their data ([`Store`](crate::store::Store)): the lock
+    /// URL, or for the ACL engines the server's own (their user may touch lock keys only).
+    #[must_use]
+    pub fn data_url(&self) -> Option<String> {
+        match self {
+            Self::Redis { server, .. } => Some(server.url()),
+            Self::Shared { url, .. } => Some(url.clone()),
             Self::Memory(_) => None,
         }
     }

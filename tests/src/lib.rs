@@ -17,6 +17,7 @@ use dlock_runtime::Locker;
 
 pub mod engines;
 pub mod pg;
+pub mod store;
 pub use dlock_testkit::postgres::{self, PostgresServer};
 pub use dlock_testkit::{
     INSTALL_REDIS, RedisServer, cluster, etcd, free_port, proxy, redlock, resp, sentinel, zookeeper,
@@ -147,8 +148,8 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
     }
 }
 
-/// A worker process in `pause-holder` mode (every worker binary has it) that took a lock and was
-/// then frozen with SIGSTOP while holding it.
+/// A `dlock-worker` process in `pause-holder` mode that took a lock and was then frozen with
+/// SIGSTOP while holding it.
 #[derive(Debug)]
 pub struct FrozenHolder {
     child: std::process::Child,
@@ -158,20 +159,19 @@ pub struct FrozenHolder {
 }
 
 impl FrozenHolder {
-    /// Starts `exe args…` (the last argument `pause-holder`), waits for its `acquired <fence>`,
+    /// Starts `command` (a worker in `pause-holder` mode), waits for its `acquired <fence>`,
     /// then stops it.
     ///
     /// # Panics
     /// When the worker cannot start, says anything else, or cannot be stopped.
     #[must_use]
-    pub fn start(exe: &str, args: &[&str]) -> Self {
+    pub fn spawn(command: &mut std::process::Command) -> Self {
         use std::io::BufRead as _;
-        let mut child = std::process::Command::new(exe)
-            .args(args)
+        let mut child = command
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("start {exe}: {e}"));
+            .unwrap_or_else(|e| panic!("start {command:?}: {e}"));
         let mut out = std::io::BufReader::new(child.stdout.take().expect("piped stdout"));
         let mut line = String::new();
         out.read_line(&mut line).expect("the worker's first line");
@@ -205,6 +205,16 @@ impl FrozenHolder {
             .expect("the worker's report");
         assert!(self.child.wait().expect("the worker ends").success());
         report.trim().to_owned()
+    }
+}
+
+impl Drop for FrozenHolder {
+    /// A test that fails before [`resume`](Self::resume) leaves no stopped worker behind.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 

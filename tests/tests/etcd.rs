@@ -5,21 +5,20 @@
 
 use std::{
     io::{BufRead as _, BufReader},
-    process::{Child, Command, Stdio},
+    process::{Child, Stdio},
     sync::{Mutex, Weak, mpsc},
     time::Duration,
 };
 
 use dlock_runtime::{LockOptions, Locker};
 use dlock_tests::{
-    FrozenHolder,
     engines::{error_within_the_wait, extend_once_reachable, shared},
     etcd::EtcdCluster,
     free_port,
     proxy::Proxy,
     signal, unique_key,
 };
-use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Client, GetOptions};
 use tokio::time::Instant;
 
 /// The one-member etcd of this test binary.
@@ -308,51 +307,6 @@ async fn a_waiter_whose_put_reply_was_lost_queues_once_and_leaves_nothing() {
     held.release().await.unwrap();
 }
 
-fn worker_processes(etcd: &EtcdCluster, mode: &str) {
-    const PROCESSES: usize = 4;
-    const ITERATIONS: u64 = 25;
-    let key = unique_key(mode);
-    let children: Vec<_> = (0..PROCESSES)
-        .map(|_| {
-            Command::new(env!("CARGO_BIN_EXE_dlock-etcd-worker"))
-                .args([&etcd.url(), &key, &ITERATIONS.to_string(), mode])
-                .spawn()
-                .expect("start worker")
-        })
-        .collect();
-    for mut child in children {
-        assert!(child.wait().unwrap().success(), "a worker failed");
-    }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let counter = runtime.block_on(async {
-        let got = client(etcd)
-            .await
-            .get(format!("counter/{key}"), None)
-            .await
-            .unwrap();
-        got.kvs()[0].value_str().unwrap().parse::<u64>().unwrap()
-    });
-    assert_eq!(
-        counter,
-        PROCESSES as u64 * ITERATIONS,
-        "lost updates: the lock let processes overlap"
-    );
-}
-
-/// 4 OS processes increment one non-atomic counter, 2 through the API and 2 through the
-/// attribute: no update is lost.
-#[test]
-fn four_processes_exclude_each_other() {
-    let etcd = single();
-    std::thread::scope(|s| {
-        s.spawn(|| worker_processes(&etcd, "api"));
-        s.spawn(|| worker_processes(&etcd, "attr"));
-    });
-}
-
 fn failover_locker(etcd: &EtcdCluster) -> Locker {
     Locker::builder()
         .url(etcd.url())
@@ -408,63 +362,6 @@ async fn leader_killed_while_locks_are_held_and_waited_for() {
         assert!(guard.fencing_token() > first);
         guard.release().await.unwrap();
     }
-}
-
-/// A fence as text that sorts as the number does.
-fn padded(fence: u64) -> String {
-    format!("{fence:020}")
-}
-
-/// The holder process is frozen past its lease: the lease expires on the server, the next holder
-/// gets a higher fence and writes; on resume the old holder learns it lost, the resource refuses
-/// its fenced write, and its release deletes nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holder_frozen_past_its_lease_is_fenced_off() {
-    let etcd = EtcdCluster::start(3);
-    let key = unique_key("frozen");
-    let mut data = client(&etcd).await;
-    data.put(format!("resource/{key}/fence"), padded(0), None)
-        .await
-        .unwrap();
-    let frozen = FrozenHolder::start(
-        env!("CARGO_BIN_EXE_dlock-etcd-worker"),
-        &[&etcd.url(), &key, "1", "pause-holder"],
-    );
-    let first = frozen.fence;
-
-    let locker = failover_locker(&etcd);
-    let second = locker.acquire(&key, LockOptions::new()).await.unwrap();
-    assert!(second.fencing_token() > first);
-    let fence_key = format!("resource/{key}/fence");
-    let write = Txn::new()
-        .when([Compare::value(
-            fence_key.as_str(),
-            CompareOp::Less,
-            padded(second.fencing_token() + 1),
-        )])
-        .and_then([
-            TxnOp::put(fence_key.as_str(), padded(second.fencing_token()), None),
-            TxnOp::put(format!("resource/{key}"), "written by the new holder", None),
-        ]);
-    assert!(data.txn(write).await.unwrap().succeeded());
-
-    assert_eq!(
-        frozen.resume(),
-        "held=false lost_resolved=true write_accepted=false release=lost",
-        "the frozen holder's view"
-    );
-    let value = data.get(format!("resource/{key}"), None).await.unwrap();
-    assert_eq!(value.kvs()[0].value(), b"written by the new holder");
-    assert!(second.is_held());
-    assert!(
-        locker
-            .try_acquire(&key, Duration::from_secs(5))
-            .await
-            .unwrap()
-            .is_none(),
-        "the stale release deleted the new lock"
-    );
-    second.release().await.unwrap();
 }
 
 /// The whole cluster is restarted while a lock is held: its key and lease come back from the

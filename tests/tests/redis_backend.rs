@@ -1,6 +1,6 @@
 //! Behaviour specific to the Redis backend, against a real `redis-server` per test.
 
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
 use dlock_runtime::{LockOptions, Locker};
 use dlock_tests::resp::{self, Value};
@@ -312,41 +312,6 @@ async fn secrets_never_appear_in_errors() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let err = guard.release().await.unwrap_err();
     assert!(!err.to_string().contains(&token) && !format!("{err:?}").contains(&token));
-}
-
-fn worker_processes(mode: &str) {
-    const PROCESSES: usize = 4;
-    const ITERATIONS: u64 = 50;
-    let server = RedisServer::start();
-    let key = unique_key(mode);
-    let children: Vec<_> = (0..PROCESSES)
-        .map(|_| {
-            Command::new(env!("CARGO_BIN_EXE_dlock-worker"))
-                .args([&server.url(), &key, &ITERATIONS.to_string(), mode])
-                .spawn()
-                .expect("start worker")
-        })
-        .collect();
-    for mut child in children {
-        assert!(child.wait().unwrap().success(), "a worker failed");
-    }
-    let mut redis = server.client().get_connection().unwrap();
-    let counter: u64 = redis.get(format!("{key}:counter")).unwrap();
-    assert_eq!(
-        counter,
-        PROCESSES as u64 * ITERATIONS,
-        "lost updates: the lock let processes overlap"
-    );
-}
-
-#[test]
-fn four_processes_exclude_each_other_through_the_api() {
-    worker_processes("api");
-}
-
-#[test]
-fn four_processes_exclude_each_other_through_the_attribute() {
-    worker_processes("attr");
 }
 
 /// One locker used on several runtimes in turn (a global locker shared by `#[tokio::test]`s, each

@@ -7,13 +7,12 @@
 //! deployment it breaks.
 
 use std::{
-    process::Command,
     sync::{Mutex, Weak},
     time::Duration,
 };
 
 use dlock_runtime::{LockOptions, Locker};
-use dlock_tests::{FrozenHolder, proxy::Proxy, unique_key, zookeeper::ZkEnsemble};
+use dlock_tests::{proxy::Proxy, unique_key, zookeeper::ZkEnsemble};
 use tokio::time::Instant;
 use zookeeper_client::{Acls, Client, LockPrefix};
 
@@ -378,87 +377,6 @@ async fn a_create_whose_reply_was_lost_is_found_and_used() {
         "the given-up waiter left its node: {nodes:?}"
     );
     held.release().await.unwrap();
-}
-
-/// 4 processes (2 through the API, 2 through the attribute), each with its own session,
-/// increment a counter kept in a znode non-atomically under one lock: no update is lost.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn four_processes_lose_no_update() {
-    let zk = server();
-    let key = unique_key("procs").replace(':', "-");
-    let children: Vec<_> = ["api", "api", "attr", "attr"]
-        .into_iter()
-        .map(|mode| {
-            Command::new(env!("CARGO_BIN_EXE_dlock-zk-worker"))
-                .args([&zk.url(), &key, "25", mode])
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    for mut child in children {
-        assert!(child.wait().unwrap().success());
-    }
-    let client = raw(&zk).await;
-    let (data, _) = client
-        .get_data(&format!("/dlock-test/{key}"))
-        .await
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&data), "100", "updates were lost");
-}
-
-/// A holder process frozen past its session: the server ends the session and deletes its
-/// node, the next holder gets in with a higher fence and writes; on resume the old holder
-/// learns it lost (the session's expiry), its fenced write is refused, its release deletes
-/// nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holder_frozen_past_its_session_is_fenced_off() {
-    let zk = server();
-    let key = unique_key("frozen").replace(':', "-");
-    let frozen = FrozenHolder::start(
-        env!("CARGO_BIN_EXE_dlock-zk-worker"),
-        &[&zk.url(), &key, "1000", "pause-holder"],
-    );
-    let first = frozen.fence;
-
-    let next = locker(&zk.url());
-    let started = Instant::now();
-    let second = next
-        .acquire(&key, LockOptions::new().timeout(Duration::from_secs(15)))
-        .await
-        .expect("the frozen holder's session expired");
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "the next holder waited {:?}",
-        started.elapsed()
-    );
-    assert!(second.fencing_token() > first);
-    let client = raw(&zk).await;
-    let resource = format!("/dlock-test/{key}.resource");
-    client
-        .set_data(
-            &resource,
-            format!("{} written by the new holder", second.fencing_token()).as_bytes(),
-            None,
-        )
-        .await
-        .unwrap();
-
-    assert_eq!(
-        frozen.resume(),
-        "held=false lost_resolved=true write_accepted=false release=lost",
-        "the frozen holder's view"
-    );
-    let (data, _) = client.get_data(&resource).await.unwrap();
-    assert!(String::from_utf8_lossy(&data).ends_with("written by the new holder"));
-    assert!(second.is_held());
-    assert!(
-        next.try_acquire(&key, Duration::from_secs(1))
-            .await
-            .unwrap()
-            .is_none(),
-        "the stale release deleted the new lock"
-    );
-    second.release().await.unwrap();
 }
 
 /// The leader of a 3-server ensemble is killed while a lock is held and waited for: the hold

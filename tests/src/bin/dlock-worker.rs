@@ -1,147 +1,127 @@
-//! A worker process for the multi-process tests: increments a Redis counter non-atomically
-//! (GET, pause, SET) under a lock, `iterations` times, with its own connection.
+//! The worker process of the multi-process and fault tests, on every engine: it locks through
+//! the URL it is given (with the other `DLOCK_*` variables of its environment) and keeps its
+//! data on the same engine ([`dlock_tests::store`]), with a connection of its own.
 //!
-//! `dlock-worker <redis-url> <key> <iterations> <api|attr>`
+//! `dlock-worker <URL> <KEY> <ARG> <MODE>`, `ARG` as the mode reads it:
 //!
-//! The counter and lists live on `<redis-url>`, or on `DLOCK_WORKER_DATA_URL` when the lock's
-//! URL is no single server's (`redis+redlock://…`).
-//!
-//! `dlock-worker <redis-url> <key> <name> fair-waiter`: waits for the lock in fair mode, then
-//! appends its name to the list `<key>:order`, holds 20ms and releases.
-//!
-//! `dlock-worker <redis-url> <key> <wait-ms> take`: waits up to `wait-ms` for the lock, prints
-//! `acquired <unix time in µs>` once it holds it, holds 50ms and releases.
-//!
-//! `dlock-worker <redis-url> <key> <waiters> <hot|hot-fair>`: `waiters` tasks on one locker each
-//! increment the counter 4 times under the lock (default or fair mode); every fourth task gives
-//! up somewhere in its second wait; each hold appends `<pid> <fencing token>` to the list
-//! `<key>:holders`. Two such workers start together: each counts itself in `<key>:ready` and
-//! waits for the other. Prints `done <increments made>`.
-//!
-//! `dlock-worker <redis-url> <key> 1 pause-holder`: the paused-holder fault test's child. It
-//! takes the lock with a 1s lease, prints `acquired <fence>`, waits for a line on stdin (the test
-//! freezes it meanwhile), then tries a fenced write and a release and prints what happened.
+//! - `api` / `attr` (`ARG` iterations): increments `KEY`'s counter non-atomically (read, pause,
+//!   write) under the lock, through the API or a `#[dlock]` function, and records each hold
+//!   with its fence.
+//! - `fair-waiter` (`ARG` a name): waits for the lock in fair mode, appends the name to the
+//!   fair order, holds 20ms and releases.
+//! - `take` (`ARG` the wait in ms): prints `acquired <unix time in µs>` once it holds the lock,
+//!   holds 50ms and releases.
+//! - `hot` / `hot-fair` (`ARG` waiters): that many tasks on one locker each increment the
+//!   counter 4 times under the lock (default or fair mode); every fourth task gives up
+//!   somewhere in its second wait. Two such workers start together (a gate on Redis). Prints
+//!   `done <increments made>`.
+//! - `pause-holder` (`ARG` the lease in ms: the `expire`, and on ZooKeeper the session
+//!   timeout, ZooKeeper's lease): takes the lock, prints `acquired <fence>`, waits for a line on
+//!   stdin (the test freezes it meanwhile), then waits up to 10s for the loss to be known, tries
+//!   a fenced write and a release, and prints `held=… lost_resolved=… write_accepted=…
+//!   release=…`.
 
 use std::time::Duration;
 
-use dlock_runtime::{LockError, LockOptions, Locker, dlock};
-use redis::AsyncCommands as _;
+use clap::Parser as _;
+use dlock_runtime::{LockOptions, Locker, LockerBuilder, dlock};
+use dlock_tests::store::{Error, Store};
 
-#[derive(Debug)]
-enum WorkerError {
-    Lock(LockError),
-    Redis(redis::RedisError),
+/// What the worker does (see the crate docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Mode {
+    Api,
+    Attr,
+    FairWaiter,
+    Take,
+    Hot,
+    HotFair,
+    PauseHolder,
 }
 
-impl From<LockError> for WorkerError {
-    fn from(e: LockError) -> Self {
-        Self::Lock(e)
-    }
-}
-
-impl From<redis::RedisError> for WorkerError {
-    fn from(e: redis::RedisError) -> Self {
-        Self::Redis(e)
-    }
-}
-
-/// GET, yield, SET: loses updates unless the lock excludes the other processes.
-async fn increment(
-    redis: &mut redis::aio::MultiplexedConnection,
-    counter: &str,
-) -> Result<(), WorkerError> {
-    let value: Option<u64> = redis.get(counter).await?;
-    tokio::time::sleep(Duration::from_micros(200)).await;
-    let () = redis.set(counter, value.unwrap_or(0) + 1).await?;
-    Ok(())
-}
-
-#[dlock(key = "<key>", client = locker, timeout = "30s", expire = "10s")]
-async fn locked_increment(
-    locker: &Locker,
-    key: &str,
-    redis: &mut redis::aio::MultiplexedConnection,
-) -> Result<(), WorkerError> {
-    increment(redis, &format!("{key}:counter")).await
-}
-
-impl std::fmt::Display for WorkerError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Lock(e) => write!(f, "lock: {e}"),
-            Self::Redis(e) => write!(f, "redis: {e}"),
-        }
-    }
+/// A worker process of the dlock tests, on any engine.
+#[derive(Debug, clap::Parser)]
+#[command(name = "dlock-worker")]
+struct Args {
+    /// The lock URL (`redis://…`, `postgres://…`, `etcd://…`, `zk://…`, …).
+    url: String,
+    /// The lock key.
+    key: String,
+    /// Iterations, a name, milliseconds or waiters, as the mode reads it.
+    arg: String,
+    /// What to do.
+    #[arg(value_enum)]
+    mode: Mode,
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    if let Err(e) = run().await {
+    let args = Args::parse();
+    if let Err(e) = run(&args).await {
         eprintln!("dlock-worker: {e}");
         std::process::exit(1);
     }
 }
 
-async fn run() -> Result<(), WorkerError> {
-    let args: Vec<String> = std::env::args().collect();
-    let [_, url, key, iterations, mode] = args.as_slice() else {
-        eprintln!("usage: dlock-worker <redis-url> <key> <iterations> <api|attr>");
-        std::process::exit(2);
-    };
-    let locker = Locker::builder().redis_url(url.as_str()).build()?;
-    // A lock URL that is no single server's (RedLock's masters) keeps the counter elsewhere.
-    let data_url = std::env::var("DLOCK_WORKER_DATA_URL").unwrap_or_else(|_| url.clone());
-    let mut redis = redis::Client::open(data_url.as_str())?
-        .get_multiplexed_async_connection()
-        .await?;
-    if mode == "fair-waiter" {
-        // `iterations` is this waiter's name here.
-        let guard = locker
-            .acquire(
-                key,
-                LockOptions::new().fair().timeout(Duration::from_secs(30)),
-            )
-            .await?;
-        let () = redis
-            .rpush(format!("{key}:order"), iterations.as_str())
-            .await?;
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        guard.release().await?;
-        return Ok(());
-    }
-    if mode == "take" {
-        let wait = Duration::from_millis(iterations.parse().expect("wait-ms is a number"));
-        let guard = locker
-            .acquire(key, LockOptions::new().timeout(wait))
-            .await?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("a clock after 1970");
-        println!("acquired {}", now.as_micros());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        guard.release().await?;
-        return Ok(());
-    }
-    if let Some(mode) = mode.strip_prefix("hot") {
-        let waiters: u64 = iterations.parse().expect("waiters is a number");
-        return hot(&locker, key, &redis, waiters, mode == "-fair").await;
-    }
-    if mode == "pause-holder" {
-        return pause_holder(&locker, key, &mut redis).await;
-    }
-    let iterations: u32 = iterations.parse().expect("iterations is a number");
-    for _ in 0..iterations {
-        match mode.as_str() {
-            "api" => {
-                let guard = locker
-                    .acquire(key, LockOptions::new().timeout(Duration::from_secs(30)))
-                    .await?;
-                increment(&mut redis, &format!("{key}:counter")).await?;
-                guard.release().await?;
-            }
-            _ => locked_increment(&locker, key, &mut redis).await?,
+async fn run(args: &Args) -> Result<(), Error> {
+    // The data lives where `DLOCK_WORKER_DATA_URL` says, else beside the locks.
+    let data = std::env::var("DLOCK_WORKER_DATA_URL").unwrap_or_else(|_| args.url.clone());
+    let store = Store::open(&data).await?;
+    let key = args.key.as_str();
+    let mut builder = LockerBuilder::from_env()?.url(args.url.as_str());
+    if args.mode == Mode::PauseHolder {
+        let lease = Duration::from_millis(args.arg.parse()?);
+        builder = builder.expire(lease).zk_session_timeout(lease);
+        if args.url.contains("+redlock") {
+            // RedLock refuses a request timeout above a fifth of the lease.
+            builder = builder.request_timeout(lease / 5);
         }
+        return pause_holder(&builder.build()?, key, &store).await;
     }
+    let locker = builder.build()?;
+    let wait = LockOptions::new().timeout(Duration::from_secs(60));
+    match args.mode {
+        Mode::Api | Mode::Attr => {
+            for _ in 0..args.arg.parse::<u32>()? {
+                if args.mode == Mode::Api {
+                    let guard = locker.acquire(key, wait.clone()).await?;
+                    let n = store.increment(key).await?;
+                    store.record_hold(key, n, guard.fencing_token()).await?;
+                    guard.release().await?;
+                } else {
+                    locked_increment(&locker, key, &store).await?;
+                }
+            }
+        }
+        Mode::FairWaiter => {
+            let guard = locker.acquire(key, wait.fair()).await?;
+            store.push_order(key, &args.arg).await?;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            guard.release().await?;
+        }
+        Mode::Take => {
+            let wait = Duration::from_millis(args.arg.parse()?);
+            let guard = locker
+                .acquire(key, LockOptions::new().timeout(wait))
+                .await?;
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+            println!("acquired {}", now.as_micros());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            guard.release().await?;
+        }
+        Mode::Hot | Mode::HotFair => {
+            let fair = args.mode == Mode::HotFair;
+            hot(&locker, key, &store, args.arg.parse()?, fair).await?;
+        }
+        Mode::PauseHolder => unreachable!("handled above"),
+    }
+    locker.close().await?;
+    Ok(())
+}
+
+#[dlock(key = "<key>", client = locker, timeout = "60s", expire = "10s")]
+async fn locked_increment(locker: &Locker, key: &str, store: &Store) -> Result<(), Error> {
+    store.increment(key).await?;
     Ok(())
 }
 
@@ -149,24 +129,19 @@ async fn run() -> Result<(), WorkerError> {
 async fn hot(
     locker: &Locker,
     key: &str,
-    redis: &redis::aio::MultiplexedConnection,
+    store: &Store,
     waiters: u64,
     fair: bool,
-) -> Result<(), WorkerError> {
+) -> Result<(), Error> {
     let options = if fair {
         LockOptions::new().fair()
     } else {
         LockOptions::new()
     };
-    let ready = format!("{key}:ready");
-    let mut gate = redis.clone();
-    let _: i64 = gate.incr(&ready, 1).await?;
-    while gate.get::<_, i64>(&ready).await? < 2 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    store.meet(key, 2).await?;
     let tasks: Vec<_> = (0..waiters)
         .map(|i| {
-            let (locker, mut redis, key) = (locker.clone(), redis.clone(), key.to_owned());
+            let (locker, store, key) = (locker.clone(), store.clone(), key.to_owned());
             let options = options.clone().timeout(Duration::from_secs(30));
             tokio::spawn(async move {
                 let mut made = 0u64;
@@ -182,54 +157,35 @@ async fn hot(
                     } else {
                         wait.await?
                     };
-                    increment(&mut redis, &format!("{key}:counter")).await?;
-                    let held = format!("{} {}", std::process::id(), guard.fencing_token());
-                    let _: i64 = redis.rpush(format!("{key}:holders"), held).await?;
+                    let n = store.increment(&key).await?;
+                    store.record_hold(&key, n, guard.fencing_token()).await?;
                     guard.release().await?;
                     made += 1;
                 }
-                Ok::<_, WorkerError>(made)
+                Ok::<_, Error>(made)
             })
         })
         .collect();
     let mut made = 0;
     for task in tasks {
-        made += task.await.expect("a hot waiter panicked")?;
+        made += task.await??;
     }
     println!("done {made}");
     Ok(())
 }
 
-/// The resource a fenced writer protects: it accepts a write only with a fence at least as high
-/// as every fence it has seen.
-pub const FENCED_WRITE: &str = r"
-local highest = tonumber(redis.call('GET', KEYS[2]) or '0')
-if tonumber(ARGV[1]) < highest then return 0 end
-redis.call('SET', KEYS[2], ARGV[1])
-redis.call('SET', KEYS[1], ARGV[2])
-return 1";
-
-async fn pause_holder(
-    locker: &Locker,
-    key: &str,
-    redis: &mut redis::aio::MultiplexedConnection,
-) -> Result<(), WorkerError> {
-    let guard = locker
-        .acquire(key, LockOptions::new().expire(Duration::from_secs(1)))
-        .await?;
+async fn pause_holder(locker: &Locker, key: &str, store: &Store) -> Result<(), Error> {
+    let guard = locker.acquire(key, LockOptions::new()).await?;
     println!("acquired {}", guard.fencing_token());
     let mut line = String::new();
-    std::io::stdin().read_line(&mut line).expect("read stdin");
-    let held = guard.is_held();
-    let lost_resolved = tokio::time::timeout(Duration::from_millis(100), guard.lost())
+    std::io::stdin().read_line(&mut line)?;
+    // A lease engine knows at once; ZooKeeper once the client hears its session expired.
+    let lost_resolved = tokio::time::timeout(Duration::from_secs(10), guard.lost())
         .await
         .is_ok();
-    let accepted: i64 = redis::Script::new(FENCED_WRITE)
-        .key(format!("{key}:resource"))
-        .key(format!("{key}:resource:fence"))
-        .arg(guard.fencing_token())
-        .arg("written by the paused holder")
-        .invoke_async(redis)
+    let held = guard.is_held();
+    let accepted = store
+        .fenced_write(key, guard.fencing_token(), "written by the paused holder")
         .await?;
     let release = match guard.release().await {
         Ok(()) => "released".to_owned(),
@@ -237,8 +193,7 @@ async fn pause_holder(
         Err(e) => format!("error {e}"),
     };
     println!(
-        "held={held} lost_resolved={lost_resolved} write_accepted={} release={release}",
-        accepted == 1
+        "held={held} lost_resolved={lost_resolved} write_accepted={accepted} release={release}"
     );
     Ok(())
 }
