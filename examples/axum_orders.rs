@@ -2,7 +2,7 @@
 //! Redis and no item is ever sold twice.
 //!
 //! ```text
-//! redis-server --port 6379 --save "" &              # or point DLOCK_REDIS_URL at yours
+//! redis-server --port 6379 --save "" &              # or point DLOCK_URL at yours
 //! cargo run --example axum_orders -- --port 3000    # start more on 3001, 3002, …
 //! curl -X PUT  localhost:3000/stock/tee/3           # seed: 3 left
 //! curl -X POST localhost:3000/orders/tee            # 201 order 1: 1 x tee, 2 left

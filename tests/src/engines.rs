@@ -19,7 +19,7 @@ use crate::{
 /// makes one test module of each.
 ///
 /// - `redis`: one `redis-server`, the default user.
-/// - `redis_acl`: the same, as a user created with exactly the ACL rule the README gives.
+/// - `redis_acl`: the same, as a user created with exactly the ACL rule docs/redis.md gives.
 /// - `redis_acl_no_channels`: that rule without its channel pattern: releases must still
 ///   succeed, and waiters poll.
 /// - `redis_cluster`: a 3-master, 3-replica Redis Cluster (one per test binary, shared).
@@ -319,8 +319,7 @@ impl Engine {
     /// What the engine holds for the full lock key `full_key` (a key without `/`, `%` or glob
     /// characters, as [`unique_key`](crate::unique_key) makes), read with the engine's own
     /// tools, one line per entry: Redis keys that name it on every data node (`redis-cli
-    /// --scan`: the lock and fair mode's queue), etcd keys in its line and every lease of the
-    /// cluster (`etcdctl`), ZooKeeper nodes in its line, PostgreSQL rows of the lock and of its
+    /// --scan`: the lock and fair mode's queue), etcd keys in its line (`etcdctl`), ZooKeeper nodes in its line, PostgreSQL rows of the lock and of its
     /// queue (`psql`). Nothing for the embedded engine, whose table lives in the process.
     ///
     /// # Panics
@@ -350,21 +349,17 @@ impl Engine {
             return rows.lines().map(str::to_owned).collect();
         }
         if let Some(etcd) = deployment.downcast_ref::<EtcdCluster>() {
+            // The keys in its line. (A locker's session lease outlives its keys until the
+            // locker closes or its TTL runs out; it holds nothing up, and `etcd.rs` checks
+            // that closing revokes it.)
             let keys = etcdctl(
                 etcd,
                 &["get", "--prefix", "--keys-only", &format!("{full_key}/")],
             );
-            let leases = etcdctl(etcd, &["lease", "list"]);
             return keys
                 .lines()
                 .filter(|l| !l.is_empty())
                 .map(|k| format!("key {k}"))
-                .chain(
-                    leases
-                        .lines()
-                        .filter(|l| !l.is_empty() && !l.starts_with("found"))
-                        .map(|l| format!("lease {l}")),
-                )
                 .collect();
         }
         if let Some(zookeeper) = deployment.downcast_ref::<ZkEnsemble>() {

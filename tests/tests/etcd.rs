@@ -49,6 +49,13 @@ async fn line(etcd: &EtcdCluster, name: &str) -> Vec<String> {
         .collect()
 }
 
+/// The session lease a key of the line was put on (`<line><lease in hex>-<n>`).
+fn lease_of(key: &str) -> i64 {
+    let name = key.rsplit('/').next().unwrap();
+    let hex = name.split('-').next().unwrap();
+    i64::from_str_radix(hex, 16).unwrap()
+}
+
 /// Waits up to `within` for `lease` to be gone (revoked or expired): `false` if it still lives.
 async fn lease_revoked(etcd: &EtcdCluster, lease: i64, within: Duration) -> bool {
     let mut etcd_client = client(etcd).await;
@@ -191,7 +198,7 @@ async fn a_and_a_slash_b_are_different_locks() {
 }
 
 /// `timeout = 0` is one attempt that leaves nothing behind; a waiter that gives up or is dropped
-/// removes its key from the line and revokes its lease.
+/// removes its key from the line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_attempts_and_dropped_waiters_leave_nothing() {
     let etcd = single();
@@ -218,14 +225,9 @@ async fn single_attempts_and_dropped_waiters_leave_nothing() {
     };
     let keys = line_has(&etcd, &name, 2, Duration::from_secs(2)).await;
     assert_eq!(keys.len(), 2, "the waiter is in line");
-    let lease = i64::from_str_radix(keys[1].rsplit('/').next().unwrap(), 16).unwrap();
     assert!(waiting.await.unwrap().is_err(), "the waiter was dropped");
     let keys = line_has(&etcd, &name, 1, Duration::from_secs(2)).await;
     assert_eq!(keys.len(), 1, "the dropped waiter left its key: {keys:?}");
-    assert!(
-        lease_revoked(&etcd, lease, Duration::from_secs(2)).await,
-        "the dropped waiter's lease was not revoked"
-    );
 
     // A waiter that times out.
     let err = b
@@ -245,7 +247,8 @@ async fn single_attempts_and_dropped_waiters_leave_nothing() {
 
 /// A waiter whose put reached etcd but whose reply was lost (the proxy forwards the put, then
 /// holds every reply back for longer than the request timeout): its retries find its key again
-/// by its lease instead of queueing a second one, and when it gives up it leaves nothing.
+/// (the key's name is the acquisition's) instead of queueing a second one, and when it gives up
+/// it leaves nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_put_reply_was_lost_queues_once_and_leaves_nothing() {
     let etcd = single();
@@ -285,7 +288,6 @@ async fn a_waiter_whose_put_reply_was_lost_queues_once_and_leaves_nothing() {
     let keys = line_has(&etcd, &name, 2, Duration::from_secs(2)).await;
     assert_eq!(keys.len(), 2, "the waiter's put reached etcd: {keys:?}");
     assert!(proxy.replies_cut(), "the put's reply is held back");
-    let lease = i64::from_str_radix(keys[1].rsplit('/').next().unwrap(), 16).unwrap();
     // Longer than the request timeout: the put's reply is lost, and the attempts after it too.
     tokio::time::sleep(Duration::from_millis(800)).await;
     proxy.heal();
@@ -300,10 +302,6 @@ async fn a_waiter_whose_put_reply_was_lost_queues_once_and_leaves_nothing() {
     assert!(err.is_timeout(), "{err}");
     let keys = line_has(&etcd, &name, 1, Duration::from_secs(2)).await;
     assert_eq!(keys.len(), 1, "the waiter left its key: {keys:?}");
-    assert!(
-        lease_revoked(&etcd, lease, Duration::from_secs(2)).await,
-        "the waiter's lease was not revoked"
-    );
     held.release().await.unwrap();
 }
 
@@ -468,4 +466,55 @@ async fn a_deleted_holder_key_is_lost_at_once() {
         .expect("the deletion was reported well before the 30s lease ran out");
     assert!(!guard.is_held());
     assert!(guard.release().await.unwrap_err().is_lost());
+}
+
+/// A locker's keys all live on one session lease, granted once: two holds and a waiter of one
+/// locker share it. Closing the locker revokes it, and the keys of anything it still had go
+/// with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_session_lease_per_locker_revoked_by_close() {
+    let etcd = single();
+    let (locker, other) = (etcd.locker(), etcd.locker());
+    let (a, b, c) = (
+        unique_key("session"),
+        unique_key("session"),
+        unique_key("session"),
+    );
+    let first = locker.acquire(&a, LockOptions::new()).await.unwrap();
+    let second = locker.acquire(&b, LockOptions::new()).await.unwrap();
+    let theirs = other.acquire(&c, LockOptions::new()).await.unwrap();
+    let (key_a, key_b) = (
+        line(&etcd, &format!("dlock:{a}")).await,
+        line(&etcd, &format!("dlock:{b}")).await,
+    );
+    let lease = lease_of(&key_a[0]);
+    assert_eq!(lease, lease_of(&key_b[0]), "two holds, two leases");
+    let other_lease = lease_of(&line(&etcd, &format!("dlock:{c}")).await[0]);
+    assert_ne!(lease, other_lease, "two lockers share a session");
+    // A waiter of `other` on `a` joins the line on its locker's session.
+    let waiter = {
+        let (other, a) = (other.clone(), a.clone());
+        tokio::spawn(async move {
+            other
+                .acquire(&a, LockOptions::new().timeout(Duration::from_secs(20)))
+                .await
+        })
+    };
+    let keys = line_has(&etcd, &format!("dlock:{a}"), 2, Duration::from_secs(2)).await;
+    assert_eq!(lease_of(&keys[1]), other_lease);
+    drop(second);
+    first.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+    assert!(
+        !lease_revoked(&etcd, lease, Duration::from_millis(300)).await,
+        "the session lease went with the holds"
+    );
+    locker.close().await.unwrap();
+    assert!(
+        lease_revoked(&etcd, lease, Duration::from_secs(2)).await,
+        "close left the session lease"
+    );
+    drop(theirs);
+    other.close().await.unwrap();
+    assert!(lease_revoked(&etcd, other_lease, Duration::from_secs(2)).await);
 }

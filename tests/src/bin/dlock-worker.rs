@@ -15,8 +15,8 @@
 //!   counter 4 times under the lock (default or fair mode); every fourth task gives up
 //!   somewhere in its second wait. Two such workers start together (a gate on Redis). Prints
 //!   `done <increments made>`.
-//! - `pause-holder` (`ARG` the lease in ms: the `expire`, and on ZooKeeper the session
-//!   timeout, ZooKeeper's lease): takes the lock, prints `acquired <fence>`, waits for a line on
+//! - `pause-holder` (`ARG` the lease in ms: the `expire`, and on ZooKeeper and etcd the
+//!   session's timeout or TTL, their lease): takes the lock, prints `acquired <fence>`, waits for a line on
 //!   stdin (the test freezes it meanwhile), then waits up to 10s for the loss to be known, tries
 //!   a fenced write and a release, and prints `held=… lost_resolved=… write_accepted=…
 //!   release=…`.
@@ -72,6 +72,16 @@ async fn run(args: &Args) -> Result<(), Error> {
     if args.mode == Mode::PauseHolder {
         let lease = Duration::from_millis(args.arg.parse()?);
         builder = builder.expire(lease).zk_session_timeout(lease);
+        if args.url.starts_with("etcd") {
+            // etcd's session TTL, in whole seconds.
+            let ttl = lease.as_secs().max(1);
+            let url = if args.url.contains('?') {
+                format!("{}&session_ttl={ttl}s", args.url)
+            } else {
+                format!("{}?session_ttl={ttl}s", args.url)
+            };
+            builder = builder.url(url);
+        }
         if args.url.contains("+redlock") {
             // RedLock refuses a request timeout above a fifth of the lease.
             builder = builder.request_timeout(lease / 5);

@@ -3,66 +3,114 @@
 //!
 //! - **Layout**: the lock `<prefix><key>` is the *line* `<prefix><key>/` (with `/` and `%` in
 //!   the key written `%2F` and `%25`, so `a` and `a/b` never share a line). Each holder or
-//!   waiter puts `<line><its lease id in hex>` with its own lease; the key with the lowest create
-//!   revision holds, the others wait in create-revision order.
-//! - **Lease**: one per acquisition, granted for the lock's `expire` rounded up to whole seconds
-//!   (the server may raise it to its minimum, `1.5 × election timeout`, rounded up: the granted
-//!   TTL is what the guard's clock counts). A waiter's lease is kept alive while it waits; a
-//!   holder's only by renewal (`expire = "auto"`), so a fixed `expire` ends on the server.
-//! - **Fence**: the revision of the write that made the holder first: its create revision when
-//!   the lock was free, or the revision of the re-put with which a waiter (or a retry that finds
-//!   its own key) takes over. Successive holders are separated by the deletion of the previous
-//!   holder's key, so fences strictly increase per key.
+//!   waiter puts `<line><session lease id in hex>-<n>` on its locker's session lease; the key
+//!   with the lowest create revision holds, the others wait in create-revision order.
+//! - **Session**: one lease per locker, kept alive while it lives ([`session`]): the server-side
+//!   lease of every key it puts. A crashed or frozen process loses its holds and places when
+//!   its session's TTL (`?session_ttl=10s`) runs out; a client that cannot renew it counts its
+//!   holds lost before etcd can have expired it. `expire` bounds a hold on the client: when it
+//!   runs out the key is deleted and the hold is lost; a renewal (`expire = "auto"`) pushes that
+//!   deadline on while the key is still the hold's.
+//! - **Fence**: a revision at which the holder's key was first in line: the revision of the
+//!   write that joined a free lock, or of the read that found a waiter first (its wake-up's, or
+//!   its attempt's). Successive holders are separated by the deletion of the previous holder's
+//!   key, a later revision, so fences strictly increase per key. A retry of an acquisition
+//!   already granted, or whose reply was lost, re-writes its key and takes that write's revision.
 //! - **Waiting**: a waiter watches the deletion of the last key created before its own (its
-//!   predecessor) and is woken only when no earlier key is left.
-//! - **Loss**: a watch on the holder's key; its deletion (lease expired, revoked, deleted by an
-//!   operator) marks the hold lost at once. A renewal that finds the lease gone does too.
+//!   predecessor) and is woken only when no earlier key is left; the read that finds it first
+//!   gives it its fence, so the attempt that follows asks nothing.
+//! - **Loss**: the session's end; and a watch on the holder's key from the revision after its
+//!   fence, whose deletion by hand marks the hold lost at once. Every watch of a locker shares
+//!   one watch stream ([`watches`]).
+
+mod conn;
+mod session;
+mod watches;
 
 use std::{
     collections::HashMap,
     fmt,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+    Compare, CompareOp, ConnectOptions, GetOptions, GetResponse, PutOptions, SortOrder, SortTarget,
+    Txn, TxnOp, TxnOpResponse,
 };
-use tokio::{sync::Notify, task::JoinHandle};
+use tokio::{
+    sync::{Notify, watch},
+    task::JoinHandle,
+    time::Instant,
+};
 
-use super::api::{
-    Attempt, Backend, BoxFuture, Built, Capabilities, FairOrder, NextInLine, Request, Token, Watch,
+use self::{
+    conn::{Conn, lease_gone, tls_options},
+    session::{Session, Sessions},
+    watches::{Fired, WatchHub},
 };
-use crate::lease::LossSignal;
+use super::api::{
+    Attempt, Backend, BoxFuture, Built, Capabilities, EngineOption, FairOrder, NextInLine, Request,
+    Token, Watch, option,
+};
 use crate::{
     LockError,
     config::Settings,
     error::BackendError,
-    url::{EngineUrl, HostList, tls_needs_feature},
+    lease::LossSignal,
+    url::{EngineUrl, HostList, query_params, tls_needs_feature},
 };
 
 /// etcd v3: `etcd://h1:p1,h2:p2`, `etcds://` with TLS.
 pub(super) const BUILT: Built = Built {
     check,
     build: |url, settings| Ok(Arc::new(EtcdBackend::from_url(url, settings)?)),
-    options: &[],
+    options: &[SESSION_TTL],
 };
 
-const FORM: &str = "etcd://[user:password@]h1:p1,h2:p2";
+/// `session_ttl=10s` (alias `DLOCK_ETCD_SESSION_TTL`): the TTL of a locker's session lease, how
+/// long a crashed or frozen holder keeps its lock at most, and how long the client may go
+/// without a keep-alive answered before it counts its holds lost. Whole seconds (rounded up).
+const SESSION_TTL: EngineOption = EngineOption {
+    name: "session_ttl",
+    var: "DLOCK_ETCD_SESSION_TTL",
+    check: |value| parse_session_ttl(value).map(drop),
+};
+
+/// The default session TTL, `etcdctl lock`'s: it rides out a leader election (about a second
+/// with the default election timeout) and frees a dead holder's locks within 10s.
+const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(10);
+
+const FORM: &str = "etcd://[user:password@]h1:p1,h2:p2[?session_ttl=10s]";
+
+fn parse_session_ttl(value: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(value.trim()) {
+        Ok(d) if !d.is_zero() => Ok(Duration::from_secs(
+            u64::try_from(lease_seconds(d)).unwrap_or(u64::MAX),
+        )),
+        _ => Err("expected a positive duration like `10s`".to_owned()),
+    }
+}
 
 fn check(var: &str, url: &str) -> Result<(), LockError> {
     tls_needs_feature(var, "etcds", url.starts_with("etcds://"))?;
-    let hosts = HostList::parse(var, url, FORM)?;
-    if hosts.query.is_some() {
-        return Err(LockError::config(format!(
-            "{var}: `etcd://` takes no query; expected `{FORM}`"
-        )));
+    HostList::parse(var, url, FORM)?;
+    for (name, value) in query_params(url) {
+        if name != SESSION_TTL.name {
+            return Err(LockError::config(format!(
+                "{var}: `etcd://` takes no `{name}` option; expected `{FORM}`"
+            )));
+        }
+        parse_session_ttl(value)
+            .map_err(|why| LockError::config(format!("{var}: `{name}`: {why}")))?;
     }
     Ok(())
 }
 
-/// How a lease is rounded: whole seconds, at least one.
+/// How a TTL is rounded: whole seconds, at least one.
 pub(crate) fn lease_seconds(lease: Duration) -> i64 {
     let secs = lease.as_secs() + u64::from(lease.subsec_nanos() > 0);
     i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
@@ -85,20 +133,6 @@ pub(crate) fn line_of(prefix_len: usize, key: &str) -> String {
     line
 }
 
-/// One acquisition's presence in etcd: its lease and its key in the line.
-#[derive(Debug)]
-struct Entry {
-    lease: i64,
-    /// The TTL the server granted, in seconds.
-    ttl: i64,
-    line: String,
-    own_key: String,
-    /// The create revision of `own_key`, once a reply told it.
-    rev: Option<i64>,
-    /// Keeps a waiter's lease alive while it waits (aborted when dropped).
-    keeper: Option<AbortOnDrop>,
-}
-
 /// A task aborted when this is dropped.
 #[derive(Debug)]
 struct AbortOnDrop(JoinHandle<()>);
@@ -109,15 +143,25 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The connection: the endpoints, one client at a time on one of them, and the request bound.
-struct Conn {
-    endpoints: Vec<String>,
-    options: ConnectOptions,
-    request_timeout: Duration,
-    /// The client in use, on `endpoints[current.1]`, and how many times the endpoint changed
-    /// (so that concurrent failures move on once).
-    current: Mutex<(Option<Client>, usize, u64)>,
-    connecting: tokio::sync::Mutex<()>,
+/// One acquisition's presence in etcd: its key in the line, on a session.
+#[derive(Debug)]
+struct Entry {
+    line: String,
+    own_key: String,
+    /// The session its key lives on.
+    epoch: u64,
+    /// The create revision of `own_key`, once a reply told it.
+    rev: Option<i64>,
+    /// An attempt returned it as held.
+    granted: bool,
+    /// Its wake-up found it first in line at this revision: the next attempt's fence.
+    first_at: Option<i64>,
+    /// While held: the client-side end of the hold (moved on by renewals).
+    deadline: Option<watch::Sender<Instant>>,
+    /// While held: deletes the key when the deadline passes.
+    timer: Option<AbortOnDrop>,
+    /// Sent `true` when the engine let the hold go (its `expire` ran out).
+    gone: watch::Sender<bool>,
 }
 
 /// Entries by token.
@@ -126,9 +170,14 @@ type Entries = Arc<Mutex<HashMap<String, Entry>>>;
 /// The etcd engine.
 pub(crate) struct EtcdBackend {
     conn: Arc<Conn>,
+    sessions: Sessions,
+    watches: Arc<WatchHub>,
     entries: Entries,
+    /// Numbers the keys a session puts.
+    next_key: AtomicU64,
     prefix_len: usize,
     key_prefix: String,
+    session_ttl: Duration,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -136,6 +185,7 @@ impl fmt::Debug for EtcdBackend {
         f.debug_struct("EtcdBackend")
             .field("endpoints", &self.conn.endpoints)
             .field("request_timeout", &self.conn.request_timeout)
+            .field("session_ttl", &self.session_ttl)
             .finish_non_exhaustive()
     }
 }
@@ -145,6 +195,16 @@ fn percent_decode(s: &str) -> String {
     percent_encoding::percent_decode_str(s)
         .decode_utf8_lossy()
         .into_owned()
+}
+
+/// What one look at the line found.
+enum Place {
+    /// First, with this fence.
+    First(i64),
+    /// Behind an earlier key.
+    Behind,
+    /// The key is not in the line any more (its session ended, or it was deleted).
+    Gone,
 }
 
 impl EtcdBackend {
@@ -159,22 +219,26 @@ impl EtcdBackend {
         if tls {
             options = tls_options(options)?;
         }
+        let session_ttl = match option(url, settings, SESSION_TTL.name) {
+            Some((value, from)) => parse_session_ttl(value)
+                .map_err(|why| LockError::config(format!("{from}: {why}")))?,
+            None => DEFAULT_SESSION_TTL,
+        };
         let endpoints = hosts
             .hosts
             .iter()
             .map(|(host, port)| format!("{host}:{port}"))
             .collect();
+        let conn = Arc::new(Conn::new(endpoints, options, settings.request_timeout));
         Ok(Self {
-            conn: Arc::new(Conn {
-                endpoints,
-                options,
-                request_timeout: settings.request_timeout,
-                current: Mutex::new((None, 0, 0)),
-                connecting: tokio::sync::Mutex::new(()),
-            }),
+            sessions: Sessions::new(conn.clone(), session_ttl),
+            watches: Arc::new(WatchHub::new(conn.clone())),
+            conn,
             entries: Arc::default(),
+            next_key: AtomicU64::new(0),
             prefix_len: settings.key_prefix.len(),
             key_prefix: settings.key_prefix.clone(),
+            session_ttl,
         })
     }
 
@@ -182,62 +246,49 @@ impl EtcdBackend {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A lease for a new entry of `token` in `key`'s line.
-    async fn join(&self, key: &str, token: &Token, lease: Duration) -> Result<(), BackendError> {
-        let ttl = lease_seconds(lease);
-        let granted = self
-            .conn
-            .call("grant a lease", |mut c| async move {
-                c.lease_grant(ttl, None).await
-            })
-            .await?;
+    /// A new entry for `token` in `key`'s line, on `session` (no I/O).
+    fn join(&self, key: &str, token: &Token, session: &Session) {
         let line = line_of(self.prefix_len, key);
-        let own_key = format!("{line}{:x}", granted.id());
+        let n = self.next_key.fetch_add(1, Ordering::Relaxed);
+        let own_key = format!("{line}{:x}-{n:x}", session.lease);
         self.entries().insert(
             token.0.clone(),
             Entry {
-                lease: granted.id(),
-                ttl: granted.ttl(),
                 line,
                 own_key,
+                epoch: session.epoch,
                 rev: None,
-                keeper: None,
+                granted: false,
+                first_at: None,
+                deadline: None,
+                timer: None,
+                gone: watch::Sender::new(false),
             },
         );
-        Ok(())
     }
 
-    /// Puts the entry's key in the line (unless an earlier attempt whose reply was lost did):
-    /// `Some(fence)` when that made it first, `None` when it waits (or its key was there before:
-    /// then [`take_over`](Self::take_over) decides).
+    /// Puts the entry's key in the line on the session's lease (unless an earlier attempt
+    /// whose reply was lost did), and looks at who is first, in one transaction.
     async fn enter(
         &self,
         token: &Token,
-        own_key: String,
-        line: String,
-        lease: i64,
-    ) -> Result<Entered, BackendError> {
-        let first = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
+        own_key: &str,
+        line: &str,
+        session: &Session,
+    ) -> Result<Place, BackendError> {
         let txn = Txn::new()
-            .when([Compare::create_revision(
-                own_key.as_str(),
-                CompareOp::Equal,
-                0,
-            )])
+            .when([Compare::create_revision(own_key, CompareOp::Equal, 0)])
             .and_then([
                 TxnOp::put(
-                    own_key.as_str(),
+                    own_key,
                     "",
-                    Some(PutOptions::new().with_lease(lease)),
+                    Some(PutOptions::new().with_lease(session.lease)),
                 ),
-                TxnOp::get(line.as_str(), Some(first.clone())),
+                TxnOp::get(line, Some(first_in_line())),
             ])
             .or_else([
-                TxnOp::get(own_key.as_str(), None),
-                TxnOp::get(line.as_str(), Some(first)),
+                TxnOp::get(own_key, None),
+                TxnOp::get(line, Some(first_in_line())),
             ]);
         let resp = match self
             .conn
@@ -247,474 +298,393 @@ impl EtcdBackend {
             )
             .await
         {
-            Err(e) if e.to_string().contains("lease not found") => {
-                // The lease ran out before the key was put: start again with a new one.
-                self.entries().remove(&token.0);
-                return Ok(Entered::Again);
+            Err(e) if lease_gone(&e) => {
+                // The session's lease ran out before the key was put: a new session.
+                session.lapsed();
+                return Ok(Place::Gone);
             }
             other => other?,
         };
-        let revision = resp
-            .header()
-            .map_or(0, etcd_client::ResponseHeader::revision);
+        let revision = header_revision(resp.header());
         let responses = resp.op_responses();
         let create_of = |r: Option<&TxnOpResponse>| match r {
             Some(TxnOpResponse::Get(get)) => get.kvs().first().map(|kv| kv.create_revision()),
             _ => None,
         };
-        let my_rev = if resp.succeeded() {
-            revision
+        let (my_rev, fresh) = if resp.succeeded() {
+            (revision, true)
         } else {
-            create_of(responses.first()).ok_or_else(|| {
-                BackendError::new("etcd: the lock key vanished inside a transaction")
-            })?
+            match create_of(responses.first()) {
+                Some(rev) => (rev, false),
+                None => return Ok(Place::Gone),
+            }
         };
         if let Some(entry) = self.entries().get_mut(&token.0) {
             entry.rev = Some(my_rev);
         }
-        let owner = create_of(responses.get(1));
-        Ok(match (owner == Some(my_rev), resp.succeeded()) {
-            (true, true) => Entered::Holds(my_rev),
-            (true, false) => Entered::TakeOver,
-            (false, _) => Entered::Waits,
+        match create_of(responses.get(1)) {
+            // First by the write that put it: that write's revision.
+            Some(first) if first == my_rev && fresh => Ok(Place::First(my_rev)),
+            // Its key was there already (a reply was lost): a write for a new fence.
+            Some(first) if first == my_rev => self.rewrite(own_key, my_rev, session).await,
+            Some(_) => Ok(Place::Behind),
+            None => Ok(Place::Gone),
+        }
+    }
+
+    /// A waiter's later look at the line: first (at this read's revision), still behind, or
+    /// gone. One read: no key older than its own can appear, so the oldest key says it all.
+    async fn look(&self, line: &str, rev: i64) -> Result<Place, BackendError> {
+        let line = line.to_owned();
+        let got = self
+            .conn
+            .call("look at the lock's line", |mut c| async move {
+                c.get(line, Some(first_in_line())).await
+            })
+            .await?;
+        Ok(match got.kvs().first().map(|kv| kv.create_revision()) {
+            Some(first) if first == rev => Place::First(header_revision(got.header())),
+            Some(first) if first < rev => Place::Behind,
+            _ => Place::Gone,
         })
     }
 
-    /// A key already in the line: if it is first, re-put it (its revision is the new fence) and
-    /// refresh its lease; otherwise it keeps waiting. `None` when the key is gone.
-    async fn take_over(
+    /// Re-writes a key that is first in line (same create revision) for a new fence, the
+    /// write's revision: a retry must not reuse a fence an earlier attempt may have handed out.
+    async fn rewrite(
         &self,
-        own_key: String,
-        line: String,
-        lease: i64,
+        own_key: &str,
         rev: i64,
-    ) -> Result<Option<Result<i64, ()>>, BackendError> {
+        session: &Session,
+    ) -> Result<Place, BackendError> {
         let txn = Txn::new()
-            .when([
-                Compare::create_revision(own_key.as_str(), CompareOp::Equal, rev),
-                // Every key of the line, this one included, was created at `rev` or later.
-                Compare::create_revision(line.as_str(), CompareOp::Greater, rev - 1).with_prefix(),
-            ])
+            .when([Compare::create_revision(own_key, CompareOp::Equal, rev)])
             .and_then([TxnOp::put(
-                own_key.as_str(),
+                own_key,
                 "",
-                Some(PutOptions::new().with_lease(lease)),
-            )])
-            .or_else([TxnOp::get(own_key.as_str(), None)]);
-        let take = self
+                Some(PutOptions::new().with_lease(session.lease)),
+            )]);
+        let resp = match self
             .conn
-            .call("take the lock", |mut c| async move { c.txn(txn).await });
-        // Sent with the take-over so the lease counts from after the attempt began: a waiter's
-        // lease was last refreshed earlier.
-        let refresh = self.conn.keep_alive(lease);
-        let (taken, refreshed) = tokio::join!(take, refresh);
-        let taken = match taken {
-            Err(e) if e.to_string().contains("lease not found") => return Ok(None),
-            other => other?,
-        };
-        if taken.succeeded() {
-            if !refreshed? {
-                return Ok(None);
-            }
-            let fence = taken
-                .header()
-                .map_or(0, etcd_client::ResponseHeader::revision);
-            return Ok(Some(Ok(fence)));
-        }
-        let exists = matches!(taken.op_responses().first(),
-            Some(TxnOpResponse::Get(get)) if !get.kvs().is_empty());
-        Ok(exists.then_some(Err(())))
-    }
-
-    /// Keeps `lease` alive while its owner waits in line: a keep-alive at a third of its TTL.
-    fn keep_waiting(&self, token: &Token) {
-        let mut entries = self.entries();
-        let Some(entry) = entries.get_mut(&token.0) else {
-            return;
-        };
-        if entry.keeper.is_some() {
-            return;
-        }
-        let (conn, lease) = (self.conn.clone(), entry.lease);
-        let period = Duration::from_secs(u64::try_from(entry.ttl.max(1)).unwrap_or(1)) / 3;
-        entry.keeper = Some(AbortOnDrop(tokio::spawn(async move {
-            let mut next = period;
-            loop {
-                tokio::time::sleep(next).await;
-                next = match conn.keep_alive(lease).await {
-                    Ok(true) => period,
-                    // Gone: the next attempt finds its key missing and joins again.
-                    Ok(false) => return,
-                    Err(_) => period / 4,
-                };
-            }
-        })));
-    }
-
-    fn acquired(&self, token: &Token, fence: i64, request: &Request<'_>) -> Attempt {
-        let (own_key, ttl) = {
-            let mut entries = self.entries();
-            let Some(entry) = entries.get_mut(&token.0) else {
-                return Attempt::Held {
-                    ttl: None,
-                    queued: false,
-                };
-            };
-            // A holder's fixed lease must end on the server: no more keep-alive.
-            entry.keeper = None;
-            (entry.own_key.clone(), entry.ttl)
-        };
-        let granted = Duration::from_secs(u64::try_from(ttl).unwrap_or(1));
-        Attempt::Acquired {
-            fence: u64::try_from(fence).unwrap_or(0),
-            granted: (granted != request.lease).then_some(granted),
-            lost: Some(self.loss_signal(token, own_key, fence)),
-        }
-    }
-
-    /// Resolves when `own_key` is deleted after revision `fence` while `token` still has it
-    /// (a release removes the entry first, so its own deletion is not a loss).
-    fn loss_signal(&self, token: &Token, own_key: String, fence: i64) -> LossSignal {
-        let (conn, entries, token) = (self.conn.clone(), self.entries.clone(), token.0.clone());
-        LossSignal(Box::pin(async move {
-            let mut start = fence + 1;
-            loop {
-                match conn.deletion(&own_key, start).await {
-                    Ok(Deletion::Deleted) => {
-                        let ours = entries
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .contains_key(&token);
-                        if ours {
-                            return;
-                        }
-                        std::future::pending::<()>().await;
-                    }
-                    Ok(Deletion::Compacted(rev)) => {
-                        // The history was compacted past `start`: look at the key itself.
-                        let key = own_key.clone();
-                        match conn
-                            .call("check the lock key", |mut c| async move {
-                                c.get(key, None).await
-                            })
-                            .await
-                        {
-                            Ok(got) => {
-                                let alive = got
-                                    .kvs()
-                                    .first()
-                                    .is_some_and(|kv| kv.mod_revision() >= fence);
-                                if !alive {
-                                    return;
-                                }
-                                start = rev.max(start);
-                            }
-                            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-                        }
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-                }
-            }
-        }))
-    }
-}
-
-enum Entered {
-    /// First in line with this fence.
-    Holds(i64),
-    /// Its key was there already and is first: re-put it for a new fence.
-    TakeOver,
-    Waits,
-    /// The lease was gone: join again.
-    Again,
-}
-
-enum Deletion {
-    Deleted,
-    /// The watch could not start: history before this revision is compacted.
-    Compacted(i64),
-}
-
-impl Conn {
-    /// The client in use, made (without I/O unless the URL has credentials) on first use.
-    async fn client(&self) -> Result<(Client, u64), BackendError> {
-        if let (Some(client), _, epoch) =
-            &*self.current.lock().unwrap_or_else(PoisonError::into_inner)
-        {
-            return Ok((client.clone(), *epoch));
-        }
-        let _one = self.connecting.lock().await;
-        let (index, epoch) = {
-            let current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some(client) = &current.0 {
-                return Ok((client.clone(), current.2));
-            }
-            (current.1, current.2)
-        };
-        let endpoint = self.endpoints[index % self.endpoints.len()].clone();
-        let connect = Client::connect([endpoint], Some(self.options.clone()));
-        let client = match tokio::time::timeout(self.request_timeout, connect).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(e)) => {
-                self.next_endpoint(epoch);
-                return Err(error("connect", &e));
-            }
-            Err(_) => {
-                self.next_endpoint(epoch);
-                return Err(BackendError::new(
-                    "etcd: could not connect within the request timeout",
-                ));
-            }
-        };
-        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        current.0 = Some(client.clone());
-        Ok((client, current.2))
-    }
-
-    /// Drops the client and moves to the next endpoint, once per failure of `epoch`.
-    fn next_endpoint(&self, epoch: u64) {
-        let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
-        if current.2 == epoch {
-            current.0 = None;
-            current.1 = (current.1 + 1) % self.endpoints.len();
-            current.2 += 1;
-        }
-    }
-
-    /// One request, bounded by the request timeout; a transport failure moves to the next
-    /// endpoint for the following requests.
-    async fn call<T, F, Fut>(&self, what: &str, f: F) -> Result<T, BackendError>
-    where
-        F: FnOnce(Client) -> Fut,
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
-    {
-        let (client, epoch) = self.client().await?;
-        match tokio::time::timeout(self.request_timeout, f(client)).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => {
-                if is_transport(&e) {
-                    self.next_endpoint(epoch);
-                }
-                Err(error(what, &e))
-            }
-            Err(_) => {
-                self.next_endpoint(epoch);
-                Err(BackendError::new(format!(
-                    "etcd: no reply within the request timeout ({:?}) to {what}",
-                    self.request_timeout
-                )))
-            }
-        }
-    }
-
-    /// One keep-alive of `lease`: `false` when the lease is gone.
-    async fn keep_alive(&self, lease: i64) -> Result<bool, BackendError> {
-        let outcome = self
-            .call("renew the lease", |mut c| async move {
-                c.lease_keep_alive(lease).await.map(drop)
-            })
-            .await;
-        match outcome {
-            Ok(()) => Ok(true),
-            Err(e) if e.to_string().contains("lease not found") => Ok(false),
-            Err(e) => Err(e),
-        }
-    }
-
-    async fn revoke(&self, lease: i64) -> Result<bool, BackendError> {
-        match self
-            .call("revoke the lease", |mut c| async move {
-                c.lease_revoke(lease).await
-            })
+            .call("take a new fence", |mut c| async move { c.txn(txn).await })
             .await
         {
-            Ok(_) => Ok(true),
-            Err(e) if e.to_string().contains("lease not found") => Ok(false),
-            Err(e) => Err(e),
+            Err(e) if lease_gone(&e) => {
+                session.lapsed();
+                return Ok(Place::Gone);
+            }
+            other => other?,
+        };
+        Ok(if resp.succeeded() {
+            Place::First(header_revision(resp.header()))
+        } else {
+            Place::Gone
+        })
+    }
+
+    /// One attempt on a live session: joins the line or looks at it again.
+    async fn attempt(&self, token: &Token, session: &Session) -> Result<Place, BackendError> {
+        let known = self.entries().get_mut(&token.0).map(|e| {
+            let first_at = if e.granted { None } else { e.first_at.take() };
+            (
+                e.own_key.clone(),
+                e.line.clone(),
+                e.rev,
+                e.granted,
+                first_at,
+            )
+        });
+        let Some((own_key, line, rev, granted, first_at)) = known else {
+            return Ok(Place::Gone);
+        };
+        match (rev, first_at) {
+            // Its wake-up found it first: that read's revision.
+            (Some(_), Some(revision)) => Ok(Place::First(revision)),
+            (Some(rev), None) if granted => self.rewrite(&own_key, rev, session).await,
+            (Some(rev), None) => self.look(&line, rev).await,
+            (None, _) => self.enter(token, &own_key, &line, session).await,
         }
     }
 
-    /// Waits for the deletion of `key` at revision `start` or later.
-    async fn deletion(&self, key: &str, start: i64) -> Result<Deletion, BackendError> {
-        let options = WatchOptions::new()
-            .with_start_revision(start)
-            .with_filters([WatchFilterType::NoPut]);
-        let key = key.to_owned();
-        let mut stream = self
-            .call("watch a lock key", |mut c| async move {
-                c.watch(key, Some(options)).await
-            })
-            .await?;
-        loop {
-            let Some(resp) = stream
-                .message()
-                .await
-                .map_err(|e| error("watch a lock key", &e))?
-            else {
-                return Err(BackendError::new("etcd: the watch stream ended"));
+    /// The grant: the hold's deadline on the client, the task that deletes the key when it
+    /// passes, and the signal of its loss.
+    fn acquired(&self, token: &Token, session: &Session, fence: i64, lease: Duration) -> Attempt {
+        let sent_at = Instant::now();
+        let mut entries = self.entries();
+        let Some(entry) = entries.get_mut(&token.0) else {
+            return Attempt::Held {
+                ttl: None,
+                queued: false,
             };
-            if resp.compact_revision() > 0 {
-                return Ok(Deletion::Compacted(resp.compact_revision()));
-            }
-            if resp.canceled() {
-                return Err(BackendError::new(format!(
-                    "etcd: the watch was cancelled: {}",
-                    resp.cancel_reason()
-                )));
-            }
-            if resp
-                .events()
-                .iter()
-                .any(|e| e.event_type() == EventType::Delete)
-            {
-                return Ok(Deletion::Deleted);
-            }
+        };
+        entry.granted = true;
+        entry.first_at = None;
+        let (deadline, until) = watch::channel(sent_at + lease);
+        entry.deadline = Some(deadline);
+        let gone = entry.gone.subscribe();
+        let own_key = entry.own_key.clone();
+        let rev = entry.rev.unwrap_or_default();
+        entry.timer = Some(AbortOnDrop(tokio::spawn(expire_at_deadline(
+            until,
+            session.clone(),
+            self.conn.clone(),
+            self.entries.clone(),
+            token.0.clone(),
+            (own_key.clone(), rev),
+        ))));
+        drop(entries);
+        // From the revision after the fence: a deletion before the watch starts is seen too.
+        let deleted = self.watches.deletion(own_key, Some(fence + 1));
+        Attempt::Acquired {
+            fence: u64::try_from(fence).unwrap_or(0),
+            granted: None,
+            lost: Some(loss_signal(
+                session.clone(),
+                self.entries.clone(),
+                token.0.clone(),
+                gone,
+                deleted,
+            )),
         }
     }
 
-    /// Waits until no key created before `rev` is left in `line` (etcd's `waitDeletes`), then
-    /// notifies; each wake-up is the deletion of the waiter's predecessor.
-    async fn wait_turn(self: Arc<Self>, line: String, rev: i64, notify: Arc<Notify>) {
-        loop {
-            let options = GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_max_create_revision(rev - 1)
-                .with_limit(1);
-            let key = line.clone();
-            let found = self
-                .call("find the waiter ahead", |mut c| async move {
-                    c.get(key, Some(options)).await
-                })
-                .await;
-            let ahead = match found {
-                Ok(got) => got.kvs().first().map(|kv| {
-                    (
-                        kv.key().to_vec(),
-                        got.header()
-                            .map_or(0, etcd_client::ResponseHeader::revision),
-                    )
-                }),
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    continue;
+    /// Deletes `own_key` (a waiter's, or one whose hold is over) in the background until it is
+    /// gone or its session ends (which deletes it anyway): a key left in line would hold the
+    /// lock up for the session's life.
+    fn delete_later(&self, own_key: String, epoch: u64) {
+        let Some(session) = self.sessions.live().filter(|s| s.epoch == epoch) else {
+            return;
+        };
+        let conn = self.conn.clone();
+        tokio::spawn(async move { delete_until_gone(&conn, &session, own_key, None).await });
+    }
+}
+
+/// The oldest key of a line.
+fn first_in_line() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+        .with_keys_only()
+}
+
+fn header_revision(header: Option<&etcd_client::ResponseHeader>) -> i64 {
+    header.map_or(0, etcd_client::ResponseHeader::revision)
+}
+
+/// A grant's `expire` clock: sleeps until the deadline on `until` (moved by each renewal), then
+/// forgets the hold (`key` in `all`), tells its loss signal and deletes its key. Ends at once
+/// when the session ends (the key goes with it).
+async fn expire_at_deadline(
+    mut until: watch::Receiver<Instant>,
+    session: Session,
+    conn: Arc<Conn>,
+    all: Entries,
+    key: String,
+    (own_key, rev): (String, i64),
+) {
+    loop {
+        let at = *until.borrow_and_update();
+        tokio::select! {
+            () = session.end() => return,
+            () = tokio::time::sleep_until(at) => {
+                if *until.borrow() == at {
+                    break;
                 }
-            };
-            let Some((key, revision)) = ahead else {
-                notify.notify_waiters();
-                return;
-            };
-            let key = String::from_utf8_lossy(&key).into_owned();
-            if self.deletion(&key, revision + 1).await.is_err() {
-                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            changed = until.changed() => {
+                if changed.is_err() {
+                    return;
+                }
             }
         }
     }
+    // The hold's `expire` ran out: it is let go on the server too.
+    let entry = all
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&key);
+    let Some(mut entry) = entry else { return };
+    let _ = entry.gone.send(true);
+    // This very task: not aborted by dropping the entry.
+    if let Some(timer) = entry.timer.take() {
+        std::mem::forget(timer);
+    }
+    delete_until_gone(&conn, &session, own_key, Some(rev)).await;
 }
 
-/// Whether the error is the link's rather than the server's answer.
-fn is_transport(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::GRpcStatus(status) => {
-            // Unknown, deadline exceeded, unavailable, cancelled, aborted.
-            matches!(status.code() as i32, 1 | 2 | 4 | 10 | 14)
+/// Deletes `own_key` (only while its create revision is `rev`, when given), asking again until
+/// it is gone or the session ends.
+async fn delete_until_gone(conn: &Conn, session: &Session, own_key: String, rev: Option<i64>) {
+    while !session.is_ended() {
+        let key = own_key.clone();
+        let deleted = conn
+            .call("delete the lock key", |mut c| async move {
+                match rev {
+                    Some(rev) => c.txn(owner_delete(&key, rev)).await.map(drop),
+                    None => c.delete(key, None).await.map(drop),
+                }
+            })
+            .await;
+        if deleted.is_ok() {
+            return;
         }
-        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
-        _ => false,
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
-/// A backend error for a failed `what`; permissions and credentials are refusals.
-fn error(what: &str, e: &etcd_client::Error) -> BackendError {
-    let refused = matches!(e, etcd_client::Error::GRpcStatus(s)
-        if matches!(s.code() as i32, 7 | 16));
-    let message = match e {
-        etcd_client::Error::GRpcStatus(s) => format!("etcd: could not {what}: {}", s.message()),
-        other => format!("etcd: could not {what}: {other}"),
-    };
-    let error = BackendError::new(message);
-    if refused { error.refused() } else { error }
+/// Deletes `own_key` only while its create revision is `rev` (the hold's own key).
+fn owner_delete(own_key: &str, rev: i64) -> Txn {
+    Txn::new()
+        .when([Compare::create_revision(own_key, CompareOp::Equal, rev)])
+        .and_then([TxnOp::delete(own_key, None)])
 }
 
-#[cfg(feature = "tls")]
-fn tls_options(options: ConnectOptions) -> Result<ConnectOptions, LockError> {
-    let mut tls = etcd_client::TlsOptions::new();
-    match std::env::var_os("SSL_CERT_FILE") {
-        Some(file) => {
-            let pem = std::fs::read(&file).map_err(|e| {
-                LockError::config(format!("SSL_CERT_FILE: could not read the CA file: {e}"))
-            })?;
-            tls = tls.ca_certificate(etcd_client::Certificate::from_pem(pem));
+/// The loss signal of a grant: fires when the session ends, or the key is deleted (by hand),
+/// while the hold (`key` in `all`, of this session) is still there; never after a release
+/// (which drops the entry and so closes `gone`).
+fn loss_signal(
+    session: Session,
+    all: Entries,
+    key: String,
+    mut gone: watch::Receiver<bool>,
+    mut deleted: watches::KeyWatch,
+) -> LossSignal {
+    LossSignal(Box::pin(async move {
+        let epoch = session.epoch;
+        let held = || {
+            all.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&key)
+                .is_some_and(|e| e.epoch == epoch && e.granted)
+        };
+        let mut watching = true;
+        loop {
+            tokio::select! {
+                () = session.end() => {
+                    if held() {
+                        return;
+                    }
+                    std::future::pending::<()>().await;
+                }
+                dropped = async { gone.wait_for(|g| *g).await.is_err() } => {
+                    // The entry was dropped (a release): nothing was lost.
+                    if dropped {
+                        std::future::pending::<()>().await;
+                    }
+                    return;
+                }
+                fired = deleted.fired(), if watching => {
+                    // Deleted while held: lost. A broken watch leaves the session and the
+                    // next renewal or release to tell.
+                    if fired == Fired::Deleted && held() {
+                        return;
+                    }
+                    watching = false;
+                }
+            }
         }
-        None => tls = tls.with_native_roots(),
-    }
-    Ok(options.with_tls(tls))
+    }))
 }
 
-#[cfg(not(feature = "tls"))]
-fn tls_options(_: ConnectOptions) -> Result<ConnectOptions, LockError> {
-    Err(LockError::config(
-        "DLOCK_URL: `etcds://` (TLS) needs dlock-runtime's `tls` feature; use `etcd://` or enable it",
-    ))
+/// Waits until no key created before `rev` is left in `line` (etcd's `waitDeletes`), then
+/// records the revision of the read that found its key first (the fence of the attempt that
+/// follows) and notifies; each wake-up is the deletion of the waiter's predecessor.
+async fn wait_turn(
+    conn: Arc<Conn>,
+    hub: Arc<WatchHub>,
+    entries: Entries,
+    token: String,
+    (line, rev): (String, i64),
+    notify: Arc<Notify>,
+) {
+    loop {
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_max_create_revision(rev)
+            .with_limit(2)
+            .with_keys_only();
+        let key = line.clone();
+        let found = conn
+            .call("find the waiter ahead", |mut c| async move {
+                c.get(key, Some(options)).await
+            })
+            .await;
+        let Ok(got) = found else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let (own, ahead) = own_and_ahead(&got, rev);
+        if own
+            && ahead.is_none()
+            && let Some(entry) = entries
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get_mut(&token)
+                .filter(|e| !e.granted)
+        {
+            entry.first_at = Some(header_revision(got.header()));
+        }
+        let Some(ahead) = ahead.filter(|_| own) else {
+            // First, or its key is gone: the attempt tells.
+            notify.notify_waiters();
+            return;
+        };
+        let start = header_revision(got.header()) + 1;
+        if hub.deletion(ahead, Some(start)).fired().await == Fired::Broken {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// Of a read of a line's keys created at `rev` or before, newest first: whether the newest is
+/// the waiter's own key (created at `rev`), and the key just before it.
+fn own_and_ahead(got: &GetResponse, rev: i64) -> (bool, Option<String>) {
+    let kvs = got.kvs();
+    let own = kvs.first().is_some_and(|kv| kv.create_revision() == rev);
+    let ahead = kvs
+        .get(1)
+        .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
+    (own, ahead)
 }
 
 impl Backend for EtcdBackend {
     fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Attempt, BackendError>> {
         Box::pin(async move {
             let token = request.token;
-            // Joining again after a lease ran out is the only repetition; bounded all the same.
+            // Joining again after the session ended (its key went with it) is the only
+            // repetition; bounded all the same.
             for _ in 0..3 {
-                let known = self
-                    .entries()
-                    .get(&token.0)
-                    .map(|e| (e.own_key.clone(), e.line.clone(), e.lease, e.rev));
-                let Some((own_key, line, lease, rev)) = known else {
-                    self.join(request.key, token, request.lease).await?;
-                    continue;
-                };
-                let rev = match rev {
-                    Some(rev) => rev,
-                    None => match self
-                        .enter(token, own_key.clone(), line.clone(), lease)
-                        .await?
-                    {
-                        Entered::Holds(fence) => return Ok(self.acquired(token, fence, &request)),
-                        Entered::Waits => {
-                            self.keep_waiting(token);
-                            return Ok(Attempt::Held {
-                                ttl: None,
-                                queued: true,
-                            });
-                        }
-                        Entered::Again => continue,
-                        Entered::TakeOver => match self.entries().get(&token.0).and_then(|e| e.rev)
-                        {
-                            Some(rev) => rev,
-                            None => continue,
-                        },
-                    },
-                };
-                match self.take_over(own_key, line, lease, rev).await? {
-                    Some(Ok(fence)) => return Ok(self.acquired(token, fence, &request)),
-                    Some(Err(())) => {
-                        self.keep_waiting(token);
+                let session = self.sessions.session().await?;
+                let epoch = self.entries().get(&token.0).map(|e| e.epoch);
+                match epoch {
+                    None => self.join(request.key, token, &session),
+                    Some(epoch) if epoch != session.epoch => {
+                        // Its session ended, and its key with it: join again, at the end.
+                        self.entries().remove(&token.0);
+                        continue;
+                    }
+                    Some(_) => {}
+                }
+                match self.attempt(token, &session).await? {
+                    Place::First(fence) => {
+                        return Ok(self.acquired(token, &session, fence, request.lease));
+                    }
+                    Place::Behind => {
                         return Ok(Attempt::Held {
                             ttl: None,
                             queued: true,
                         });
                     }
-                    None => {
-                        // Its key or lease is gone (it waited past a lease nobody renewed):
-                        // join the line again, at its end.
-                        let gone = self.entries().remove(&token.0);
-                        if let Some(entry) = gone {
-                            let _ = self.conn.revoke(entry.lease).await;
-                        }
+                    Place::Gone => {
+                        self.entries().remove(&token.0);
                     }
                 }
             }
             Err(BackendError::new(
-                "etcd: the lease kept running out before the key could be put",
+                "etcd: the session kept ending before a key could be put in line",
             ))
         })
     }
@@ -728,44 +698,29 @@ impl Backend for EtcdBackend {
             let Some(entry) = self.entries().remove(&token.0) else {
                 return Ok(false);
             };
-            let waiting = entry.keeper.is_some();
-            drop(entry.keeper);
-            let Some(rev) = entry.rev.filter(|_| !waiting) else {
-                // A waiter, or a put whose reply was lost (or never came): revoking the lease
-                // deletes its key in line, if the put happened, in one request. It held nothing
-                // it knew of.
-                self.conn.revoke(entry.lease).await?;
-                return Ok(false);
-            };
-            let key = entry.own_key.clone();
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    key.as_str(),
-                    CompareOp::Equal,
-                    rev,
-                )])
-                .and_then([TxnOp::delete(key.as_str(), None)]);
+            drop(entry.timer);
+            let live = self.sessions.live().is_some_and(|s| s.epoch == entry.epoch);
+            let (own_key, epoch) = (entry.own_key.clone(), entry.epoch);
+            let held = entry.rev.filter(|_| entry.granted && live);
+            let key = own_key.clone();
             let deleted = self
                 .conn
-                .call(
-                    "delete the lock key",
-                    |mut c| async move { c.txn(txn).await },
-                )
-                .await;
-            // The lease is of no use any more; revoked before the release returns, so a
-            // program that exits right after it leaves nothing (a lease without keys would
-            // still count against the server's leases until its TTL). After the delete:
-            // revoking first would delete the key and make the release look lost.
-            match (deleted, self.conn.revoke(entry.lease).await) {
-                (Ok(deleted), revoked) => {
-                    if let Err(error) = revoked {
-                        tracing::debug!(error = %error, "etcd: revoking a released lock's lease failed; it lapses with its TTL");
+                .call("delete the lock key", |mut c| async move {
+                    match held {
+                        Some(rev) => c.txn(owner_delete(&key, rev)).await.map(|r| r.succeeded()),
+                        // A waiter, a put whose reply was lost (or never came), or a hold
+                        // whose session ended: its key goes, if it is still there. It held
+                        // nothing it knew of.
+                        None => c.delete(key, None).await.map(|_| false),
                     }
-                    Ok(deleted.succeeded())
+                })
+                .await;
+            match deleted {
+                Ok(deleted) => Ok(deleted),
+                Err(error) => {
+                    self.delete_later(own_key, epoch);
+                    Err(error)
                 }
-                // The revoke deleted the key with its lease, if the lease was still there.
-                (Err(_), Ok(live)) => Ok(live),
-                (Err(error), Err(_)) => Err(error),
             }
         })
     }
@@ -788,21 +743,17 @@ impl Backend for EtcdBackend {
     }
 
     fn lapses_within(&self, lease: Duration) -> Duration {
-        Duration::from_secs(u64::try_from(lease_seconds(lease)).unwrap_or(u64::MAX))
+        // A key stays while its session lives, and the session as long as this client; a
+        // removal that failed is asked again in the background meanwhile.
+        lease.max(self.session_ttl)
     }
 
     fn close(&self) -> BoxFuture<'_, Result<(), BackendError>> {
         Box::pin(async move {
             // Every hold was released and every cleanup done: what is left is an entry whose
-            // removal failed. Its lease goes, and its key with it.
-            let left: Vec<Entry> = self.entries().drain().map(|(_, entry)| entry).collect();
-            let mut failed = None;
-            for entry in left {
-                if let Err(error) = self.conn.revoke(entry.lease).await {
-                    failed = Some(error);
-                }
-            }
-            failed.map_or(Ok(()), Err)
+            // removal failed. Revoking the session's lease deletes its key.
+            self.entries().clear();
+            self.sessions.close().await
         })
     }
 
@@ -814,7 +765,14 @@ impl Backend for EtcdBackend {
                 (entry.line.clone(), entry.rev?)
             };
             let notify = Arc::new(Notify::new());
-            let task = tokio::spawn(self.conn.clone().wait_turn(line, rev, notify.clone()));
+            let task = tokio::spawn(wait_turn(
+                self.conn.clone(),
+                self.watches.clone(),
+                self.entries.clone(),
+                token.0.clone(),
+                (line, rev),
+                notify.clone(),
+            ));
             Some(Watch::new(notify, NextInLine::default(), AbortOnDrop(task)))
         })
     }
@@ -826,59 +784,36 @@ impl Backend for EtcdBackend {
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            let Some((old, ttl, own_key, rev)) = self
-                .entries()
-                .get(&token.0)
-                .map(|e| (e.lease, e.ttl, e.own_key.clone(), e.rev))
-            else {
+            let sent_at = Instant::now();
+            let Some((own_key, rev, epoch)) = self.entries().get(&token.0).and_then(|e| {
+                let rev = e.rev.filter(|_| e.granted)?;
+                Some((e.own_key.clone(), rev, e.epoch))
+            }) else {
                 return Ok(false);
             };
-            let Some(rev) = rev else { return Ok(false) };
-            let want = lease_seconds(lease);
-            if want <= ttl {
-                return self.conn.keep_alive(old).await;
+            if self.sessions.live().is_none_or(|s| s.epoch != epoch) {
+                return Ok(false);
             }
-            // A longer lease than the one granted: move the key to a new lease of that length
-            // (a lease's TTL is fixed when granted), then revoke the old one.
-            let granted = self
+            let key = own_key.clone();
+            let got = self
                 .conn
-                .call("grant a lease", |mut c| async move {
-                    c.lease_grant(want, None).await
+                .call("check the lock key", |mut c| async move {
+                    c.get(key, Some(GetOptions::new().with_keys_only())).await
                 })
                 .await?;
-            let new = granted.id();
-            let txn = Txn::new()
-                .when([
-                    Compare::create_revision(own_key.as_str(), CompareOp::Equal, rev),
-                    Compare::lease(own_key.as_str(), CompareOp::Equal, old),
-                ])
-                .and_then([TxnOp::put(
-                    own_key.as_str(),
-                    "",
-                    Some(PutOptions::new().with_lease(new)),
-                )]);
-            let moved = self
-                .conn
-                .call("move the lock to a longer lease", |mut c| async move {
-                    c.txn(txn).await
-                })
-                .await;
-            let moved = match moved {
-                Ok(r) => r.succeeded(),
-                Err(e) => {
-                    let _ = self.conn.revoke(new).await;
-                    return Err(e);
-                }
-            };
-            if !moved {
-                let _ = self.conn.revoke(new).await;
+            if got
+                .kvs()
+                .first()
+                .is_none_or(|kv| kv.create_revision() != rev)
+            {
+                self.entries().remove(&token.0);
                 return Ok(false);
             }
-            if let Some(entry) = self.entries().get_mut(&token.0) {
-                entry.lease = new;
-                entry.ttl = granted.ttl();
-            }
-            let _ = self.conn.revoke(old).await;
+            let entries = self.entries();
+            let Some(deadline) = entries.get(&token.0).and_then(|e| e.deadline.as_ref()) else {
+                return Ok(false);
+            };
+            deadline.send_replace(sent_at + lease);
             Ok(true)
         })
     }
@@ -902,6 +837,17 @@ mod tests {
         assert_eq!(lease_seconds(Duration::from_millis(1000)), 1);
         assert_eq!(lease_seconds(Duration::from_millis(1001)), 2);
         assert_eq!(lease_seconds(Duration::from_secs(30)), 30);
+    }
+
+    #[test]
+    fn session_ttls_are_whole_seconds() {
+        assert_eq!(parse_session_ttl("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_session_ttl("1500ms"), Ok(Duration::from_secs(2)));
+        assert!(parse_session_ttl("0s").is_err());
+        assert!(parse_session_ttl("soon").is_err());
+        assert!(check("X", "etcd://a:1?session_ttl=5s").is_ok());
+        assert!(check("X", "etcd://a:1?session_ttl=0s").is_err());
+        assert!(check("X", "etcd://a:1?wait=1").is_err());
     }
 
     #[test]

@@ -51,8 +51,9 @@ CREATE TABLE IF NOT EXISTS dlock_waiters (
     PRIMARY KEY (key, token)
 );";
 
-/// The channel every release is announced on; the payload is the lock key (never a token), or
-/// empty for a key too long for a payload (then every waiter looks).
+/// The channel every contended release is announced on; the payload is the first 8 hex digits
+/// of the place first in the key's queue (never a whole token), or `--------`, then the lock
+/// key, which is left out for a key too long for a payload (then every waiter looks).
 const CHANNEL: &str = "dlock_release";
 
 /// An arbitrary constant for `pg_advisory_xact_lock`: lockers creating the schema at the same
@@ -303,7 +304,7 @@ impl std::fmt::Debug for PostgresBackend {
     }
 }
 
-/// A reply of one of the three statements.
+/// A reply of one of the statements.
 enum Reply {
     Acquire {
         fence: Option<i64>,
@@ -421,7 +422,7 @@ impl PostgresBackend {
 
     /// Runs one statement, bounded by twice the request timeout (a connection may have to be
     /// made first). A request that finds the connection closed by the server is sent once more
-    /// on a new one: all three statements are safe to repeat with the same token.
+    /// on a new one: every statement is safe to repeat with the same token.
     async fn call(&self, op: Op<'_>) -> Result<Reply, BackendError> {
         let bound = self.request_timeout * 2;
         tokio::time::timeout(bound, async {
@@ -570,7 +571,7 @@ async fn drive<S, T>(
 }
 
 /// Bounds the server's side of every statement, creates the schema when it is missing, and
-/// prepares the three statements (pipelined: one round trip).
+/// prepares the statements (pipelined: one round trip).
 async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements, BackendError> {
     // A statement stuck on the server (a row locked by someone's open transaction) is
     // cancelled there too, not only given up on here.

@@ -1,5 +1,5 @@
-//! The Redis backend: one multiplexed, self-reconnecting connection per locker, and three Lua
-//! scripts sent by EVALSHA (reloaded on NOSCRIPT after a restart or `SCRIPT FLUSH`).
+//! The Redis backend: one multiplexed, self-reconnecting connection per locker, and Lua scripts
+//! (the `.lua` files beside this one) sent by EVALSHA (reloaded on NOSCRIPT after a restart or `SCRIPT FLUSH`).
 
 use std::{fmt, sync::OnceLock, time::Duration};
 
