@@ -147,12 +147,7 @@ impl BackendError {
 
     /// An error that asking again cannot cure (a permission the server's ACL denies, a lock key
     /// holding another type): an acquisition fails at once instead of retrying to its deadline.
-    #[cfg(any(
-        feature = "redis",
-        feature = "postgres",
-        feature = "etcd",
-        feature = "zookeeper"
-    ))]
+    #[cfg(feature = "__net")]
     pub(crate) fn refused(mut self) -> Self {
         self.refused = true;
         self
@@ -166,7 +161,7 @@ impl BackendError {
         self.refused
     }
 
-    #[cfg(any(feature = "redis", feature = "postgres"))]
+    #[cfg(feature = "__token-lease")]
     pub(crate) fn with_source(
         message: impl Into<String>,
         source: impl StdError + Send + Sync + 'static,

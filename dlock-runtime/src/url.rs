@@ -62,13 +62,7 @@ impl EngineUrl {
 
     /// The URL as given, credentials included: only for the engine's client.
     #[cfg_attr(
-        not(any(
-            feature = "postgres",
-            feature = "etcd",
-            feature = "zookeeper",
-            feature = "redlock",
-            test
-        )),
+        not(any(feature = "__whole-url", test)),
         allow(dead_code, reason = "read by the engines that take the URL whole")
     )]
     pub(crate) fn as_str(&self) -> &str {
@@ -77,32 +71,11 @@ impl EngineUrl {
 
     /// The value of the query parameter `name`, if the URL has one.
     #[cfg_attr(
-        not(any(feature = "redis", feature = "zookeeper", test)),
+        not(any(feature = "__options", test)),
         allow(dead_code, reason = "for the engines with options")
     )]
     pub(crate) fn query_param(&self, name: &str) -> Option<&str> {
         query_params(&self.url).find_map(|(n, v)| (n == name).then_some(v))
-    }
-
-    /// The URL without the query parameters `names` (dlock's own options, which the engine's
-    /// client must not see).
-    #[cfg_attr(
-        not(any(feature = "redis", test)),
-        allow(dead_code, reason = "for the Redis engines")
-    )]
-    pub(crate) fn without_params(&self, names: &[&str]) -> String {
-        let Some((base, query)) = self.url.split_once('?') else {
-            return self.url.clone();
-        };
-        let kept: Vec<&str> = query
-            .split('&')
-            .filter(|pair| !names.contains(&pair.split_once('=').map_or(*pair, |(n, _)| n)))
-            .collect();
-        if kept.is_empty() {
-            base.to_owned()
-        } else {
-            format!("{base}?{}", kept.join("&"))
-        }
     }
 
     /// The URL with its credentials replaced by `***`: the whole user-info part (everything
@@ -152,7 +125,7 @@ impl fmt::Display for EngineUrl {
 
 /// The `name=value` pairs of `url`'s query.
 #[cfg_attr(
-    not(any(feature = "redis", feature = "zookeeper", test)),
+    not(any(feature = "__options", test)),
     allow(dead_code, reason = "for the engines with options")
 )]
 pub(crate) fn query_params(url: &str) -> impl Iterator<Item = (&str, &str)> {
@@ -165,7 +138,7 @@ pub(crate) fn query_params(url: &str) -> impl Iterator<Item = (&str, &str)> {
 
 /// A scheme's TLS form needs the `tls` feature.
 #[cfg_attr(
-    not(any(feature = "redis", feature = "etcd")),
+    not(feature = "__tls-scheme"),
     allow(dead_code, reason = "for the engines with a TLS scheme")
 )]
 pub(crate) fn tls_needs_feature(var: &str, scheme: &str, tls: bool) -> Result<(), LockError> {
@@ -180,14 +153,7 @@ pub(crate) fn tls_needs_feature(var: &str, scheme: &str, tls: bool) -> Result<()
 /// A multi-host URL taken apart: `scheme://[userinfo@]h1:p1,h2:p2[/path][?query]`.
 #[derive(Clone, PartialEq, Eq)]
 #[cfg_attr(
-    not(any(
-        feature = "redis-cluster",
-        feature = "redis-sentinel",
-        feature = "redlock",
-        feature = "etcd",
-        feature = "zookeeper",
-        test
-    )),
+    not(any(feature = "__hosts", test)),
     allow(dead_code, reason = "for the engines with a list of hosts")
 )]
 pub(crate) struct HostList<'a> {
@@ -200,14 +166,7 @@ pub(crate) struct HostList<'a> {
 }
 
 #[cfg_attr(
-    not(any(
-        feature = "redis-cluster",
-        feature = "redis-sentinel",
-        feature = "redlock",
-        feature = "etcd",
-        feature = "zookeeper",
-        test
-    )),
+    not(any(feature = "__hosts", test)),
     allow(dead_code, reason = "for the engines with a list of hosts")
 )]
 impl<'a> HostList<'a> {
@@ -254,23 +213,6 @@ impl<'a> HostList<'a> {
             query,
         })
     }
-
-    /// `redis://[userinfo@]host:port` (or `rediss://`) for each host, with `path` after it and
-    /// the URL's query (`?protocol=resp3`, …), which every node's connection then reads.
-    #[cfg(any(
-        feature = "redis-cluster",
-        feature = "redis-sentinel",
-        feature = "redlock"
-    ))]
-    pub(crate) fn node_urls(&self, path: &str) -> Vec<String> {
-        let scheme = if self.tls { "rediss" } else { "redis" };
-        let userinfo = self.userinfo.map(|u| format!("{u}@")).unwrap_or_default();
-        let query = self.query.map(|q| format!("?{q}")).unwrap_or_default();
-        self.hosts
-            .iter()
-            .map(|(host, port)| format!("{scheme}://{userinfo}{host}:{port}{path}{query}"))
-            .collect()
-    }
 }
 
 #[cfg(test)]
@@ -285,15 +227,6 @@ mod tests {
         assert_eq!(hosts.userinfo, Some("app:p@ss/w,rd"));
         assert_eq!(hosts.hosts, vec![("h1", 7000), ("h2", 7001)]);
         assert_eq!(hosts.query, Some("x=1"));
-        #[cfg(feature = "redis-cluster")]
-        assert!(
-            hosts
-                .node_urls("/0")
-                .iter()
-                .all(|node| node.ends_with("/0?x=1")),
-            "the query reaches every node: {:?}",
-            hosts.node_urls("/0")
-        );
     }
 
     #[test]
@@ -322,7 +255,5 @@ mod tests {
         assert_eq!(url.query_param("wait"), Some("2"));
         assert_eq!(url.query_param("b"), Some(""));
         assert_eq!(url.query_param("c"), None);
-        assert_eq!(url.without_params(&["wait"]), "memory://?a=1&b");
-        assert_eq!(url.without_params(&["a", "wait", "b"]), "memory://");
     }
 }

@@ -28,12 +28,15 @@ pub(crate) struct EngineOption {
     pub(crate) name: &'static str,
     /// The environment variable that sets it when the URL does not: `DLOCK_REDIS_WAIT`.
     pub(crate) var: &'static str,
+    /// A valid value, for the docs and the tests: `1`, `10s`.
+    #[allow(dead_code, reason = "read by the tests")]
+    pub(crate) example: &'static str,
     /// Checks a value; the error says what is expected.
     pub(crate) check: fn(&str) -> Result<(), String>,
 }
 
 #[cfg_attr(
-    not(any(feature = "redis", feature = "zookeeper")),
+    not(feature = "__options"),
     allow(dead_code, reason = "for the engines with options")
 )]
 /// The value of option `name` for `url`: the URL's own query parameter, else what an alias
@@ -389,7 +392,7 @@ impl Token {
         Ok(Self(hex))
     }
 
-    #[cfg(any(feature = "redis", feature = "postgres", test))]
+    #[cfg(any(feature = "__token-lease", test))]
     pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
@@ -402,7 +405,7 @@ impl fmt::Debug for Token {
 }
 
 /// Milliseconds for a server lease, at least 1.
-#[cfg(any(feature = "redis", feature = "postgres"))]
+#[cfg(feature = "__token-lease")]
 pub(crate) fn lease_millis(lease: Duration) -> u64 {
     u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1)
 }

@@ -68,8 +68,12 @@ impl Watchers {
         }
     }
 
-    /// Whether any waiter holds a wake-up.
-    #[cfg(feature = "postgres")]
+    /// Whether any waiter holds a wake-up (for an engine that announces a release only when
+    /// someone waits).
+    #[allow(
+        dead_code,
+        reason = "used by the engines that announce releases on demand"
+    )]
     pub(crate) fn anyone_waits(&self) -> bool {
         self.map()
             .values()

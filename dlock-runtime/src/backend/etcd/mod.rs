@@ -77,6 +77,7 @@ pub(super) const BUILT: Built = Built {
 const SESSION_TTL: EngineOption = EngineOption {
     name: "session_ttl",
     var: "DLOCK_ETCD_SESSION_TTL",
+    example: "6s",
     check: |value| parse_session_ttl(value).map(drop),
 };
 

@@ -35,6 +35,7 @@ const FAIR_PREFIX: &str = "__fair:";
 const WAIT: EngineOption = EngineOption {
     name: "wait",
     var: "DLOCK_REDIS_WAIT",
+    example: "2",
     check: check_wait,
 };
 
@@ -930,8 +931,68 @@ fn to_base36(mut n: u32) -> String {
     digits.iter().rev().collect()
 }
 
+/// The Redis engines hand their URL to redis-rs without dlock's own options.
+impl EngineUrl {
+    /// The URL without the query parameters `names` (dlock's own options, which the engine's
+    /// client must not see).
+    pub(crate) fn without_params(&self, names: &[&str]) -> String {
+        let url = self.as_str();
+        let Some((base, query)) = url.split_once('?') else {
+            return url.to_owned();
+        };
+        let kept: Vec<&str> = query
+            .split('&')
+            .filter(|pair| !names.contains(&pair.split_once('=').map_or(*pair, |(n, _)| n)))
+            .collect();
+        if kept.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        }
+    }
+}
+
+/// The Redis engines with several servers build one node URL per host of their URL.
+#[cfg(any(
+    feature = "redis-cluster",
+    feature = "redis-sentinel",
+    feature = "redlock"
+))]
+impl crate::url::HostList<'_> {
+    /// `redis://[userinfo@]host:port` (or `rediss://`) for each host, with `path` after it and
+    /// the URL's query (`?protocol=resp3`, …), which every node's connection then reads.
+    pub(crate) fn node_urls(&self, path: &str) -> Vec<String> {
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        let userinfo = self.userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+        let query = self.query.map(|q| format!("?{q}")).unwrap_or_default();
+        self.hosts
+            .iter()
+            .map(|(host, port)| format!("{scheme}://{userinfo}{host}:{port}{path}{query}"))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn options_can_be_left_out_of_the_url() {
+        let url = EngineUrl::checked("redis://h:1?a=1&wait=2&b", "redis");
+        assert_eq!(url.without_params(&["wait"]), "redis://h:1?a=1&b");
+        assert_eq!(url.without_params(&["a", "wait", "b"]), "redis://h:1");
+    }
+
+    #[cfg(feature = "redis-cluster")]
+    #[test]
+    fn every_node_url_keeps_the_path_and_the_query() {
+        let url = "rediss+cluster://app:p@ss/w,rd@h1:7000,h2:7001/?x=1";
+        let hosts = crate::url::HostList::parse("X", url, "").unwrap();
+        let nodes = hosts.node_urls("/0");
+        assert!(
+            nodes.iter().all(|node| node.ends_with("/0?x=1")),
+            "the query reaches every node: {nodes:?}"
+        );
+    }
+
     use super::*;
 
     #[test]

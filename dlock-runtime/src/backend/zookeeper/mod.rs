@@ -65,6 +65,7 @@ pub(super) const BUILT: Built = Built {
 const SESSION_TIMEOUT: EngineOption = EngineOption {
     name: "session_timeout",
     var: "DLOCK_ZK_SESSION_TIMEOUT",
+    example: "6s",
     check: |value| parse_session_timeout(value).map(drop),
 };
 
