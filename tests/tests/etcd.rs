@@ -442,30 +442,34 @@ async fn tasks_of_one_locker_on_one_key_do_not_wait_for_each_other() {
 }
 
 /// An operator deletes the holder's key (its 30s lease still running): the watch on the key
-/// reports the hold lost at once, and a `#[dlock]`-style body would be aborted; the release then
-/// says `Lost` and deletes nothing.
+/// (set once the hold has lasted a second, from the revision after its fence) reports the hold
+/// lost, and a `#[dlock]`-style body would be aborted; the release then says `Lost` and deletes
+/// nothing. Deleted both before and after the watch starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_holder_key_is_lost_at_once() {
     let etcd = single();
     let locker = etcd.locker();
-    let key = unique_key("deleted");
-    let name = format!("dlock:{key}");
-    let guard = locker
-        .acquire(&key, LockOptions::new().expire(Duration::from_secs(30)))
-        .await
-        .unwrap();
-    let keys = line(&etcd, &name).await;
-    assert_eq!(keys.len(), 1);
-    client(&etcd)
-        .await
-        .delete(keys[0].as_str(), None)
-        .await
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(5), guard.lost())
-        .await
-        .expect("the deletion was reported well before the 30s lease ran out");
-    assert!(!guard.is_held());
-    assert!(guard.release().await.unwrap_err().is_lost());
+    for delay in [Duration::ZERO, Duration::from_millis(1500)] {
+        let key = unique_key("deleted");
+        let name = format!("dlock:{key}");
+        let guard = locker
+            .acquire(&key, LockOptions::new().expire(Duration::from_secs(30)))
+            .await
+            .unwrap();
+        tokio::time::sleep(delay).await;
+        let keys = line(&etcd, &name).await;
+        assert_eq!(keys.len(), 1);
+        client(&etcd)
+            .await
+            .delete(keys[0].as_str(), None)
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), guard.lost())
+            .await
+            .expect("the deletion was reported well before the 30s lease ran out");
+        assert!(!guard.is_held());
+        assert!(guard.release().await.unwrap_err().is_lost());
+    }
 }
 
 /// A locker's keys all live on one session lease, granted once: two holds and a waiter of one

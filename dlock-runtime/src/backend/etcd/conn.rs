@@ -27,11 +27,15 @@ impl Conn {
         options: ConnectOptions,
         request_timeout: Duration,
     ) -> Self {
+        // Lockers start on different members, so that many of them spread their load (every
+        // member serves; followers forward writes to the leader).
+        let start = crate::backend::api::Token::generate()
+            .map_or(0, |t| usize::from_str_radix(&t.0[..4], 16).unwrap_or(0));
         Self {
             endpoints,
             options,
             request_timeout,
-            current: Mutex::new((None, 0, 0)),
+            current: Mutex::new((None, start, 0)),
             connecting: tokio::sync::Mutex::new(()),
         }
     }

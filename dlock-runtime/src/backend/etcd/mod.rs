@@ -19,9 +19,9 @@
 //! - **Waiting**: a waiter watches the deletion of the last key created before its own (its
 //!   predecessor) and is woken only when no earlier key is left; the read that finds it first
 //!   gives it its fence, so the attempt that follows asks nothing.
-//! - **Loss**: the session's end; and a watch on the holder's key from the revision after its
-//!   fence, whose deletion by hand marks the hold lost at once. Every watch of a locker shares
-//!   one watch stream ([`watches`]).
+//! - **Loss**: the session's end; and, for a hold that lasts more than a second, a watch on its
+//!   key from the revision after its fence, whose deletion by hand marks the hold lost. Every
+//!   watch of a locker shares one watch stream ([`watches`]).
 
 mod conn;
 mod session;
@@ -434,8 +434,6 @@ impl EtcdBackend {
             (own_key.clone(), rev),
         ))));
         drop(entries);
-        // From the revision after the fence: a deletion before the watch starts is seen too.
-        let deleted = self.watches.deletion(own_key, Some(fence + 1));
         Attempt::Acquired {
             fence: u64::try_from(fence).unwrap_or(0),
             granted: None,
@@ -444,7 +442,13 @@ impl EtcdBackend {
                 self.entries.clone(),
                 token.0.clone(),
                 gone,
-                deleted,
+                KeyDeletion {
+                    conn: self.conn.clone(),
+                    hub: self.watches.clone(),
+                    own_key,
+                    rev,
+                    fence,
+                },
             )),
         }
     }
@@ -542,6 +546,56 @@ fn owner_delete(own_key: &str, rev: i64) -> Txn {
         .and_then([TxnOp::delete(own_key, None)])
 }
 
+/// Holds shorter than this never watch their key: a lock deleted by hand is one that stays, and
+/// a watch for every hold would cost etcd a watcher (a create and a cancel) per acquisition.
+const LOSS_WATCH_AFTER: Duration = Duration::from_secs(1);
+
+/// A holder's key, and where to watch its deletion.
+struct KeyDeletion {
+    conn: Arc<Conn>,
+    hub: Arc<WatchHub>,
+    own_key: String,
+    /// Its create revision.
+    rev: i64,
+    fence: i64,
+}
+
+impl KeyDeletion {
+    /// Resolves when the key is deleted (or re-created: another acquisition's) after the fence.
+    /// Watched from the revision after the fence, once the hold has lasted
+    /// [`LOSS_WATCH_AFTER`], so nothing in between is missed; a watch the stream cannot keep
+    /// (a compacted history) is followed by a look at the key and a new watch from there.
+    async fn deleted(self) {
+        tokio::time::sleep(LOSS_WATCH_AFTER).await;
+        let mut start = self.fence + 1;
+        loop {
+            let mut watch = self.hub.deletion(self.own_key.clone(), Some(start));
+            if watch.fired().await == Fired::Deleted {
+                return;
+            }
+            drop(watch);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let key = self.own_key.clone();
+            let got = self
+                .conn
+                .call("check the lock key", |mut c| async move {
+                    c.get(key, Some(GetOptions::new().with_keys_only())).await
+                })
+                .await;
+            if let Ok(got) = got {
+                if got
+                    .kvs()
+                    .first()
+                    .is_none_or(|kv| kv.create_revision() != self.rev)
+                {
+                    return;
+                }
+                start = header_revision(got.header()) + 1;
+            }
+        }
+    }
+}
+
 /// The loss signal of a grant: fires when the session ends, or the key is deleted (by hand),
 /// while the hold (`key` in `all`, of this session) is still there; never after a release
 /// (which drops the entry and so closes `gone`).
@@ -550,7 +604,7 @@ fn loss_signal(
     all: Entries,
     key: String,
     mut gone: watch::Receiver<bool>,
-    mut deleted: watches::KeyWatch,
+    deletion: KeyDeletion,
 ) -> LossSignal {
     LossSignal(Box::pin(async move {
         let epoch = session.epoch;
@@ -560,31 +614,19 @@ fn loss_signal(
                 .get(&key)
                 .is_some_and(|e| e.epoch == epoch && e.granted)
         };
-        let mut watching = true;
-        loop {
-            tokio::select! {
-                () = session.end() => {
-                    if held() {
-                        return;
-                    }
-                    std::future::pending::<()>().await;
-                }
-                dropped = async { gone.wait_for(|g| *g).await.is_err() } => {
-                    // The entry was dropped (a release): nothing was lost.
-                    if dropped {
-                        std::future::pending::<()>().await;
-                    }
+        tokio::select! {
+            () = session.end() => {}
+            dropped = async { gone.wait_for(|g| *g).await.is_err() } => {
+                // Dropped: the entry went with a release, nothing was lost. Else the engine
+                // let the hold go at its deadline.
+                if !dropped {
                     return;
                 }
-                fired = deleted.fired(), if watching => {
-                    // Deleted while held: lost. A broken watch leaves the session and the
-                    // next renewal or release to tell.
-                    if fired == Fired::Deleted && held() {
-                        return;
-                    }
-                    watching = false;
-                }
             }
+            () = deletion.deleted() => {}
+        }
+        if !held() {
+            std::future::pending::<()>().await;
         }
     }))
 }
