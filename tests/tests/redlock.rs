@@ -161,8 +161,9 @@ fn counter(server: &RedisServer, name: &str) -> u64 {
 /// Majorities chosen to differ, one after another on one key: every 3 of the 5 masters, each
 /// majority after one it shares a single master with where it can, with one master's counter
 /// far ahead of the others' (as after many more locks there, or a clock running ahead). The
-/// highest fence of one majority would go backwards at the next one that lacks that master; the
-/// second round that raises the granting masters' counters keeps every fence above the last.
+/// highest fence of one majority would go backwards at the next one that lacks that master; a
+/// fence lands on every granting master, and a master whose counter is above a proposal refuses
+/// it (the client proposes again above it), so every fence stays above the last.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_increase_across_differing_majorities() {
     let masters = RedLockServers::start();
@@ -522,4 +523,68 @@ async fn misconfigurations_are_config_errors() {
     // The same URL without `fair` works, on 3 masters.
     dlock_tests::acquire_and_release(&locker, &unique_key("fair")).await;
     assert!(!format!("{locker:?}").contains("s3cret"));
+}
+
+/// Scripts the 5 masters ran so far (acquires, releases, extends: every `EVALSHA`).
+fn scripts(masters: &RedLockServers) -> u64 {
+    (0..5).map(|i| masters.server(i).calls("evalsha")).sum()
+}
+
+/// `waiters` lockers, each with its own connections, take one key 6 times each (a short body
+/// between): every counter exact; the scripts the masters ran per acquisition.
+async fn contended(masters: &RedLockServers, waiters: usize) -> f64 {
+    let key = unique_key("herd");
+    let counter = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let lockers: Vec<Locker> = (0..waiters)
+        .map(|_| locker(&masters.url(), Duration::from_millis(300)))
+        .collect();
+    for locker in &lockers {
+        drained(locker).await;
+    }
+    let before = scripts(masters);
+    let tasks: Vec<_> = lockers
+        .into_iter()
+        .map(|locker| {
+            let (key, counter) = (key.clone(), counter.clone());
+            tokio::spawn(async move {
+                for _ in 0..6 {
+                    let guard = locker
+                        .acquire(&key, LockOptions::new().timeout(Duration::from_secs(30)))
+                        .await
+                        .expect("every waiter gets its turns");
+                    dlock_tests::racy_increment(&counter).await;
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let acquisitions = 6 * waiters as u64;
+    assert_eq!(
+        counter.load(std::sync::atomic::Ordering::SeqCst),
+        acquisitions
+    );
+    #[allow(clippy::cast_precision_loss, reason = "small counts")]
+    let per_acquisition = (scripts(masters) - before) as f64 / acquisitions as f64;
+    per_acquisition
+}
+
+/// Waiters do not race each other for votes: an acquisition refused once asks the key's first
+/// master alone before the others, so the scripts the masters run per acquisition stay about
+/// the same with 8 waiters as with 2 (one round to 5 masters to take the lock, one to release
+/// it, and a refusal by one master per woken waiter). When every woken waiter asked every
+/// master, 8 waiters split the votes and undid their attempts round after round: several times
+/// the scripts per acquisition of 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_do_not_race_for_votes() {
+    let masters = RedLockServers::start();
+    let two = contended(&masters, 2).await;
+    let eight = contended(&masters, 8).await;
+    assert!(
+        eight < 2.0 * two.max(12.0) && eight < 40.0,
+        "scripts per acquisition: {two:.1} with 2 waiters, {eight:.1} with 8"
+    );
 }

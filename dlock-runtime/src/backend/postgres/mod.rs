@@ -63,47 +63,41 @@ const SCHEMA_LOCK: i64 = 0x646c_6f63_6b00;
 
 /// Insert the row, or take over one whose lease ran out by the server's clock (or that this token
 /// holds already: a retry after a lost reply gets a new fence); the next fence in the same
-/// statement. When the key is held: no fence, the holder's remaining lease in ms, and the row
-/// is marked `contended` (written once per hold, by the first refused attempt), so that its
-/// release announces itself: a release nobody waits for sends no notification (`NOTIFY` takes a
-/// lock that serialises the commits of every notifying transaction).
+/// statement. No row when the key is held: then [`REFUSED`] follows. One plain upsert, as a
+/// lease row written by hand is: the common case costs no more than that.
 const ACQUIRE: &str = "\
-WITH taken AS (
-    INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended)
-    VALUES ($1, $2, nextval('dlock_fence'),
-            clock_timestamp() + $3::bigint * interval '1 millisecond', false)
-    ON CONFLICT (key) DO UPDATE
-        SET token = EXCLUDED.token, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at,
-            contended = l.contended AND l.token = EXCLUDED.token
-        WHERE l.expires_at <= clock_timestamp() OR l.token = EXCLUDED.token
-    RETURNING fence
-), marked AS (
-    UPDATE dlock_locks SET contended = true
-     WHERE key = $1 AND NOT contended AND NOT EXISTS (SELECT 1 FROM taken)
+INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended)
+VALUES ($1, $2, nextval('dlock_fence'),
+        clock_timestamp() + $3::bigint * interval '1 millisecond', false)
+ON CONFLICT (key) DO UPDATE
+    SET token = EXCLUDED.token, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at,
+        contended = l.contended AND l.token = EXCLUDED.token
+    WHERE l.expires_at <= clock_timestamp() OR l.token = EXCLUDED.token
+RETURNING fence";
+
+/// After a refused [`ACQUIRE`]: marks the row `contended` (written once per hold, by the first
+/// refused attempt), so that its release announces itself (a release nobody waits for sends no
+/// notification: `NOTIFY` takes a lock that serialises the commits of every notifying
+/// transaction), and returns the holder's remaining lease in ms (no row when it is gone).
+const REFUSED: &str = "\
+WITH marked AS (
+    UPDATE dlock_locks SET contended = true WHERE key = $1 AND NOT contended
 )
-SELECT t.fence,
-       CASE WHEN t.fence IS NULL THEN
-           (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
-              FROM dlock_locks WHERE key = $1)
-       END
-  FROM (SELECT (SELECT fence FROM taken) AS fence) t";
+SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
+  FROM dlock_locks WHERE key = $1";
 
 /// Delete the row if this token holds it (a lapsed row of ours is cleaned up too, but reported
-/// as not held), and announce the release when someone was refused the key meanwhile. The
-/// payload is the first 8 hex digits of the place first in the key's queue, or [`NO_ONE`], and
-/// the key.
+/// as not held), and announce the release when someone was refused the key meanwhile, in the
+/// same statement. The payload is the first 8 hex digits of the place first in the key's
+/// queue, or [`NO_ONE`], and the key.
 const RELEASE: &str = "\
-WITH gone AS (
-    DELETE FROM dlock_locks WHERE key = $1 AND token = $2
-    RETURNING expires_at > clock_timestamp() AS live, contended
-)
-SELECT live,
-       CASE WHEN contended THEN pg_notify('dlock_release', coalesce(
-               (SELECT left(token, 8) FROM dlock_waiters
-                 WHERE key = $1 AND gone_at > clock_timestamp() ORDER BY place LIMIT 1),
-               '--------') ||
-           CASE WHEN octet_length($1::text) < 7900 THEN $1::text ELSE '' END) END
-  FROM gone";
+DELETE FROM dlock_locks AS l WHERE l.key = $1 AND l.token = $2
+RETURNING l.expires_at > clock_timestamp() AS live,
+    CASE WHEN l.contended THEN pg_notify('dlock_release', coalesce(
+            (SELECT left(w.token, 8) FROM dlock_waiters w
+              WHERE w.key = l.key AND w.gone_at > clock_timestamp() ORDER BY w.place LIMIT 1),
+            '--------') ||
+        CASE WHEN octet_length(l.key) < 7900 THEN l.key ELSE '' END) END";
 
 /// What the first 8 characters of a payload are when a release names no fair waiter; otherwise
 /// they are the first 8 hex digits of the token first in line (never a whole token).
@@ -233,6 +227,7 @@ fn parse(var: &str, url: &str) -> Result<tokio_postgres::Config, LockError> {
 /// The prepared statements of one connection.
 struct Statements {
     acquire: Statement,
+    refused: Statement,
     acquire_queued: Statement,
     release: Statement,
     leave: Statement,
@@ -463,12 +458,19 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
     let statements = &connection.statements;
     match op {
         Op::Acquire(key, token, lease_ms, None) => {
-            let row = client
-                .query_one(&statements.acquire, &[&key, &token.as_str(), &lease_ms])
+            let taken = client
+                .query_opt(&statements.acquire, &[&key, &token.as_str(), &lease_ms])
                 .await?;
+            if let Some(row) = taken {
+                return Ok(Reply::Acquire {
+                    fence: row.try_get(0)?,
+                    ttl_ms: None,
+                });
+            }
+            let held = client.query_opt(&statements.refused, &[&key]).await?;
             Ok(Reply::Acquire {
-                fence: row.try_get(0)?,
-                ttl_ms: row.try_get(1)?,
+                fence: None,
+                ttl_ms: held.map(|row| row.try_get(0)).transpose()?,
             })
         }
         Op::Acquire(key, token, lease_ms, Some(queue)) => {
@@ -611,8 +613,9 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
             "created the PostgreSQL lock table `dlock_locks` and sequence `dlock_fence`"
         );
     }
-    let (acquire, acquire_queued, release, leave, extend) = tokio::join!(
+    let (acquire, refused, acquire_queued, release, leave, extend) = tokio::join!(
         client.prepare(ACQUIRE),
+        client.prepare(REFUSED),
         client.prepare(ACQUIRE_QUEUED),
         client.prepare(RELEASE),
         client.prepare(LEAVE),
@@ -621,6 +624,7 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
     let prepared = (|| {
         Ok::<_, tokio_postgres::Error>(Statements {
             acquire: acquire?,
+            refused: refused?,
             acquire_queued: acquire_queued?,
             release: release?,
             leave: leave?,

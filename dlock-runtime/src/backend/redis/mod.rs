@@ -114,8 +114,6 @@ static PASS: OnceLock<Script> = OnceLock::new();
 static RELEASE: OnceLock<Script> = OnceLock::new();
 static LEAVE: OnceLock<Script> = OnceLock::new();
 static EXTEND: OnceLock<Script> = OnceLock::new();
-#[cfg(feature = "redlock")]
-static RAISE: OnceLock<Script> = OnceLock::new();
 
 fn acquire_script() -> &'static Script {
     ACQUIRE.get_or_init(|| {
@@ -144,10 +142,6 @@ fn leave_script() -> &'static Script {
 }
 fn extend_script() -> &'static Script {
     EXTEND.get_or_init(|| Script::new(include_str!("extend.lua")))
-}
-#[cfg(feature = "redlock")]
-fn raise_script() -> &'static Script {
-    RAISE.get_or_init(|| Script::new(include_str!("raise.lua")))
 }
 
 /// How the backend reaches Redis: one server, a Cluster, or the master the sentinels name.
@@ -571,14 +565,22 @@ impl RedisBackend {
         result
     }
 
-    /// RedLock's second round on this node: raises `key`'s fencing counter to `fence` (never
-    /// lowers it), so every later fence of this node is higher.
+    /// RedLock's acquire on this node: `script` (the RedLock folder's) with the lock key, its
+    /// fencing counter, the token, the lease and the proposed fence; its reply as it came.
     #[cfg(feature = "redlock")]
-    pub(crate) async fn raise_fence(&self, key: &str, fence: u64) -> Result<(), BackendError> {
-        let mut call = Call::new(raise_script(), 1);
-        call.arg(self.fence_key(key)).arg(fence);
-        let _: i64 = self.call("fence raise", call).await?;
-        Ok(())
+    pub(crate) async fn acquire_proposed(
+        &self,
+        script: &'static Script,
+        request: &Request<'_>,
+        proposed: u64,
+    ) -> Result<redis::Value, BackendError> {
+        let mut call = Call::new(script, 2);
+        call.arg(request.key)
+            .arg(self.fence_key(request.key))
+            .arg(request.token.as_str())
+            .arg(lease_millis(request.lease))
+            .arg(proposed);
+        self.call("acquire", call).await
     }
 
     /// The fencing counter in the same cluster slot as `key`: one counter per slot, so storage

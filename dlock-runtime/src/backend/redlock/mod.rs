@@ -3,20 +3,34 @@
 //! self-reconnecting connection, the same Lua scripts, release notifications on its own pub/sub
 //! connection); every request goes to all masters at once, each bounded by the request timeout.
 //!
-//! - **Acquire**: the acquire script (with its TTL recheck) on every master. Held when a
-//!   majority granted and time is left of the lease after the elapsed time and the clock-drift
-//!   allowance (1% + 2ms), counted from before the first request; the guard's lease clock counts
-//!   from that same instant, so it ends when this validity does. Otherwise the attempt is undone
-//!   on every master (compare-and-delete by token).
-//! - **Fencing**: each granting master issues a fence from its own counter; the highest of them is
-//!   the lock's, and a second round raises the counter of every granting master below it to it
-//!   before the lock counts as held (this round counts in the validity). A majority then holds a
-//!   counter at least that high, every later majority shares a master with it, and so every
-//!   later fence is higher, whichever majorities granted.
+//! - **Acquire**: one round: the acquire script (`acquire.lua`, with the TTL recheck) on every
+//!   master at once. Held when a majority granted and time is left of the lease after the
+//!   elapsed time and the clock-drift allowance (1% + 2ms), counted from before the first
+//!   request; the guard's lease clock counts from that same instant, so it ends when this
+//!   validity does. Otherwise the attempt is undone on every master (compare-and-delete by
+//!   token).
+//! - **Fencing**: the client proposes the fence (its clock in µs, or one more than the highest
+//!   fence it has seen) and a master grants only a proposal above its counter, which then holds
+//!   it: the fence lands on every master of the granting majority, every later majority shares a
+//!   master with it, and that master refuses any proposal not above it. So fences strictly
+//!   increase across majorities, in the same round as the lock. A master whose counter is ahead
+//!   of the proposal (a client whose clock lags) answers with its counter, and the attempt is made
+//!   once more, above it.
+//! - **Waiters do not race for votes**: an acquisition refused once asks the key's first master
+//!   (by slot) alone before the others, so of the waiters a release wakes, one goes on to the
+//!   other masters and the rest wait again, instead of all of them splitting the votes.
 //! - **Release** and **extend** on every master; a majority decides. Fewer definite answers
 //!   than that (masters unreachable) is a backend error.
 
-use std::{fmt, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    fmt,
+    sync::{
+        Arc, Mutex, OnceLock, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
+};
 
 use futures_util::future::join_all;
 use tokio::{sync::Notify, time::Instant};
@@ -26,7 +40,7 @@ use super::{
         Attempt, Backend, BoxFuture, Built, Capabilities, FairOrder, NextInLine, Request, Token,
         Watch,
     },
-    redis::RedisBackend,
+    redis::{RedisBackend, slot},
 };
 use crate::{
     LockError,
@@ -82,8 +96,9 @@ fn redlock_nodes(hosts: &HostList<'_>, var: &str) -> Result<usize, LockError> {
 }
 
 /// The request timeout may be at most this fraction of the configured lease: an acquisition is
-/// two rounds of requests, each up to a request timeout, and only what is left of the lease
-/// after them is the lock's validity.
+/// up to two rounds of requests (a refused waiter asks one master first; a lagging clock asks
+/// again), each up to a request timeout, and only what is left of the lease after them is the
+/// lock's validity.
 const LEASE_PER_REQUEST_TIMEOUT: u32 = 5;
 
 /// One master: where it is (for errors; never with credentials) and its connection.
@@ -97,6 +112,65 @@ pub(crate) struct RedLockBackend {
     /// A majority: `nodes.len() / 2 + 1`.
     quorum: usize,
     request_timeout: Duration,
+    /// The highest fence this client has seen granted or refused: proposals go above it.
+    seen: AtomicU64,
+    /// Acquisitions refused before, by token (and since when): their next attempt asks the
+    /// key's first master alone before the others.
+    refused: Mutex<HashMap<String, Instant>>,
+}
+
+static ACQUIRE: OnceLock<redis::Script> = OnceLock::new();
+
+/// The acquire script: the shared lock functions of the Redis engine, then RedLock's own.
+fn acquire_script() -> &'static redis::Script {
+    ACQUIRE.get_or_init(|| {
+        redis::Script::new(concat!(
+            include_str!("../redis/lock.lua"),
+            include_str!("acquire.lua")
+        ))
+    })
+}
+
+/// One master's answer to an acquire.
+#[derive(Clone, Copy, Debug)]
+enum Vote {
+    /// Granted, with the proposed fence.
+    Granted,
+    /// Held for another, for this long when known.
+    Held(Option<Duration>),
+    /// Free, but its counter is at or above the proposal.
+    Behind(u64),
+}
+
+impl Vote {
+    fn from_reply(reply: &redis::Value) -> Result<Self, BackendError> {
+        match reply {
+            redis::Value::Int(n) if *n > 0 => Ok(Self::Granted),
+            redis::Value::Int(n) => Ok(Self::Held(Some(Duration::from_millis(
+                n.unsigned_abs().saturating_sub(1),
+            )))),
+            redis::Value::Array(counter) => {
+                let counter = counter.first().and_then(|c| match c {
+                    redis::Value::BulkString(bytes) => {
+                        std::str::from_utf8(bytes).ok()?.parse().ok()
+                    }
+                    redis::Value::Int(n) => u64::try_from(*n).ok(),
+                    _ => None,
+                });
+                counter
+                    .map(Self::Behind)
+                    .ok_or_else(|| BackendError::new("RedLock acquire: an unexpected reply"))
+            }
+            _ => Err(BackendError::new("RedLock acquire: an unexpected reply")),
+        }
+    }
+}
+
+/// Now, in µs since the Unix epoch: a fence proposal.
+fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 impl fmt::Debug for RedLockBackend {
@@ -164,6 +238,8 @@ impl RedLockBackend {
             nodes,
             quorum: n / 2 + 1,
             request_timeout: timeout,
+            seen: AtomicU64::new(0),
+            refused: Mutex::default(),
         })
     }
 
@@ -191,25 +267,6 @@ impl RedLockBackend {
     }
 
     /// Compare-and-delete by token on every master, for an attempt that did not get the lock.
-    /// Raises the fence counter of `key` to `fence` on the masters that granted (`fences[i]`
-    /// is what master `i` issued, `None` where it refused); masters already there need no
-    /// request. Returns how many granting masters now stand at `fence`.
-    async fn raise_fences(&self, key: &str, fences: &[Option<u64>], fence: u64) -> usize {
-        let raises = join_all(self.nodes.iter().zip(fences).filter_map(|(node, f)| {
-            let f = (*f)?;
-            Some(async move {
-                if f == fence {
-                    return true;
-                }
-                tokio::time::timeout(self.request_timeout, node.redis.raise_fence(key, fence))
-                    .await
-                    .is_ok_and(|r| r.is_ok())
-            })
-        }))
-        .await;
-        raises.iter().filter(|ok| **ok).count()
-    }
-
     async fn undo(&self, key: &str, token: &Token) {
         let round = self.round(|node| node.release(key, token)).await;
         if round.failed() > 0 {
@@ -270,6 +327,160 @@ impl RedLockBackend {
     }
 }
 
+impl RedLockBackend {
+    /// The next fence to propose: the clock in µs, or above the highest fence seen.
+    fn proposal(&self) -> u64 {
+        now_micros().max(self.seen.load(Ordering::Relaxed) + 1)
+    }
+
+    /// The master a refused acquisition asks first: the same for every client of `key`.
+    fn leader(&self, key: &str) -> usize {
+        usize::from(slot(key.as_bytes())) % self.nodes.len()
+    }
+
+    fn refused_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.refused.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether `token`'s acquisition was refused before (its attempts ask the leader first).
+    fn was_refused(&self, token: &Token) -> bool {
+        self.refused_map().contains_key(&token.0)
+    }
+
+    /// Remembers (or forgets) that `token`'s acquisition was refused. Entries of waits that
+    /// ended without a word (a timeout) go after a minute, looked at now and then.
+    fn mark_refused(&self, token: &Token, refused: bool) {
+        let mut map = self.refused_map();
+        if !refused {
+            map.remove(&token.0);
+            return;
+        }
+        if map.len() >= 64 && map.len().is_power_of_two() {
+            map.retain(|_, since| since.elapsed() < Duration::from_secs(60));
+        }
+        map.insert(token.0.clone(), Instant::now());
+    }
+
+    /// The leader's vote alone, bounded by the request timeout; `None` when it did not answer.
+    async fn ask_leader(
+        &self,
+        leader: usize,
+        request: &Request<'_>,
+        proposed: u64,
+    ) -> Option<Vote> {
+        let reply = self.nodes[leader]
+            .redis
+            .acquire_proposed(acquire_script(), request, proposed);
+        let reply = tokio::time::timeout(self.request_timeout, reply)
+            .await
+            .ok()?;
+        reply.ok().and_then(|r| Vote::from_reply(&r).ok())
+    }
+
+    /// Every master's vote (the leader's counted as granted when it granted already), at once.
+    async fn ask(
+        &self,
+        request: &Request<'_>,
+        proposed: u64,
+        granted: Option<usize>,
+    ) -> Vec<Result<Vote, BackendError>> {
+        let script = acquire_script();
+        join_all(self.nodes.iter().enumerate().map(|(i, node)| async move {
+            if granted == Some(i) {
+                return Ok(Vote::Granted);
+            }
+            let reply = node.redis.acquire_proposed(script, request, proposed);
+            match tokio::time::timeout(self.request_timeout, reply).await {
+                Ok(reply) => Vote::from_reply(&reply?),
+                Err(_) => Err(BackendError::new(format!(
+                    "no reply within {:?}",
+                    self.request_timeout
+                ))),
+            }
+        }))
+        .await
+    }
+
+    /// When no majority granted but one would have with a higher proposal (masters whose
+    /// counters were ahead of it): a proposal above all of them.
+    fn retry_above(&self, votes: &[Result<Vote, BackendError>]) -> Option<u64> {
+        let granted = votes
+            .iter()
+            .filter(|v| matches!(v, Ok(Vote::Granted)))
+            .count();
+        let behind: Vec<u64> = votes
+            .iter()
+            .filter_map(|v| match v {
+                Ok(Vote::Behind(counter)) => Some(*counter),
+                _ => None,
+            })
+            .collect();
+        let highest = behind.iter().copied().max()?;
+        self.seen.fetch_max(highest, Ordering::Relaxed);
+        (granted < self.quorum && granted + behind.len() >= self.quorum).then_some(highest + 1)
+    }
+
+    /// The outcome of an attempt's votes: held with the proposed fence when a majority granted
+    /// in time; otherwise undone, and refused (the lock is held on enough masters) or failed.
+    async fn decide(
+        &self,
+        request: &Request<'_>,
+        started: Instant,
+        proposed: u64,
+        votes: Vec<Result<Vote, BackendError>>,
+    ) -> Result<Attempt, BackendError> {
+        let granted = votes
+            .iter()
+            .filter(|v| matches!(v, Ok(Vote::Granted)))
+            .count();
+        if granted >= self.quorum {
+            self.seen.fetch_max(proposed, Ordering::Relaxed);
+            // The guard's lease clock, which counts from the same instant, ends with this.
+            if crate::lease::valid_until(started, request.lease) > Instant::now() {
+                self.mark_refused(request.token, false);
+                return Ok(Attempt::acquired(proposed));
+            }
+            self.undo(request.key, request.token).await;
+            return Err(BackendError::new(format!(
+                "RedLock acquire: a majority granted, but after {:?} no validity was left of the \
+                 {:?} lease; the attempt was undone",
+                started.elapsed(),
+                request.lease
+            )));
+        }
+        if granted > 0 || votes.iter().any(Result::is_err) {
+            self.undo(request.key, request.token).await;
+        }
+        let held: Vec<Option<Duration>> = votes
+            .iter()
+            .filter_map(|v| match v {
+                Ok(Vote::Held(ttl)) => Some(*ttl),
+                _ => None,
+            })
+            .collect();
+        if held.len() > self.nodes.len() - self.quorum {
+            // Held elsewhere on enough masters that no majority is left: the lock may be free
+            // once the first of those holds ends (the wait never sleeps longer than that).
+            self.mark_refused(request.token, true);
+            return Ok(Attempt::Held {
+                ttl: held.iter().flatten().min().copied(),
+                queued: false,
+            });
+        }
+        let round = Round {
+            replies: votes
+                .into_iter()
+                .map(|v| v.map(|v| matches!(v, Vote::Granted)))
+                .collect(),
+        };
+        Err(self.no_majority(
+            "acquire",
+            round,
+            &format!("{granted} granted, {} refused", held.len()),
+        ))
+    }
+}
+
 impl Backend for RedLockBackend {
     fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>> {
         Box::pin(async move {
@@ -292,71 +503,28 @@ impl Backend for RedLockBackend {
     fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Attempt, BackendError>> {
         Box::pin(async move {
             let started = Instant::now();
-            let request = Request {
-                queue: None,
-                ..request
+            let mut proposed = self.proposal();
+            let first = self
+                .was_refused(request.token)
+                .then(|| self.leader(request.key));
+            let mut votes = match first {
+                Some(leader) => match self.ask_leader(leader, &request, proposed).await {
+                    Some(Vote::Held(ttl)) => {
+                        return Ok(Attempt::Held { ttl, queued: false });
+                    }
+                    Some(Vote::Granted) => self.ask(&request, proposed, Some(leader)).await,
+                    // Behind, or no answer: every master at once.
+                    _ => self.ask(&request, proposed, None).await,
+                },
+                None => self.ask(&request, proposed, None).await,
             };
-            let round = self.round(|node| node.acquire(request)).await;
-            let fences: Vec<Option<u64>> = round
-                .replies
-                .iter()
-                .map(|r| match r {
-                    Ok(Attempt::Acquired { fence, .. }) => Some(*fence),
-                    _ => None,
-                })
-                .collect();
-            let granted = fences.iter().flatten().count();
-            let mut why = None;
-            if granted >= self.quorum {
-                // The lock's fence is the highest a granting master issued; the others are raised
-                // to it, so that every master of this majority issues only higher ones from now
-                // on. Masters already there need no request.
-                let fence = fences.iter().flatten().copied().max().unwrap_or(0);
-                let raised = self.raise_fences(request.key, &fences, fence).await;
-                // The guard's lease clock, which counts from the same instant, ends with this.
-                let valid = crate::lease::valid_until(started, request.lease) > Instant::now();
-                if valid && raised >= self.quorum {
-                    return Ok(Attempt::acquired(fence));
-                }
-                why = Some(if valid {
-                    format!(
-                        "a majority granted, but the fence was raised on only {raised} of the \
-                         {granted} granting masters; the attempt was undone"
-                    )
-                } else {
-                    format!(
-                        "a majority granted, but after {:?} no validity was left of the {:?} \
-                         lease; the attempt was undone",
-                        started.elapsed(),
-                        request.lease
-                    )
-                });
+            if let Some(higher) = self.retry_above(&votes) {
+                // A lagging clock: once more, above every counter that refused it.
+                self.undo(request.key, request.token).await;
+                proposed = proposed.max(higher);
+                votes = self.ask(&request, proposed, None).await;
             }
-            self.undo(request.key, request.token).await;
-            if let Some(why) = why {
-                return Err(BackendError::new(format!("RedLock acquire: {why}")));
-            }
-            let refused: Vec<Option<Duration>> = round
-                .replies
-                .iter()
-                .filter_map(|r| match r {
-                    Ok(Attempt::Held { ttl, .. }) => Some(*ttl),
-                    _ => None,
-                })
-                .collect();
-            if refused.len() > self.nodes.len() - self.quorum {
-                // Held elsewhere on enough masters that no majority is left: the lock may be free
-                // once the first of those holds ends (the wait never sleeps longer than that).
-                return Ok(Attempt::Held {
-                    ttl: refused.iter().flatten().min().copied(),
-                    queued: false,
-                });
-            }
-            Err(self.no_majority(
-                "acquire",
-                round,
-                &format!("{granted} granted, {} refused", refused.len()),
-            ))
+            self.decide(&request, started, proposed, votes).await
         })
     }
 
@@ -366,6 +534,7 @@ impl Backend for RedLockBackend {
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
+            self.mark_refused(token, false);
             let round = self.round(|node| node.release(key, token)).await;
             // Deleted on a minority at most: the lock was lost (what was left of it is deleted
             // all the same).
