@@ -7,7 +7,8 @@
 -- ARGV[1] token, ARGV[2] lease in ms, ARGV[3] how long a place stays without another attempt,
 -- ARGV[4] the place, ARGV[5] '1': on success keep the place (moved to the back of the queue),
 -- ARGV[6] '1': strict (fair mode): take the lock only when the place is first in the queue;
--- '0': take it whenever it is free (the queue then only says whom a release wakes).
+-- '0': take it whenever it is free (the queue then only says whom a release wakes); ARGV[7] the
+-- client's clock in µs (for the fence).
 -- Replies as lock.lua says.
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)

@@ -741,6 +741,7 @@ impl Backend for RedisBackend {
                     .arg(if queued.keep { "1" } else { "0" })
                     .arg(if queued.strict { "1" } else { "0" });
             }
+            call.arg(now_micros());
             // lock.lua: > 0 ours, with that fence; < 0 held for another (-1 - reply) ms;
             // 0 free, but another fair waiter is first in line.
             let reply: i64 = self.call("acquire", call).await?;
@@ -839,7 +840,8 @@ impl Backend for RedisBackend {
                 .arg(self.fence_key(key))
                 .arg(from.as_str())
                 .arg(to.as_str())
-                .arg(lease_millis(lease));
+                .arg(lease_millis(lease))
+                .arg(now_micros());
             // pass.lua: the new hold's fence, or 0 when `from` did not hold the key.
             let fence: u64 = self.call("pass", call).await?;
             if fence == 0 {
@@ -864,6 +866,13 @@ impl Backend for RedisBackend {
             }
         })
     }
+}
+
+/// Now, in µs since the Unix epoch: the time part of a hybrid fence, or RedLock's proposal.
+pub(crate) fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// The Redis Cluster slot of a key: CRC16 (XMODEM) of its hash tag, or of the whole key.

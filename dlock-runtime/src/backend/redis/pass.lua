@@ -2,7 +2,8 @@
 -- it (after lock.lua): the key takes the next holder's token and lease, and a new fence is
 -- issued. Nobody is woken: the lock was never free.
 -- KEYS[1] lock key, KEYS[2] fencing counter (same cluster slot as KEYS[1]).
--- ARGV[1] the holder's token, ARGV[2] the next holder's token, ARGV[3] its lease in ms.
+-- ARGV[1] the holder's token, ARGV[2] the next holder's token, ARGV[3] its lease in ms, ARGV[4]
+-- the client's clock in µs (for the fence).
 -- Returns the new hold's fence, or 0 when the key is not the holder's (nothing changed).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0

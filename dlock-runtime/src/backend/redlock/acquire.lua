@@ -9,14 +9,28 @@
 -- A fence lands on every master of the majority that grants it, and every later majority
 -- shares one of them, whose counter then refuses anything not above it: fences strictly
 -- increase across majorities, in one round.
-local held = redis.call('GET', KEYS[1])
-if held and held ~= ARGV[1] then
-  return refused(KEYS[1], ARGV[2])
+local function grant()
+  local counter = redis.call('GET', KEYS[2])
+  if counter and tonumber(counter) >= tonumber(ARGV[3]) then
+    return {counter}
+  end
+  redis.call('SET', KEYS[2], ARGV[3])
+  return tonumber(ARGV[3])
 end
-local counter = redis.call('GET', KEYS[2])
-if counter and tonumber(counter) >= tonumber(ARGV[3]) then
-  return {counter}
+
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local granted = grant()
+  if type(granted) == 'table' then
+    redis.call('DEL', KEYS[1])
+  end
+  return granted
 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('SET', KEYS[2], ARGV[3])
-return tonumber(ARGV[3])
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  -- A retry whose first reply was lost: a new fence, the lease from now.
+  local granted = grant()
+  if type(granted) ~= 'table' then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  end
+  return granted
+end
+return refused(KEYS[1], ARGV[2])

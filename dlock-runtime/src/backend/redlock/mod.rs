@@ -40,7 +40,7 @@ use super::{
         Attempt, Backend, BoxFuture, Built, Capabilities, FairOrder, NextInLine, Request, Token,
         Watch,
     },
-    redis::{RedisBackend, slot},
+    redis::{RedisBackend, now_micros, slot},
 };
 use crate::{
     LockError,
@@ -164,13 +164,6 @@ impl Vote {
             _ => Err(BackendError::new("RedLock acquire: an unexpected reply")),
         }
     }
-}
-
-/// Now, in µs since the Unix epoch: a fence proposal.
-fn now_micros() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 impl fmt::Debug for RedLockBackend {
