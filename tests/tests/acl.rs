@@ -62,13 +62,13 @@ async fn a_user_who_may_not_load_scripts_fails_at_once() {
     assert!(err.to_string().contains("ACL rule"), "{err}");
 }
 
-/// The script's own `TIME` (for the fencing token) is denied after its `SET` ran: the error
+/// The script's own `GETSET` (for the fencing token) is denied after its `SET` ran: the error
 /// says so at once, and the half-set lock is removed by token rather than left to its lease.
 #[tokio::test]
 async fn a_command_denied_inside_the_script_fails_at_once_and_leaves_no_lock() {
     let server = RedisServer::start();
-    let locker = user_without(&server, &["+time"]);
-    let key = unique_key("no-time");
+    let locker = user_without(&server, &["+getset"]);
+    let key = unique_key("no-getset");
     let err = refused_at_once(&locker, &key).await;
     assert!(err.to_string().contains("ACL rule"), "{err}");
     assert!(
