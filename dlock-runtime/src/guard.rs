@@ -92,13 +92,18 @@ impl Hold {
         });
         let weak: std::sync::Weak<dyn HeldLock> = Arc::downgrade(&hold) as std::sync::Weak<Self>;
         locker.register_hold(id, weak);
+        crate::stats::hold_began(name);
         hold
     }
 
     /// Claims the one release of this hold: `false` when it was claimed already (the locker
     /// was closed, or the last guard released it).
     pub(crate) fn claim_release(&self) -> bool {
-        !self.released.swap(true, Ordering::AcqRel)
+        let claimed = !self.released.swap(true, Ordering::AcqRel);
+        if claimed {
+            crate::stats::hold_ended(self.name, self.acquired_at.elapsed());
+        }
+        claimed
     }
 
     fn stop_watchdog(&self) {
@@ -229,6 +234,7 @@ impl Hold {
         });
         if newly {
             tracing::warn!(key = %self.key, name = self.name, fencing_token = self.fence, why, "lock lost while held");
+            crate::stats::lost(self.name);
         }
     }
 
@@ -299,6 +305,7 @@ async fn watchdog(hold: Arc<Hold>, max_hold: Option<Duration>) {
             }
             Err(error) => {
                 tracing::debug!(key = %hold.key, error = %error, "lease renewal failed; retrying");
+                crate::stats::renewal_failed(hold.name);
                 next = Instant::now() + (period / 4).max(Duration::from_millis(1));
             }
         }
@@ -506,6 +513,10 @@ impl HeldLock for Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         self.locker.forget_hold(self.id);
+        if !*self.released.get_mut() {
+            // Its release was never claimed: it ends here for the metrics.
+            crate::stats::hold_ended(self.name, self.acquired_at.elapsed());
+        }
     }
 }
 

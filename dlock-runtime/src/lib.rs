@@ -92,6 +92,7 @@ mod guard;
 mod lease;
 mod locker;
 mod options;
+mod stats;
 mod url;
 
 pub use config::{
@@ -106,6 +107,9 @@ pub use locker::{
     builder::{LockerBuilder, global, set_global},
 };
 pub use options::LockOptions;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub use stats::describe_metrics;
 pub use url::EngineUrl;
 
 #[cfg(feature = "macros")]

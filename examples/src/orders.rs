@@ -7,6 +7,7 @@
 //! | `GET /stock/{sku}` | the stock left |
 //! | `PUT /stock/{sku}/{n}` | sets the stock to `n` and forgets the orders (under the same lock) |
 //! | `GET /health` | readiness: `200 ok` when the lock engine answers a ping, else `503` |
+//! | `GET /metrics` | the process's metrics in Prometheus' text format: dlock's (acquisitions by outcome, wait and hold times, held and waiting locks, losses, …), labelled by the key template `stock:<sku>`, never by a sku |
 //!
 //! The stock lives in Redis and is updated with a plain `GET` then `SET` — not atomic on purpose:
 //! the lock is what keeps two instances of the service from selling the same item twice. A lock
@@ -14,7 +15,7 @@
 //! `409` with `Retry-After` when busy, `503` when the lock service is down, with bodies that carry
 //! no key, prefix or URL.
 
-use std::{fmt, time::Duration};
+use std::{fmt, sync::OnceLock, time::Duration};
 
 use axum::{
     Router,
@@ -24,6 +25,7 @@ use axum::{
     routing::{get, post, put},
 };
 use dlock_runtime::{LockError, Locker, dlock};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use redis::AsyncCommands as _;
 
 /// What every handler gets: the lock client and the stock store.
@@ -67,11 +69,13 @@ impl std::error::Error for StartError {}
 
 impl AppState {
     /// The lock client from the environment (`Locker::from_env()`, no I/O) and a connection to
-    /// the stock store at [`store_url`].
+    /// the stock store at [`store_url`]; installs the process's metrics recorder
+    /// ([`metrics_handle`]) first, so that the locks' metrics are recorded from the start.
     ///
     /// # Errors
     /// An invalid `DLOCK_*` variable, or a stock store that cannot be reached.
     pub async fn from_env() -> Result<Self, StartError> {
+        metrics_handle();
         let locks = Locker::from_env().map_err(StartError::Lock)?;
         let url = store_url();
         let client = redis::Client::open(url.as_str()).map_err(StartError::Store)?;
@@ -107,6 +111,7 @@ pub fn router(state: AppState) -> Router {
         .route("/stock/{sku}", get(stock))
         .route("/stock/{sku}/{n}", put(seed))
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .with_state(state)
 }
 
@@ -187,6 +192,43 @@ async fn stock(
         Some(n) => (StatusCode::OK, format!("{n}\n")).into_response(),
         None => unknown_sku(),
     })
+}
+
+/// The Prometheus recorder of this process, installed on first use (dlock records through the
+/// `metrics` facade with dlock-runtime's `metrics` feature; the exporter renders what it got).
+/// Wait and hold times are histograms with buckets from 1ms to 30s.
+///
+/// # Panics
+/// When another global `metrics` recorder was installed first.
+pub fn metrics_handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let handle = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Suffix("_seconds".to_owned()),
+                &[
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0,
+                ],
+            )
+            .expect("non-empty buckets")
+            .install_recorder()
+            .expect("no other metrics recorder installed");
+        dlock_runtime::describe_metrics();
+        handle
+    })
+}
+
+/// `GET /metrics`: Prometheus' text format.
+async fn metrics() -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4",
+        )],
+        metrics_handle().render(),
+    )
+        .into_response()
 }
 
 /// Readiness: the lock engine answers a ping (with these credentials), within two request

@@ -180,4 +180,41 @@ async fn try_lock_endpoint_answers_409_with_retry_after_while_the_lock_is_held()
     assert_eq!(now.status, 201, "{now:?}");
     let stock = service.call("GET", &format!("/stock/{sku}")).await;
     assert_eq!(stock.body.trim(), "3");
+
+    // What the service recorded, as Prometheus reads it: labelled by the template, never the sku.
+    let metrics = service.call("GET", "/metrics").await;
+    assert_eq!(metrics.status, 200, "{metrics:?}");
+    let body = &metrics.body;
+    assert!(!body.contains(&sku), "a sku in the metrics:\n{body}");
+    let series = |line: &str| {
+        body.lines()
+            .find_map(|l| l.strip_prefix(line)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no `{line}` in:\n{body}"))
+            .to_owned()
+    };
+    let lock = r#"lock="stock:<sku>""#;
+    // The seed, the order that waited, the order that came after: acquired; the 409: timeout.
+    assert_eq!(
+        series(&format!(
+            r#"dlock_acquisitions_total{{{lock},outcome="acquired"}}"#
+        )),
+        "3"
+    );
+    assert_eq!(
+        series(&format!(
+            r#"dlock_acquisitions_total{{{lock},outcome="timeout"}}"#
+        )),
+        "1"
+    );
+    assert_eq!(series(&format!("dlock_held{{{lock}}}")), "0");
+    assert_eq!(series(&format!("dlock_waiting{{{lock}}}")), "0");
+    assert_eq!(series(&format!("dlock_hold_seconds_count{{{lock}}}")), "3");
+    // The order that waited for the test's lock waited 300ms or more; the other two did not.
+    let waited = |le: &str| {
+        series(&format!(
+            r#"dlock_wait_seconds_bucket{{{lock},outcome="acquired",le="{le}"}}"#
+        ))
+    };
+    assert_eq!((waited("0.25"), waited("+Inf")), ("2".into(), "3".into()));
+    assert!(body.contains("# HELP dlock_acquisitions_total "), "{body}");
 }

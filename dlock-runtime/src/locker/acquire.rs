@@ -70,7 +70,9 @@ impl Locker {
             return Ok(guard);
         }
         if self.is_closing() {
-            return Err(LockError::Closed { key: full_key });
+            let closed = Err(LockError::Closed { key: full_key });
+            crate::stats::Waiting::start(options.name).finish(&closed);
+            return closed;
         }
         // Counted until it returns (or is dropped): `close` waits for it to give up.
         let _acquiring = self.inner.acquiring.token();
@@ -80,10 +82,13 @@ impl Locker {
             return Err(LockError::config(format!("fair: {why}")));
         }
         let span = tracing::debug_span!("dlock.acquire", key = %full_key, name = options.name, ?timeout, expire = ?lease.length, renewed = lease.renewed);
-        Wait::new(self, full_key, timeout, lease, &options)?
-            .run()
-            .instrument(span)
-            .await
+        let waiting = crate::stats::Waiting::start(options.name);
+        let result = match Wait::new(self, full_key, timeout, lease, &options) {
+            Ok(wait) => wait.run().instrument(span).await,
+            Err(error) => Err(error),
+        };
+        waiting.finish(&result);
+        result
     }
 
     /// One attempt: the guard when the lock was free, `None` when it is held.

@@ -209,6 +209,7 @@ impl<'a> Wait<'a> {
         match self.passed.take() {
             Some(Passed::Held { fence, sent_at }) => {
                 tracing::debug!(attempts = self.attempts, waited = ?self.started.elapsed(), fencing_token = fence, "lock passed by a holder of this locker");
+                crate::stats::passed(self.options.name);
                 if let Some(t) = &self.turn {
                     t.line
                         .passes
