@@ -7,7 +7,9 @@
 // Without the feature, the labels are computed by nothing.
 #![cfg_attr(not(feature = "metrics"), allow(dead_code))]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(feature = "metrics")]
+use std::time::Instant;
 
 /// The label value of a lock without a name.
 const UNNAMED: &str = "unnamed";
@@ -53,6 +55,8 @@ fn label(name: Option<&'static str>) -> &'static str {
 #[derive(Debug)]
 pub(crate) struct Waiting {
     name: Option<&'static str>,
+    /// Read by the wait histogram only (no clock read on an acquisition without the feature).
+    #[cfg(feature = "metrics")]
     started: Instant,
     finished: bool,
 }
@@ -63,6 +67,7 @@ impl Waiting {
         metrics::gauge!("dlock_waiting", "lock" => label(name)).increment(1.0);
         Self {
             name,
+            #[cfg(feature = "metrics")]
             started: Instant::now(),
             finished: false,
         }
@@ -85,7 +90,7 @@ impl Waiting {
                 .record(self.started.elapsed().as_secs_f64());
         }
         #[cfg(not(feature = "metrics"))]
-        let _ = (outcome, self.started);
+        let _ = outcome;
     }
 }
 

@@ -229,22 +229,10 @@ async fn failed_renewals_losses_and_passes_are_counted() {
     // Ten tasks of one locker on one key: releases pass the lock to the next of them.
     let locker = server.locker();
     let key = unique_key("passed");
-    let tasks: Vec<_> = (0..10)
-        .map(|_| {
-            let (locker, key) = (locker.clone(), key.clone());
-            tokio::spawn(async move {
-                let options = LockOptions::new()
-                    .name("passed")
-                    .timeout(Duration::from_secs(10));
-                let guard = locker.acquire(&key, options).await.unwrap();
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                guard.release().await.unwrap();
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.unwrap();
-    }
+    let options = LockOptions::new()
+        .name("passed")
+        .timeout(Duration::from_secs(10));
+    assert_eq!(dlock_tests::contend(&locker, &key, &options, 10).await, 10);
     let all = series("passed", &key);
     assert_eq!(
         value(&all, "dlock_acquisitions_total", &["outcome=acquired"]),

@@ -354,20 +354,23 @@ impl RedLockBackend {
         map.insert(token.0.clone(), Instant::now());
     }
 
-    /// The leader's vote alone, bounded by the request timeout; `None` when it did not answer.
-    async fn ask_leader(
+    /// Master `i`'s vote on `proposed`, bounded by the request timeout.
+    async fn vote(
         &self,
-        leader: usize,
+        i: usize,
         request: &Request<'_>,
         proposed: u64,
-    ) -> Option<Vote> {
-        let reply = self.nodes[leader]
+    ) -> Result<Vote, BackendError> {
+        let reply = self.nodes[i]
             .redis
             .acquire_proposed(acquire_script(), request, proposed);
-        let reply = tokio::time::timeout(self.request_timeout, reply)
-            .await
-            .ok()?;
-        reply.ok().and_then(|r| Vote::from_reply(&r).ok())
+        match tokio::time::timeout(self.request_timeout, reply).await {
+            Ok(reply) => Vote::from_reply(&reply?),
+            Err(_) => Err(BackendError::new(format!(
+                "no reply within {:?}",
+                self.request_timeout
+            ))),
+        }
     }
 
     /// Every master's vote (the leader's counted as granted when it granted already), at once.
@@ -377,19 +380,11 @@ impl RedLockBackend {
         proposed: u64,
         granted: Option<usize>,
     ) -> Vec<Result<Vote, BackendError>> {
-        let script = acquire_script();
-        join_all(self.nodes.iter().enumerate().map(|(i, node)| async move {
+        join_all((0..self.nodes.len()).map(|i| async move {
             if granted == Some(i) {
                 return Ok(Vote::Granted);
             }
-            let reply = node.redis.acquire_proposed(script, request, proposed);
-            match tokio::time::timeout(self.request_timeout, reply).await {
-                Ok(reply) => Vote::from_reply(&reply?),
-                Err(_) => Err(BackendError::new(format!(
-                    "no reply within {:?}",
-                    self.request_timeout
-                ))),
-            }
+            self.vote(i, request, proposed).await
         }))
         .await
     }
@@ -501,7 +496,7 @@ impl Backend for RedLockBackend {
                 .was_refused(request.token)
                 .then(|| self.leader(request.key));
             let mut votes = match first {
-                Some(leader) => match self.ask_leader(leader, &request, proposed).await {
+                Some(leader) => match self.vote(leader, &request, proposed).await.ok() {
                     Some(Vote::Held(ttl)) => {
                         return Ok(Attempt::Held { ttl, queued: false });
                     }
