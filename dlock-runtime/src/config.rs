@@ -40,6 +40,8 @@ pub(crate) struct Settings {
     /// `DLOCK_REDIS_WAIT`): the option, its value, and where it came from (for errors). The
     /// URL's own query wins over them.
     pub(crate) engine_options: Vec<(&'static str, String, &'static str)>,
+    /// Who this process is, recorded with every hold (`DLOCK_OWNER`, host, process id).
+    pub(crate) identity: crate::holder::Identity,
 }
 
 impl Default for Settings {
@@ -54,6 +56,7 @@ impl Default for Settings {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             notify: true,
             engine_options: Vec::new(),
+            identity: crate::holder::Identity::default(),
         }
     }
 }

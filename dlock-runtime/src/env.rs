@@ -39,6 +39,9 @@ pub(crate) fn settings(var: impl Fn(&str) -> Option<String>) -> Result<Settings,
     if let Some(prefix) = var("DLOCK_KEY_PREFIX") {
         settings.key_prefix = prefix;
     }
+    if let Some(owner) = get("DLOCK_OWNER") {
+        settings.identity = crate::holder::Identity::new(Some(owner.trim()));
+    }
     if let Some(v) = get("DLOCK_TIMEOUT") {
         settings.timeout = parse_duration("DLOCK_TIMEOUT", &v, true)?;
     }

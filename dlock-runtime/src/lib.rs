@@ -60,6 +60,7 @@
 //! | `DLOCK_BACKEND` | `redis` or `memory` (kept for compatibility) | `redis` |
 //! | `DLOCK_REDIS_URL` | a `redis://` URL; `REDIS_URL` when unset (kept for compatibility) | `redis://127.0.0.1:6379` |
 //! | `DLOCK_KEY_PREFIX` | prefix of every lock key | `dlock:` |
+//! | `DLOCK_OWNER` | the holder's name recorded with every lock, beside host and process id | host name |
 //! | `DLOCK_TIMEOUT` | default wait | `5s` |
 //! | `DLOCK_EXPIRE` | default lease, and the renewed lease of `expire = "auto"` | `30s` |
 //! | `DLOCK_RETRY` | jittered pause between attempts, `min..max` | `10ms..50ms` |
@@ -89,6 +90,7 @@ mod config;
 mod env;
 mod error;
 mod guard;
+mod holder;
 mod lease;
 mod locker;
 mod options;
@@ -101,6 +103,7 @@ pub use config::{
 };
 pub use error::{BackendError, LockError};
 pub use guard::{LockGuard, fencing_token};
+pub use holder::{Holder, LockInfo};
 pub use lease::{MAX_LEASE, MIN_LEASE};
 pub use locker::{
     Locker,

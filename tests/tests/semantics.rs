@@ -35,6 +35,7 @@ dlock_tests::engine_suite!(
     a_retry_that_finds_its_own_lock_gets_a_new_fence,
     any_key_is_data,
     ping_answers_until_closed,
+    operator_sees_who_holds_and_frees_it,
 );
 
 const SHORT: Duration = Duration::from_millis(300);
@@ -610,4 +611,93 @@ async fn a_retry_that_finds_its_own_lock_gets_a_new_fence(env: Env) {
     guard.release().await.unwrap();
     let next = other.acquire(&key, LockOptions::new()).await.unwrap();
     assert!(next.fencing_token() > retried);
+}
+
+/// `inspect` and `list` tell who holds a lock (this process), since when, with which fence, for
+/// how long and how many wait, where the engine can tell; `force_release` frees it from another
+/// locker: the waiter gets it with a higher fence, and the old holder finds its hold lost.
+async fn operator_sees_who_holds_and_frees_it(env: Env) {
+    let (a, b) = (env.locker(), env.locker());
+    let key = unique_key("inspect");
+    assert_eq!(b.inspect(&key).await.unwrap(), None, "free at first");
+    let before = std::time::SystemTime::now() - Duration::from_secs(2);
+    let guard = a.acquire(&key, LockOptions::new()).await.unwrap();
+    let info = b.inspect(&key).await.unwrap().expect("held");
+    assert_eq!(info.key, key);
+    let holder = info.holder.clone().expect("the holder is recorded");
+    assert_eq!(holder.pid, std::process::id());
+    assert!(!holder.owner.is_empty() && !holder.host.is_empty());
+    let since = holder.since.expect("since when");
+    assert!(
+        since > before && since < std::time::SystemTime::now() + Duration::from_secs(2),
+        "since {since:?}"
+    );
+    if let Some(fence) = info.fence {
+        assert_eq!(fence, guard.fencing_token(), "the holder's fence");
+    }
+    if let Some(remaining) = info.remaining {
+        assert!(
+            remaining > Duration::ZERO && remaining <= Duration::from_secs(11),
+            "{remaining:?}"
+        );
+    }
+    assert!(
+        format!("{info:?}").len() < 1000,
+        "no token in what inspect tells: {info:?}"
+    );
+
+    // A waiter in another locker is counted where the engine can tell.
+    let waiter = {
+        let b = b.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            let options = LockOptions::new().timeout(Duration::from_secs(20));
+            b.acquire(&key, options).await
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let info = b.inspect(&key).await.unwrap().expect("still held");
+        match info.waiters {
+            None | Some(1..) => break,
+            Some(0) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Some(0) => panic!("the waiter is never counted"),
+        }
+    }
+
+    let under = key.rsplit_once(':').unwrap().0;
+    let listed = b.list(under).await.unwrap();
+    assert!(
+        listed.iter().any(|i| i.key == key && i.holder.is_some()),
+        "{key} not listed under {under}: {listed:?}"
+    );
+    assert!(
+        b.list(&format!("{key}:nothing")).await.unwrap().is_empty(),
+        "nothing under another prefix"
+    );
+
+    let freed = b.force_release(&key).await.unwrap().expect("it was held");
+    assert_eq!(freed.holder.map(|h| h.pid), Some(std::process::id()));
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter gets the freed lock")
+        .unwrap()
+        .unwrap();
+    assert!(
+        next.fencing_token() > guard.fencing_token(),
+        "the next holder's fence is above the freed one's"
+    );
+    let extended = guard.extend(Duration::from_secs(10)).await;
+    assert!(
+        extended.as_ref().is_err_and(LockError::is_lost),
+        "the freed holder's renewal: {extended:?}"
+    );
+    assert!(!guard.is_held());
+    next.release().await.unwrap();
+    assert_eq!(b.inspect(&key).await.unwrap(), None, "free after release");
+    assert_eq!(b.force_release(&key).await.unwrap(), None, "nothing to free");
+    assert!(b.list(under).await.unwrap().iter().all(|i| i.key != key));
+    drop(guard);
 }

@@ -6,7 +6,7 @@ use std::{any::Any, fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use tokio::sync::Notify;
 
-use crate::{LockError, config::Settings, error::BackendError, lease::LossSignal, url::EngineUrl};
+use crate::{LockError, LockInfo, config::Settings, error::BackendError, lease::LossSignal, url::EngineUrl};
 
 /// Makes an engine's backend from its URL and the common settings, without I/O.
 pub(crate) type BuildFn = fn(&EngineUrl, &Settings) -> Result<Arc<dyn Backend>, LockError>;
@@ -245,6 +245,22 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn lapses_within(&self, lease: Duration) -> Duration {
         lease
     }
+
+    /// What the engine records of `key`'s hold (the full key): its holder, fence, remaining
+    /// lease and waiters where it can tell; `None` when `key` is free.
+    fn inspect<'a>(&'a self, key: &'a str)
+    -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>>;
+
+    /// The full keys of the locks held now whose full key starts with `prefix`, in no order.
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, BackendError>>;
+
+    /// Frees `key` whoever holds it (an operator's forced release), waking its waiters: what it
+    /// held, or `None` when it was free. Every later hold's fence is above the freed one's; the
+    /// holder finds its hold gone at its next renewal (or at once, where the engine watches).
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>>;
 
     /// One round trip to the engine (a readiness check): it answers, with these credentials.
     fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>>;

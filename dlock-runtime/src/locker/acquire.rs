@@ -172,7 +172,7 @@ impl Locker {
         Some(LockGuard::reentered(hold))
     }
 
-    fn full_key(&self, key: &str) -> Result<String, LockError> {
+    pub(super) fn full_key(&self, key: &str) -> Result<String, LockError> {
         self.check_key(key)?;
         let prefix = &self.inner.settings.key_prefix;
         let mut full = String::with_capacity(prefix.len() + key.len());

@@ -156,6 +156,15 @@ impl LockerBuilder {
         self
     }
 
+    /// The holder's name recorded with every lock this locker takes, beside the host name and
+    /// the process id (`DLOCK_OWNER`); default: the host name. [`Locker::inspect`] and
+    /// `dlock show` read it back.
+    #[must_use]
+    pub fn owner(mut self, name: impl AsRef<str>) -> Self {
+        self.settings.identity = crate::holder::Identity::new(Some(name.as_ref()));
+        self
+    }
+
     /// Checks the settings and builds the locker, without any I/O.
     ///
     /// # Errors
@@ -171,7 +180,7 @@ impl LockerBuilder {
             None => parse_url("the default engine URL", DEFAULT_REDIS_URL)?,
         };
         let backend: Arc<dyn Backend> = if self.private_memory {
-            Arc::new(MemoryBackend::default())
+            Arc::new(MemoryBackend::private(&self.settings.identity))
         } else {
             let built = engine_named(url.engine())
                 .and_then(|engine| engine.built)
@@ -201,7 +210,7 @@ impl Locker {
                 url: Some(EngineUrl::checked("memory://", "memory")),
                 ..Settings::default()
             },
-            Arc::new(MemoryBackend::default()),
+            Arc::new(MemoryBackend::private(&crate::holder::Identity::default())),
         )
     }
 

@@ -17,6 +17,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 mod acquire;
 pub(crate) mod builder;
 mod close;
+mod inspect;
 mod line;
 pub(crate) mod release;
 mod wait;

@@ -19,6 +19,8 @@
 //! - **Waiting**: a waiter watches the deletion of the last key created before its own (its
 //!   predecessor) and is woken only when no earlier key is left; the read that finds it first
 //!   gives it its fence, so the attempt that follows asks nothing.
+//! - **Holder**: each key's value is its holder's record (`owner=… host=… pid=… since=…`,
+//!   the time it joined the line); `etcdctl lock` leaves it empty.
 //! - **Loss**: the session's end; and, for a hold that lasts more than a second, a watch on its
 //!   key from the revision after its fence, whose deletion by hand marks the hold lost. Every
 //!   watch of a locker shares one watch stream ([`watches`]).
@@ -57,8 +59,9 @@ use super::api::{
     Token, Watch, option,
 };
 use crate::{
-    LockError,
+    LockError, LockInfo,
     config::Settings,
+    holder::{self, Identity},
     error::BackendError,
     lease::LossSignal,
     url::{EngineUrl, HostList, query_params, tls_needs_feature},
@@ -134,6 +137,13 @@ pub(crate) fn line_of(prefix_len: usize, key: &str) -> String {
     line
 }
 
+/// The key a line (see [`line_of`]) is the line of: its name unescaped.
+fn key_of_line(prefix_len: usize, line: &str) -> String {
+    let (prefix, name) = line.split_at(prefix_len.min(line.len()));
+    let name = name.strip_suffix('/').unwrap_or(name);
+    format!("{prefix}{}", name.replace("%2F", "/").replace("%25", "%"))
+}
+
 /// A task aborted when this is dropped.
 #[derive(Debug)]
 struct AbortOnDrop(JoinHandle<()>);
@@ -179,6 +189,8 @@ pub(crate) struct EtcdBackend {
     prefix_len: usize,
     key_prefix: String,
     session_ttl: Duration,
+    /// Who this locker is: each key's value.
+    identity: Identity,
 }
 
 impl fmt::Debug for EtcdBackend {
@@ -240,6 +252,7 @@ impl EtcdBackend {
             prefix_len: settings.key_prefix.len(),
             key_prefix: settings.key_prefix.clone(),
             session_ttl,
+            identity: settings.identity.clone(),
         })
     }
 
@@ -282,7 +295,7 @@ impl EtcdBackend {
             .and_then([
                 TxnOp::put(
                     own_key,
-                    "",
+                    self.identity.since(std::time::SystemTime::now()),
                     Some(PutOptions::new().with_lease(session.lease)),
                 ),
                 TxnOp::get(line, Some(first_in_line())),
@@ -362,7 +375,7 @@ impl EtcdBackend {
             .when([Compare::create_revision(own_key, CompareOp::Equal, rev)])
             .and_then([TxnOp::put(
                 own_key,
-                "",
+                self.identity.since(std::time::SystemTime::now()),
                 Some(PutOptions::new().with_lease(session.lease)),
             )]);
         let resp = match self
@@ -782,6 +795,100 @@ impl Backend for EtcdBackend {
                 })
                 .await
                 .map(drop)
+        })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
+        Box::pin(async move {
+            let line = line_of(self.prefix_len, key);
+            let options = GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend);
+            let got = self
+                .conn
+                .call("read the lock's line", |mut c| async move {
+                    c.get(line, Some(options)).await
+                })
+                .await?;
+            let Some(first) = got.kvs().first() else {
+                return Ok(None);
+            };
+            let mut info = LockInfo::new(key.to_owned());
+            info.holder = first.value_str().ok().and_then(holder::parse);
+            info.waiters = Some(got.kvs().len() - 1);
+            let lease = first.lease();
+            if lease != 0 {
+                let ttl = self
+                    .conn
+                    .call("read the holder's lease", |mut c| async move {
+                        c.lease_time_to_live(lease, None).await
+                    })
+                    .await?;
+                info.remaining = u64::try_from(ttl.ttl()).ok().map(Duration::from_secs);
+            }
+            Ok(Some(info))
+        })
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, BackendError>> {
+        Box::pin(async move {
+            let mut escaped = line_of(self.prefix_len, prefix);
+            escaped.pop();
+            let options = GetOptions::new().with_prefix().with_keys_only();
+            let got = self
+                .conn
+                .call("list the lock lines", |mut c| async move {
+                    c.get(escaped, Some(options)).await
+                })
+                .await?;
+            Ok(got
+                .kvs()
+                .iter()
+                .filter_map(|kv| {
+                    let own_key = kv.key_str().ok()?;
+                    let (line, _) = own_key.rsplit_once('/')?;
+                    Some(key_of_line(self.prefix_len, line))
+                })
+                .collect())
+        })
+    }
+
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
+        Box::pin(async move {
+            let line = line_of(self.prefix_len, key);
+            let options = GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_limit(1);
+            let got = self
+                .conn
+                .call("read the lock's line", |mut c| async move {
+                    c.get(line, Some(options)).await
+                })
+                .await?;
+            let Some(kv) = got.kvs().first() else {
+                return Ok(None);
+            };
+            let own_key = kv
+                .key_str()
+                .map_err(|_| BackendError::new("etcd: a key in the lock's line is not UTF-8"))?;
+            let mut info = LockInfo::new(key.to_owned());
+            info.holder = kv.value_str().ok().and_then(holder::parse);
+            let delete = owner_delete(own_key, kv.create_revision());
+            let deleted = self
+                .conn
+                .call("delete the holder's key", |mut c| async move {
+                    c.txn(delete).await
+                })
+                .await?;
+            // Not deleted: the holder released it meanwhile (the next holder is not touched).
+            Ok(deleted.succeeded().then_some(info))
         })
     }
 

@@ -12,12 +12,16 @@ use super::{
     api::{Attempt, Backend, BoxFuture, Built, Capabilities, Request, Token, Watch},
     watchers::Watchers,
 };
-use crate::error::BackendError;
+use crate::{
+    LockInfo,
+    error::BackendError,
+    holder::{self, Identity},
+};
 
 /// The embedded engine: `memory://`, the process's shared table.
 pub(super) const BUILT: Built = Built {
     check: |_, _| Ok(()),
-    build: |_, _| Ok(Arc::new(MemoryBackend::shared())),
+    build: |_, settings| Ok(Arc::new(MemoryBackend::shared(&settings.identity))),
     options: &[],
 };
 
@@ -25,6 +29,9 @@ pub(super) const BUILT: Built = Built {
 struct Entry {
     token: Token,
     expires_at: Instant,
+    /// Its holder's record, with the time it was taken.
+    record: String,
+    fence: u64,
 }
 
 #[derive(Debug, Default)]
@@ -44,14 +51,27 @@ pub(crate) struct MemoryBackend {
     /// Release wake-ups per key. In-process wake-ups are cheap: they name no one and every
     /// waiter looks.
     watchers: Arc<Watchers>,
+    /// Who this backend's locker is, recorded with its holds.
+    identity: Identity,
 }
 
 impl MemoryBackend {
     /// The process-wide table used by lockers built from the environment (`DLOCK_BACKEND=memory`),
     /// so that every such locker in one process excludes the others, as they would on one server.
-    pub(crate) fn shared() -> Self {
+    pub(crate) fn shared(identity: &Identity) -> Self {
         static SHARED: OnceLock<MemoryBackend> = OnceLock::new();
-        SHARED.get_or_init(Self::default).clone()
+        Self {
+            identity: identity.clone(),
+            ..SHARED.get_or_init(Self::default).clone()
+        }
+    }
+
+    /// A private table, whose holds record `identity`.
+    pub(crate) fn private(identity: &Identity) -> Self {
+        Self {
+            identity: identity.clone(),
+            ..Self::default()
+        }
     }
 
     fn with_table<T>(&self, f: impl FnOnce(&mut Table, Instant) -> T) -> T {
@@ -136,6 +156,7 @@ impl Backend for MemoryBackend {
                 // engine; nobody learnt the first one.
                 Some(entry) if entry.token == *token => {
                     entry.expires_at = now + lease;
+                    entry.fence = next_fence;
                     table.fence = next_fence;
                     return Attempt::acquired(next_fence);
                 }
@@ -171,6 +192,8 @@ impl Backend for MemoryBackend {
                 Entry {
                     token: token.clone(),
                     expires_at: now + lease,
+                    record: self.identity.since(std::time::SystemTime::now()),
+                    fence,
                 },
             );
             Attempt::acquired(fence)
@@ -238,13 +261,65 @@ impl Backend for MemoryBackend {
         lease: Duration,
     ) -> BoxFuture<'a, Result<Option<u64>, BackendError>> {
         let passed = self.with_table(|table, now| {
+            let fence = table.fence + 1;
             let entry = table.live(key, now).filter(|e| e.token == *from)?;
             entry.token = to.clone();
             entry.expires_at = now + lease;
-            table.fence += 1;
-            Some(table.fence)
+            entry.record = self.identity.since(std::time::SystemTime::now());
+            entry.fence = fence;
+            table.fence = fence;
+            Some(fence)
         });
         Box::pin(std::future::ready(Ok(passed)))
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
+        let info = self.with_table(|table, now| {
+            let waiters = table
+                .queues
+                .get(key)
+                .map_or(0, |q| q.iter().filter(|(_, gone_at)| *gone_at > now).count());
+            let entry = table.live(key, now)?;
+            let mut info = LockInfo::new(key.to_owned());
+            info.holder = holder::parse(&entry.record);
+            info.fence = Some(entry.fence);
+            info.remaining = Some(entry.expires_at - now);
+            info.waiters = Some(waiters);
+            Some(info)
+        });
+        Box::pin(std::future::ready(Ok(info)))
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, BackendError>> {
+        let keys = self.with_table(|table, now| {
+            table
+                .held
+                .iter()
+                .filter(|(key, entry)| key.starts_with(prefix) && entry.expires_at > now)
+                .map(|(key, _)| key.clone())
+                .collect()
+        });
+        Box::pin(std::future::ready(Ok(keys)))
+    }
+
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
+        let freed = self.with_table(|table, now| {
+            let entry = table.live(key, now)?;
+            let mut info = LockInfo::new(key.to_owned());
+            info.holder = holder::parse(&entry.record);
+            info.fence = Some(entry.fence);
+            info.remaining = Some(entry.expires_at - now);
+            table.held.remove(key);
+            self.watchers.wake(Some(key), None);
+            Some(info)
+        });
+        Box::pin(std::future::ready(Ok(freed)))
     }
 
     fn watch<'a>(&'a self, key: &'a str, _token: &'a Token) -> BoxFuture<'a, Option<Watch>> {

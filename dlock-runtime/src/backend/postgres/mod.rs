@@ -23,7 +23,13 @@ use super::{
 
 #[cfg(feature = "tls")]
 mod tls;
-use crate::{LockError, config::Settings, error::BackendError, url::EngineUrl};
+use crate::{
+    LockError, LockInfo,
+    config::Settings,
+    error::BackendError,
+    holder::{self, Identity},
+    url::EngineUrl,
+};
 
 /// PostgreSQL: `postgres://`, `postgresql://` (libpq's URL form).
 pub(super) const BUILT: Built = Built {
@@ -41,8 +47,12 @@ CREATE TABLE IF NOT EXISTS dlock_locks (
     token      text        NOT NULL,
     fence      bigint      NOT NULL,
     expires_at timestamptz NOT NULL,
-    contended  boolean     NOT NULL DEFAULT false
+    contended  boolean     NOT NULL DEFAULT false,
+    owner      text,
+    acquired_at timestamptz
 );
+ALTER TABLE dlock_locks ADD COLUMN IF NOT EXISTS owner text,
+                        ADD COLUMN IF NOT EXISTS acquired_at timestamptz;
 CREATE TABLE IF NOT EXISTS dlock_waiters (
     key        text        NOT NULL,
     token      text        NOT NULL,
@@ -66,12 +76,13 @@ const SCHEMA_LOCK: i64 = 0x646c_6f63_6b00;
 /// statement. No row when the key is held: then [`REFUSED`] follows. One plain upsert, as a
 /// lease row written by hand is: the common case costs no more than that.
 const ACQUIRE: &str = "\
-INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended)
+INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended, owner, acquired_at)
 VALUES ($1, $2, nextval('dlock_fence'),
-        clock_timestamp() + $3::bigint * interval '1 millisecond', false)
+        clock_timestamp() + $3::bigint * interval '1 millisecond', false, $4, clock_timestamp())
 ON CONFLICT (key) DO UPDATE
     SET token = EXCLUDED.token, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at,
-        contended = l.contended AND l.token = EXCLUDED.token
+        contended = l.contended AND l.token = EXCLUDED.token,
+        owner = EXCLUDED.owner, acquired_at = EXCLUDED.acquired_at
     WHERE l.expires_at <= clock_timestamp() OR l.token = EXCLUDED.token
 RETURNING fence";
 
@@ -125,15 +136,17 @@ WITH mine AS (
         SELECT 1 FROM dlock_locks WHERE key = $1 AND token = $2
     ) AS yes
 ), taken AS (
-    INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended)
+    INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended, owner, acquired_at)
     SELECT $1, $2, nextval('dlock_fence'),
            clock_timestamp() + $3::bigint * interval '1 millisecond',
            $6::boolean OR EXISTS (SELECT 1 FROM dlock_waiters
-                                   WHERE key = $1 AND token <> $5 AND gone_at > clock_timestamp())
+                                   WHERE key = $1 AND token <> $5 AND gone_at > clock_timestamp()),
+           $8, clock_timestamp()
      WHERE NOT (SELECT yes FROM ahead)
     ON CONFLICT (key) DO UPDATE
         SET token = EXCLUDED.token, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at,
-            contended = EXCLUDED.contended OR (l.contended AND l.token = EXCLUDED.token)
+            contended = EXCLUDED.contended OR (l.contended AND l.token = EXCLUDED.token),
+            owner = EXCLUDED.owner, acquired_at = EXCLUDED.acquired_at
         WHERE l.expires_at <= clock_timestamp() OR l.token = EXCLUDED.token
     RETURNING fence
 ), left_line AS (
@@ -159,6 +172,31 @@ SELECT t.fence,
               FROM dlock_locks WHERE key = $1)
        END
   FROM (SELECT (SELECT fence FROM taken) AS fence) t";
+
+/// What `Locker::inspect` reads of a live lock: holder, since, fence, remaining ms, live places
+/// in its queue (processes waiting).
+const INSPECT: &str = "\
+SELECT owner, acquired_at, fence,
+       greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint,
+       (SELECT count(*) FROM dlock_waiters w WHERE w.key = $1 AND w.gone_at > clock_timestamp())
+  FROM dlock_locks WHERE key = $1 AND expires_at > clock_timestamp()";
+
+/// The stored keys of the live locks under a stored prefix.
+const LIST: &str = "\
+SELECT key FROM dlock_locks WHERE starts_with(key, $1) AND expires_at > clock_timestamp()";
+
+/// A forced release: the row goes whoever holds it, and the release is announced as
+/// [`RELEASE`] announces it (always: a forced release is rare). `live` says whether it held
+/// anything.
+const FORCE: &str = "\
+DELETE FROM dlock_locks AS l WHERE l.key = $1
+RETURNING l.expires_at > clock_timestamp() AS live, l.owner, l.acquired_at, l.fence,
+    greatest(0, ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint,
+    pg_notify('dlock_release', coalesce(
+            (SELECT left(w.token, 8) FROM dlock_waiters w
+              WHERE w.key = l.key AND w.gone_at > clock_timestamp() ORDER BY w.place LIMIT 1),
+            '--------') ||
+        CASE WHEN octet_length(l.key) < 7900 THEN l.key ELSE '' END)";
 
 /// A place leaves the key's queue (its process has no more waiters), announced, naming the
 /// place then first in line, when it was there.
@@ -263,6 +301,8 @@ pub(crate) struct PostgresBackend {
     notifier: Option<Notifier>,
     /// The length of the key prefix, which [`stored_key`] leaves as it is.
     prefix_len: usize,
+    /// Who this locker is: each row's `owner` (the time is `acquired_at`, the server's).
+    identity: Identity,
 }
 
 /// The full lock key `key` (its first `prefix_len` bytes the prefix) as the table stores it: the
@@ -290,6 +330,37 @@ fn stored_key(prefix_len: usize, key: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(stored)
 }
 
+/// The full key a stored key (see [`stored_key`]) stands for.
+fn unstored_key(prefix_len: usize, stored: &str) -> String {
+    let split = if stored.is_char_boundary(prefix_len) {
+        prefix_len
+    } else {
+        0
+    };
+    let (prefix, name) = stored.split_at(split.min(stored.len()));
+    if !name.contains('%') {
+        return stored.to_owned();
+    }
+    let mut key = String::with_capacity(stored.len());
+    key.push_str(prefix);
+    let mut rest = name;
+    while let Some(at) = rest.find('%') {
+        key.push_str(&rest[..at]);
+        match rest.get(at..at + 3) {
+            Some("%25") => key.push('%'),
+            Some("%00") => key.push('\0'),
+            _ => {
+                key.push('%');
+                rest = &rest[at + 1..];
+                continue;
+            }
+        }
+        rest = &rest[at + 3..];
+    }
+    key.push_str(rest);
+    key
+}
+
 impl std::fmt::Debug for PostgresBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PostgresBackend")
@@ -306,16 +377,22 @@ enum Reply {
         ttl_ms: Option<i64>,
     },
     Done(bool),
+    /// What a lock row tells (inspect, force).
+    Info(Option<LockInfo>),
+    Keys(Vec<String>),
 }
 
 #[derive(Clone, Copy)]
 enum Op<'a> {
-    /// Key, token, lease in ms, and the place in the key's queue.
-    Acquire(&'a str, &'a Token, i64, Option<Queued<'a>>),
+    /// Key, token, lease in ms, the place in the key's queue, the holder's record.
+    Acquire(&'a str, &'a Token, i64, Option<Queued<'a>>, &'a str),
     /// Key, token (a hold's, or a place's), and whether it may be a place in the queue.
     Release(&'a str, &'a Token),
     Leave(&'a str, &'a Token),
     Extend(&'a str, &'a Token, i64),
+    Inspect(&'a str),
+    List(&'a str),
+    Force(&'a str),
     Ping,
 }
 
@@ -326,6 +403,9 @@ impl Op<'_> {
             Self::Release(..) => "release",
             Self::Leave(..) => "leave the queue",
             Self::Extend(..) => "extend",
+            Self::Inspect(..) => "inspect",
+            Self::List(..) => "list",
+            Self::Force(..) => "force release",
             Self::Ping => "ping",
         }
     }
@@ -362,6 +442,7 @@ impl PostgresBackend {
             connecting: tokio::sync::Mutex::new(()),
             notifier,
             prefix_len: settings.key_prefix.len(),
+            identity: settings.identity.clone(),
         })
     }
 
@@ -457,9 +538,9 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
     let client = &connection.client;
     let statements = &connection.statements;
     match op {
-        Op::Acquire(key, token, lease_ms, None) => {
+        Op::Acquire(key, token, lease_ms, None, owner) => {
             let taken = client
-                .query_opt(&statements.acquire, &[&key, &token.as_str(), &lease_ms])
+                .query_opt(&statements.acquire, &[&key, &token.as_str(), &lease_ms, &owner])
                 .await?;
             if let Some(row) = taken {
                 return Ok(Reply::Acquire {
@@ -473,7 +554,7 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                 ttl_ms: held.map(|row| row.try_get(0)).transpose()?,
             })
         }
-        Op::Acquire(key, token, lease_ms, Some(queue)) => {
+        Op::Acquire(key, token, lease_ms, Some(queue), owner) => {
             let row = client
                 .query_one(
                     &statements.acquire_queued,
@@ -485,6 +566,7 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                         &queue.place.as_str(),
                         &queue.keep,
                         &queue.strict,
+                        &owner,
                     ],
                 )
                 .await?;
@@ -515,11 +597,56 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                 .await?;
             Ok(Reply::Done(n == 1))
         }
+        Op::Inspect(key) => {
+            let row = client.query_opt(INSPECT, &[&key]).await?;
+            row.map(|row| {
+                let mut info = row_info(key, &row, 0)?;
+                info.waiters = usize::try_from(row.try_get::<_, i64>(4)?).ok();
+                Ok(info)
+            })
+            .transpose()
+            .map(Reply::Info)
+        }
+        Op::List(prefix) => {
+            let rows = client.query(LIST, &[&prefix]).await?;
+            rows.iter()
+                .map(|row| row.try_get::<_, String>(0))
+                .collect::<Result<_, _>>()
+                .map(Reply::Keys)
+        }
+        Op::Force(key) => {
+            let Some(row) = client.query_opt(FORCE, &[&key]).await? else {
+                return Ok(Reply::Info(None));
+            };
+            if !row.try_get::<_, bool>(0)? {
+                return Ok(Reply::Info(None));
+            }
+            row_info(key, &row, 1).map(|info| Reply::Info(Some(info)))
+        }
         Op::Ping => {
             client.simple_query("SELECT 1").await?;
             Ok(Reply::Done(true))
         }
     }
+}
+
+/// A lock row's holder (`owner`, `acquired_at`), fence and remaining ms, from column `at` on.
+fn row_info(
+    key: &str,
+    row: &tokio_postgres::Row,
+    at: usize,
+) -> Result<LockInfo, tokio_postgres::Error> {
+    let mut info = LockInfo::new(key.to_owned());
+    let owner: Option<String> = row.try_get(at)?;
+    info.holder = owner.as_deref().and_then(holder::parse).map(|mut h| {
+        h.since = row.try_get::<_, Option<std::time::SystemTime>>(at + 1).ok().flatten();
+        h
+    });
+    info.fence = u64::try_from(row.try_get::<_, i64>(at + 2)?).ok();
+    info.remaining = u64::try_from(row.try_get::<_, i64>(at + 3)?)
+        .ok()
+        .map(Duration::from_millis);
+    Ok(info)
 }
 
 /// What a listening connection does with a release notification's payload (the key).
@@ -583,7 +710,9 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
     let probe = format!(
         "SET statement_timeout = {statement_ms}; \
          SELECT to_regclass('dlock_locks') IS NOT NULL AND to_regclass('dlock_fence') IS NOT NULL \
-         AND to_regclass('dlock_waiters') IS NOT NULL"
+         AND to_regclass('dlock_waiters') IS NOT NULL \
+         AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('dlock_locks') \
+                     AND attname = 'acquired_at' AND NOT attisdropped)"
     );
     let messages = client
         .simple_query(&probe)
@@ -690,7 +819,13 @@ impl Backend for PostgresBackend {
         Box::pin(async move {
             let queue = request.queue;
             let key = stored_key(self.prefix_len, request.key);
-            let op = Op::Acquire(&key, request.token, lease_ms(request.lease), queue);
+            let op = Op::Acquire(
+                &key,
+                request.token,
+                lease_ms(request.lease),
+                queue,
+                self.identity.as_str(),
+            );
             match self.call(op).await? {
                 Reply::Acquire {
                     fence: Some(fence), ..
@@ -704,7 +839,7 @@ impl Backend for PostgresBackend {
                         .map(Duration::from_millis),
                     queued: queue.is_some(),
                 }),
-                Reply::Done(_) => Err(BackendError::new("PostgreSQL acquire: unexpected reply")),
+                _ => Err(BackendError::new("PostgreSQL acquire: unexpected reply")),
             }
         })
     }
@@ -718,7 +853,7 @@ impl Backend for PostgresBackend {
             let key = stored_key(self.prefix_len, key);
             match self.call(Op::Release(&key, token)).await? {
                 Reply::Done(live) => Ok(live),
-                Reply::Acquire { .. } => {
+                _ => {
                     Err(BackendError::new("PostgreSQL release: unexpected reply"))
                 }
             }
@@ -747,7 +882,7 @@ impl Backend for PostgresBackend {
             let key = stored_key(self.prefix_len, key);
             match self.call(Op::Extend(&key, token, lease_ms(lease))).await? {
                 Reply::Done(extended) => Ok(extended),
-                Reply::Acquire { .. } => {
+                _ => {
                     Err(BackendError::new("PostgreSQL extend: unexpected reply"))
                 }
             }
@@ -772,6 +907,51 @@ impl Backend for PostgresBackend {
 
     fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>> {
         Box::pin(async move { self.call(Op::Ping).await.map(drop) })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
+        Box::pin(async move {
+            let stored = stored_key(self.prefix_len, key);
+            match self.call(Op::Inspect(&stored)).await? {
+                Reply::Info(info) => Ok(info.map(|mut info| {
+                    key.clone_into(&mut info.key);
+                    info
+                })),
+                _ => Err(BackendError::new("PostgreSQL inspect: unexpected reply")),
+            }
+        })
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, BackendError>> {
+        Box::pin(async move {
+            let stored = stored_key(self.prefix_len, prefix);
+            match self.call(Op::List(&stored)).await? {
+                Reply::Keys(keys) => Ok(keys
+                    .iter()
+                    .map(|k| unstored_key(self.prefix_len, k))
+                    .collect()),
+                _ => Err(BackendError::new("PostgreSQL list: unexpected reply")),
+            }
+        })
+    }
+
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
+        Box::pin(async move {
+            let stored = stored_key(self.prefix_len, key);
+            match self.call(Op::Force(&stored)).await? {
+                Reply::Info(info) => Ok(info.map(|mut info| {
+                    key.clone_into(&mut info.key);
+                    info
+                })),
+                _ => Err(BackendError::new("PostgreSQL force release: unexpected reply")),
+            }
+        })
     }
 
     fn key_error(&self, key: &str) -> Option<String> {

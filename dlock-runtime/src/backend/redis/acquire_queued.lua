@@ -4,7 +4,7 @@
 -- behind the one that takes the lock.
 -- KEYS[1] lock key, KEYS[2] queue (list of places), KEYS[3] place deadlines (sorted set, score =
 -- server time in ms after which the place counts as gone), KEYS[4] fencing counter.
--- ARGV[1] token, ARGV[2] lease in ms, ARGV[3] how long a place stays without another attempt,
+-- ARGV[1] the lock's value (token and holder's record), ARGV[2] lease in ms, ARGV[3] how long a place stays without another attempt,
 -- ARGV[4] the place, ARGV[5] '1': on success keep the place (moved to the back of the queue),
 -- ARGV[6] '1': strict (fair mode): take the lock only when the place is first in the queue;
 -- '0': take it whenever it is free (the queue then only says whom a release wakes); ARGV[7] the
@@ -41,11 +41,11 @@ if held == false then
     if redis.call('ZREM', KEYS[3], place) == 1 then
       redis.call('LREM', KEYS[2], 1, place)
     end
-    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    local f = set_lock(KEYS[1], KEYS[4], ARGV[1], ARGV[2])
     if ARGV[5] == '1' then
       queue_place()
     end
-    return fence(KEYS[4])
+    return f
   end
   queue_place()
   return 0

@@ -1,5 +1,7 @@
 -- Shared by the scripts that grant a lock: prepended to acquire.lua, acquire_queued.lua and
--- pass.lua (Redis scripts cannot include one another). A lock's value is its acquisition's token; the fencing token is
+-- pass.lua (Redis scripts cannot include one another). A lock's value is its acquisition's token
+-- (32 hex digits), a space, and its holder's record (`owner=… host=… pid=… since=…`, for
+-- `dlock show` and redis-cli): a hold is recognised by the token alone. The fencing token is
 -- issued from the counter in the same script, so fences follow the order in which holds begin.
 -- Acquire replies with one integer: > 0 the lock is ours and that is its fence; < 0 someone else
 -- holds it for another (-1 - reply) ms; 0 it is free but another fair waiter is first in line.
@@ -23,12 +25,25 @@ local function fence(counter)
   return f
 end
 
--- When `held` (the lock's value) is `token`, as after a retry whose first reply was lost:
--- resets the lease and returns a new fence (nobody learnt the first one). Otherwise nil.
-local function already_mine(lock, counter, held, token, lease)
-  if held == token then
-    redis.call('PEXPIRE', lock, lease)
-    return fence(counter)
+-- The token of a lock's value (or of the value an acquisition sets); false for none.
+local function token_of(value)
+  return value and string.sub(value, 1, 32)
+end
+
+-- Sets `lock` to `value` for `lease` ms with the next fence from `counter` (recorded in the
+-- value as `fence=N`, for `dlock show`); returns the fence.
+local function set_lock(lock, counter, value, lease)
+  local f = fence(counter)
+  redis.call('SET', lock, value .. ' fence=' .. string.format('%.0f', f), 'PX', lease)
+  return f
+end
+
+-- When `held` (the lock's value) is `value`'s token, as after a retry whose first reply was lost:
+-- sets it again with a new fence (nobody learnt the first one) and the lease from now.
+-- Otherwise nil.
+local function already_mine(lock, counter, held, value, lease)
+  if held and token_of(held) == token_of(value) then
+    return set_lock(lock, counter, value, lease)
   end
   return nil
 end

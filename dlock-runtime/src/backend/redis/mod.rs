@@ -18,9 +18,10 @@ mod notify;
 #[cfg(feature = "redis-sentinel")]
 mod sentinel;
 use crate::{
-    LockError,
+    LockError, LockInfo,
     config::Settings,
     error::BackendError,
+    holder::{self, Identity},
     url::{EngineUrl, query_params, tls_needs_feature},
 };
 
@@ -114,6 +115,8 @@ static PASS: OnceLock<Script> = OnceLock::new();
 static RELEASE: OnceLock<Script> = OnceLock::new();
 static LEAVE: OnceLock<Script> = OnceLock::new();
 static EXTEND: OnceLock<Script> = OnceLock::new();
+static INSPECT: OnceLock<Script> = OnceLock::new();
+static FORCE: OnceLock<Script> = OnceLock::new();
 
 fn acquire_script() -> &'static Script {
     ACQUIRE.get_or_init(|| {
@@ -142,6 +145,43 @@ fn leave_script() -> &'static Script {
 }
 fn extend_script() -> &'static Script {
     EXTEND.get_or_init(|| Script::new(include_str!("extend.lua")))
+}
+fn inspect_script() -> &'static Script {
+    INSPECT.get_or_init(|| Script::new(include_str!("inspect.lua")))
+}
+fn force_script() -> &'static Script {
+    FORCE.get_or_init(|| Script::new(concat!(include_str!("lock.lua"), include_str!("force.lua"))))
+}
+
+/// A lock's value: its acquisition's token, a space, and its holder's record with the time now
+/// (the scripts add `fence=N`), formatted straight into the command.
+pub(crate) fn lock_value<'a>(token: &'a Token, identity: &'a Identity) -> impl redis::ToRedisArgs + 'a {
+    struct Value<'a>(&'a Token, &'a Identity);
+    impl fmt::Display for Value<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(
+                f,
+                "{} {} since={}",
+                self.0.as_str(),
+                self.1.as_str(),
+                humantime::format_rfc3339_millis(std::time::SystemTime::now())
+            )
+        }
+    }
+    Formatted(Value(token, identity))
+}
+
+/// What a lock's value (see [`lock_value`]) tells: the holder and the fence; never the token.
+pub(crate) fn read_value(key: &str, value: &str) -> LockInfo {
+    let mut info = LockInfo::new(key.to_owned());
+    let record = value.get(33..).unwrap_or("");
+    let (record, fence) = match record.rsplit_once(" fence=") {
+        Some((record, fence)) => (record, fence.parse().ok()),
+        None => (record, None),
+    };
+    info.holder = holder::parse(record);
+    info.fence = fence;
+    info
 }
 
 /// How the backend reaches Redis: one server, a Cluster, or the master the sentinels name.
@@ -262,6 +302,10 @@ pub(crate) struct RedisBackend {
     publish_denied: std::sync::atomic::AtomicBool,
     /// `DLOCK_REDIS_WAIT`: replicas that must acknowledge an acquisition; 0 = off.
     wait_replicas: u32,
+    /// Who this locker is, recorded in each lock's value.
+    identity: Identity,
+    /// `prefix` + `__`: dlock's reserved namespace, left out of listings.
+    reserved_prefix: String,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -324,6 +368,8 @@ impl RedisBackend {
             fair_prefix: format!("{}{FAIR_PREFIX}", settings.key_prefix),
             publish_denied: std::sync::atomic::AtomicBool::new(false),
             wait_replicas,
+            identity: settings.identity.clone(),
+            reserved_prefix: format!("{}__", settings.key_prefix),
         })
     }
 
@@ -577,7 +623,7 @@ impl RedisBackend {
         let mut call = Call::new(script, 2);
         call.arg(request.key)
             .arg(self.fence_key(request.key))
-            .arg(request.token.as_str())
+            .arg(lock_value(request.token, &self.identity))
             .arg(lease_millis(request.lease))
             .arg(proposed);
         self.call("acquire", call).await
@@ -689,7 +735,68 @@ fn hash_tag(key: &[u8]) -> Option<&[u8]> {
     (len > 0).then(|| &key[open + 1..open + 1 + len])
 }
 
+/// `text` with the glob characters of `SCAN MATCH` escaped.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 4);
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 impl RedisBackend {
+    /// The keys matching `pattern`, by `SCAN` (on every master of a Cluster), each request
+    /// bounded by the request timeout.
+    async fn scan(&self, pattern: &str) -> Result<Vec<String>, BackendError> {
+        let bound = self.request_timeout * 2;
+        let scan = async {
+            let mut connection = self.connection().await?;
+            match &mut connection {
+                Conn::Single(c) => scan_node(c, pattern, bound).await,
+                #[cfg(feature = "redis-cluster")]
+                Conn::Cluster(c) => {
+                    use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+                    let nodes: String = tokio::time::timeout(bound, redis::cmd("CLUSTER").arg("NODES").query_async(c))
+                        .await
+                        .map_err(|_| BackendError::new("Redis CLUSTER NODES got no reply"))?
+                        .map_err(|e| classify("list", e))?;
+                    let mut keys = Vec::new();
+                    for (host, port) in cluster_masters(&nodes) {
+                        let mut cursor = 0u64;
+                        loop {
+                            let mut cmd = redis::cmd("SCAN");
+                            cmd.arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000);
+                            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                                host: host.clone(),
+                                port,
+                            });
+                            let reply = tokio::time::timeout(bound, c.route_command(cmd, route))
+                                .await
+                                .map_err(|_| BackendError::new("Redis SCAN got no reply"))?
+                                .map_err(|e| classify("list", e))?;
+                            let (next, batch): (u64, Vec<String>) = redis::from_redis_value(reply)
+                                .map_err(|e| classify("list", e.into()))?;
+                            keys.extend(batch);
+                            cursor = next;
+                            if cursor == 0 {
+                                break;
+                            }
+                        }
+                    }
+                    Ok(keys)
+                }
+            }
+        };
+        let result = scan.await;
+        if let Err(error) = &result {
+            self.forget_connection_after(error);
+        }
+        result
+    }
+
     /// `PING` on the connection the locks use, bounded as a script call is.
     pub(crate) async fn ping_server(&self) -> Result<(), BackendError> {
         let bound = self.request_timeout * 2;
@@ -733,7 +840,7 @@ impl Backend for RedisBackend {
                     .arg(companion(&self.fair_prefix, key, "waiters"));
             }
             call.arg(self.fence_key(key))
-                .arg(token.as_str())
+                .arg(lock_value(token, &self.identity))
                 .arg(lease_millis(lease));
             if let Some(queued) = queue {
                 call.arg(lease_millis(queued.liveness))
@@ -839,7 +946,7 @@ impl Backend for RedisBackend {
             call.arg(key)
                 .arg(self.fence_key(key))
                 .arg(from.as_str())
-                .arg(to.as_str())
+                .arg(lock_value(to, &self.identity))
                 .arg(lease_millis(lease))
                 .arg(now_micros());
             // pass.lua: the new hold's fence, or 0 when `from` did not hold the key.
@@ -851,6 +958,52 @@ impl Backend for RedisBackend {
                 self.replicated(key, to).await?;
             }
             Ok(Some(fence))
+        })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
+        Box::pin(async move {
+            let mut call = Call::new(inspect_script(), 2);
+            call.arg(key)
+                .arg(companion(&self.fair_prefix, key, "waiters"));
+            let (value, pttl, waiters): (Option<String>, i64, u64) =
+                self.call("inspect", call).await?;
+            Ok(value.map(|value| {
+                let mut info = read_value(key, &value);
+                info.remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
+                info.waiters = usize::try_from(waiters).ok();
+                info
+            }))
+        })
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, BackendError>> {
+        Box::pin(async move {
+            let pattern = format!("{}*", glob_escape(prefix));
+            let keys = self.scan(&pattern).await?;
+            Ok(keys
+                .into_iter()
+                .filter(|k| !k.starts_with(&self.reserved_prefix))
+                .collect())
+        })
+    }
+
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
+        Box::pin(async move {
+            let mut call = Call::new(force_script(), 3);
+            call.arg(key)
+                .arg(self.fence_key(key))
+                .arg(companion(&self.fair_prefix, key, "queue"))
+                .arg(self.publish_command())
+                .arg(now_micros());
+            let held: Option<String> = self.call("force release", call).await?;
+            Ok(held.map(|value| read_value(key, &value)))
         })
     }
 
@@ -866,6 +1019,50 @@ impl Backend for RedisBackend {
             }
         })
     }
+}
+
+/// Every `SCAN` page of one server, each bounded by `bound`.
+async fn scan_node(
+    c: &mut ConnectionManager,
+    pattern: &str,
+    bound: Duration,
+) -> Result<Vec<String>, BackendError> {
+    let mut keys = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000);
+        let (next, batch): (u64, Vec<String>) = tokio::time::timeout(bound, cmd.query_async(c))
+            .await
+            .map_err(|_| BackendError::new("Redis SCAN got no reply"))?
+            .map_err(|e| classify("list", e))?;
+        keys.extend(batch);
+        cursor = next;
+        if cursor == 0 {
+            return Ok(keys);
+        }
+    }
+}
+
+/// The masters of a `CLUSTER NODES` reply that are not failing: `(host, port)`.
+#[cfg(feature = "redis-cluster")]
+fn cluster_masters(nodes: &str) -> Vec<(String, u16)> {
+    nodes
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let address = fields.nth(1)?;
+            let flags = fields.next()?;
+            let is_master = flags.split(',').any(|f| f == "master");
+            let failing = flags.split(',').any(|f| f == "fail" || f == "fail?");
+            if !is_master || failing {
+                return None;
+            }
+            let address = address.split('@').next()?;
+            let (host, port) = address.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse().ok()?))
+        })
+        .collect()
 }
 
 /// Now, in µs since the Unix epoch: the time part of a hybrid fence, or RedLock's proposal.

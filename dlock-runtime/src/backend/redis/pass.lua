@@ -2,11 +2,10 @@
 -- it (after lock.lua): the key takes the next holder's token and lease, and a new fence is
 -- issued. Nobody is woken: the lock was never free.
 -- KEYS[1] lock key, KEYS[2] fencing counter (same cluster slot as KEYS[1]).
--- ARGV[1] the holder's token, ARGV[2] the next holder's token, ARGV[3] its lease in ms, ARGV[4]
+-- ARGV[1] the holder's token, ARGV[2] the next holder's value (token and record), ARGV[3] its lease in ms, ARGV[4]
 -- the client's clock in µs (for the fence).
 -- Returns the new hold's fence, or 0 when the key is not the holder's (nothing changed).
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+if token_of(redis.call('GET', KEYS[1])) ~= ARGV[1] then
   return 0
 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
-return fence(KEYS[2])
+return set_lock(KEYS[1], KEYS[2], ARGV[2], ARGV[3])

@@ -43,7 +43,7 @@ use super::{
     redis::{RedisBackend, now_micros, slot},
 };
 use crate::{
-    LockError,
+    LockError, LockInfo,
     config::Settings,
     error::BackendError,
     url::{EngineUrl, HostList, tls_needs_feature},
@@ -321,6 +321,42 @@ impl RedLockBackend {
 }
 
 impl RedLockBackend {
+    /// What a majority of masters agree on about a lock: held by one holder (the fence the
+    /// highest of theirs, the remaining lease the shortest), or free; an error when too few
+    /// answered to tell.
+    fn agreed(
+        &self,
+        what: &str,
+        round: Round<Option<LockInfo>>,
+    ) -> Result<Option<LockInfo>, BackendError> {
+        let answered: Vec<&Option<LockInfo>> =
+            round.replies.iter().filter_map(|r| r.as_ref().ok()).collect();
+        let same = |a: &LockInfo, b: &LockInfo| match (&a.holder, &b.holder) {
+            (Some(a), Some(b)) => (&a.owner, &a.host, a.pid) == (&b.owner, &b.host, b.pid),
+            (None, None) => true,
+            _ => false,
+        };
+        for info in answered.iter().copied().flatten() {
+            let group: Vec<&LockInfo> = answered
+                .iter()
+                .copied()
+                .flatten()
+                .filter(|other| same(info, other))
+                .collect();
+            if group.len() >= self.quorum {
+                let mut agreed = info.clone();
+                agreed.fence = group.iter().filter_map(|i| i.fence).max();
+                agreed.remaining = group.iter().filter_map(|i| i.remaining).min();
+                agreed.waiters = None;
+                return Ok(Some(agreed));
+            }
+        }
+        if answered.len() >= self.quorum {
+            return Ok(None);
+        }
+        Err(self.no_majority(what, round, "too few masters"))
+    }
+
     /// The next fence to propose: the clock in µs, or above the highest fence seen.
     fn proposal(&self) -> u64 {
         now_micros().max(self.seen.load(Ordering::Relaxed) + 1)
@@ -539,6 +575,37 @@ impl Backend for RedLockBackend {
         Box::pin(async move {
             let round = self.round(|node| node.extend(key, token, lease)).await;
             self.majority("extend", "extended our lock", round)
+        })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
+        Box::pin(async move {
+            let round = self.round(|node| node.inspect(key)).await;
+            self.agreed("inspect", round)
+        })
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, BackendError>> {
+        Box::pin(async move {
+            let round = self.round(|node| node.list(prefix)).await;
+            if round.failed() > self.nodes.len() - self.quorum {
+                return Err(self.no_majority("list", round, "too few masters"));
+            }
+            // Each is then inspected: only a majority's lock is listed.
+            Ok(round.replies.into_iter().flatten().flatten().collect())
+        })
+    }
+
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
+        Box::pin(async move {
+            let round = self.round(|node| node.force_release(key)).await;
+            self.agreed("force release", round)
         })
     }
 

@@ -10,6 +10,8 @@
 //!   one node: `a` and `a/b` are two independent locks. Its children are Curator's protected
 //!   nodes, `_c_<uuid>-lock-<sequence>`, so Curator (and `zookeeper-client`'s `LockClient` with
 //!   `LockPrefix::new_curator(dir, "lock-")`) and dlock exclude each other on the same path.
+//! - **Holder**: each node's data is its holder's record (`owner=… host=… pid=…`; the time is
+//!   the node's `ctime`, when it joined the line); Curator writes its client's address there.
 //! - **Protected create**: the uuid is chosen before the create and kept for the acquisition;
 //!   a create whose reply was lost is found again by its uuid among the children (and used, or
 //!   deleted when the wait gives up), so a retry never leaves a second node in line.
@@ -50,7 +52,13 @@ use super::api::{
     Token, Watch, option,
 };
 use crate::lease::LossSignal;
-use crate::{LockError, config::Settings, error::BackendError, url::EngineUrl};
+use crate::{
+    LockError, LockInfo,
+    config::Settings,
+    error::BackendError,
+    holder::{self, Identity},
+    url::EngineUrl,
+};
 
 /// ZooKeeper: `zk://h1:p1,h2:p2[/chroot]`.
 pub(super) const BUILT: Built = Built {
@@ -115,6 +123,34 @@ pub(crate) fn path_of(prefix_len: usize, key: &str) -> String {
         path.push_str(&"%2E".repeat(dots));
     }
     path
+}
+
+/// The full lock key of the node path `path` (see [`path_of`]): its name decoded.
+fn key_of_path(prefix_len: usize, path: &str) -> Option<String> {
+    let rest = path.strip_prefix('/')?;
+    let (prefix, name) = rest.split_at_checked(prefix_len)?;
+    let bytes = name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            out.push(u8::from_str_radix(name.get(i + 1..i + 3)?, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    Some(format!("{prefix}{}", String::from_utf8(out).ok()?))
+}
+
+/// The holder a node's data records, with its creation time (ms since the epoch).
+fn read_holder(data: &[u8], ctime: i64) -> Option<crate::Holder> {
+    let mut holder = holder::parse(std::str::from_utf8(data).ok()?)?;
+    holder.since = u64::try_from(ctime)
+        .ok()
+        .map(|ms| std::time::UNIX_EPOCH + Duration::from_millis(ms));
+    Some(holder)
 }
 
 /// The characters ZooKeeper refuses anywhere in a path. Its paths are Java strings: a
@@ -372,6 +408,8 @@ pub(crate) struct ZooKeeperBackend {
     conn: Arc<Conn>,
     entries: Entries,
     prefix_len: usize,
+    /// Who this locker is: each node's data.
+    identity: Identity,
 }
 
 impl fmt::Debug for ZooKeeperBackend {
@@ -432,6 +470,7 @@ impl ZooKeeperBackend {
             }),
             entries: Arc::default(),
             prefix_len: settings.key_prefix.len(),
+            identity: settings.identity.clone(),
         })
     }
 
@@ -551,7 +590,10 @@ impl ZooKeeperBackend {
         for _ in 0..4 {
             match self
                 .conn
-                .call("join the lock's line", client.create(&prefix, &[], &lock))
+                .call(
+                    "join the lock's line",
+                    client.create(&prefix, self.identity.as_str().as_bytes(), &lock),
+                )
                 .await
             {
                 Ok((_, sequence)) => {
@@ -612,6 +654,46 @@ impl ZooKeeperBackend {
         }
     }
 
+    /// The node first in the line of `dir`, its data and stat, and how many wait behind it;
+    /// `None` when the line is empty.
+    async fn holder_node(
+        &self,
+        session: &Session,
+        dir: &str,
+    ) -> Result<Option<(String, Vec<u8>, zookeeper_client::Stat, usize)>, BackendError> {
+        // A holder that leaves between the listing and the read: look again.
+        for _ in 0..3 {
+            let children = match self
+                .conn
+                .call("read the lock's line", session.client.list_children(dir))
+                .await
+            {
+                Ok(children) => children,
+                Err(Failure::Zk(zookeeper_client::Error::NoNode, _)) => return Ok(None),
+                Err(e) => return Err(e.into_error(&self.conn)),
+            };
+            let line = line_of(children);
+            let Some(first) = line.first() else {
+                return Ok(None);
+            };
+            let path = format!("{dir}/{first}");
+            match self
+                .conn
+                .call("read the holder's node", session.client.get_data(&path))
+                .await
+            {
+                Ok((data, stat)) => {
+                    return Ok(Some((first.clone(), data, stat, line.len() - 1)));
+                }
+                Err(Failure::Zk(zookeeper_client::Error::NoNode, _)) => {}
+                Err(e) => return Err(e.into_error(&self.conn)),
+            }
+        }
+        Err(BackendError::new(
+            "zookeeper: the lock's holder kept changing while it was read",
+        ))
+    }
+
     /// Where `node` stands in the line of `dir`.
     async fn place(
         &self,
@@ -639,7 +721,12 @@ impl ZooKeeperBackend {
                 let path = format!("{dir}/{node}");
                 match self
                     .conn
-                    .call("renew the fence", session.client.set_data(&path, &[], None))
+                    .call(
+                        "renew the fence",
+                        session
+                            .client
+                            .set_data(&path, self.identity.as_str().as_bytes(), None),
+                    )
                     .await
                 {
                     Ok(stat) => Ok(Place::First(fence_of(stat.mzxid))),
@@ -1178,6 +1265,74 @@ impl Backend for ZooKeeperBackend {
                 .await
                 .map(drop)
                 .map_err(|e| e.into_error(&self.conn))
+        })
+    }
+
+    fn inspect<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
+        Box::pin(async move {
+            let session = self.conn.session().await?;
+            let dir = path_of(self.prefix_len, key);
+            let Some((_, data, stat, waiters)) = self.holder_node(&session, &dir).await? else {
+                return Ok(None);
+            };
+            let mut info = LockInfo::new(key.to_owned());
+            info.holder = read_holder(&data, stat.ctime);
+            info.waiters = Some(waiters);
+            Ok(Some(info))
+        })
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, BackendError>> {
+        Box::pin(async move {
+            let session = self.conn.session().await?;
+            let path = path_of(self.prefix_len, prefix);
+            let (parent, start) = path.rsplit_once('/').unwrap_or(("", &path));
+            let parent = if parent.is_empty() { "/" } else { parent };
+            let children = match self
+                .conn
+                .call("list the lock nodes", session.client.list_children(parent))
+                .await
+            {
+                Ok(children) => children,
+                Err(Failure::Zk(zookeeper_client::Error::NoNode, _)) => return Ok(Vec::new()),
+                Err(e) => return Err(e.into_error(&self.conn)),
+            };
+            let base = if parent == "/" { "" } else { parent };
+            Ok(children
+                .into_iter()
+                .filter(|c| c.starts_with(start))
+                .filter_map(|c| key_of_path(self.prefix_len, &format!("{base}/{c}")))
+                .collect())
+        })
+    }
+
+    fn force_release<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
+        Box::pin(async move {
+            let session = self.conn.session().await?;
+            let dir = path_of(self.prefix_len, key);
+            let Some((node, data, stat, _)) = self.holder_node(&session, &dir).await? else {
+                return Ok(None);
+            };
+            let path = format!("{dir}/{node}");
+            match self
+                .conn
+                .call("delete the holder's node", session.client.delete(&path, None))
+                .await
+            {
+                Ok(()) => {}
+                // Released meanwhile.
+                Err(Failure::Zk(zookeeper_client::Error::NoNode, _)) => return Ok(None),
+                Err(e) => return Err(e.into_error(&self.conn)),
+            }
+            let mut info = LockInfo::new(key.to_owned());
+            info.holder = read_holder(&data, stat.ctime);
+            Ok(Some(info))
         })
     }
 

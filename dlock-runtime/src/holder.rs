@@ -1,0 +1,211 @@
+//! Who holds a lock: the record every engine stores with a hold (its owner's name, host and
+//! process, and since when), and what [`Locker::inspect`](crate::Locker::inspect) and
+//! [`Locker::list`](crate::Locker::list) read back.
+//!
+//! The record is one line of `name=value` words, each value percent-encoded where it holds a
+//! space, `=`, `%` or a control character, so that the engine's own tools show it as is:
+//! `owner=billing host=web-3 pid=4242 since=2026-11-25T08:00:00.123Z`.
+
+use std::{
+    fmt::{self, Write as _},
+    time::{Duration, SystemTime},
+};
+
+/// Who holds a lock, as recorded by the holder when it took it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Holder {
+    /// The holder's name: `DLOCK_OWNER`, [`LockerBuilder::owner`](crate::LockerBuilder::owner),
+    /// or its host name.
+    pub owner: String,
+    /// The holder's host name.
+    pub host: String,
+    /// The holder's process id.
+    pub pid: u32,
+    /// When it took the lock. On etcd, when it joined the key's line (it may have waited, up to
+    /// its timeout, before it held); by the server's clock on ZooKeeper and PostgreSQL, by the
+    /// holder's elsewhere. `None` when the engine's record does not say.
+    pub since: Option<SystemTime>,
+}
+
+/// What [`Locker::inspect`](crate::Locker::inspect) and [`Locker::list`](crate::Locker::list)
+/// tell about one held lock. A field the engine cannot tell is `None`; the engine pages say
+/// which.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The lock's key, without the locker's prefix (as given to
+    /// [`Locker::acquire`](crate::Locker::acquire)).
+    pub key: String,
+    /// Who holds it; `None` when the lock was taken by something that records no holder
+    /// (an older dlock, `etcdctl lock`, a Curator client).
+    pub holder: Option<Holder>,
+    /// The fencing token of the current hold: on the Redis engines, PostgreSQL and the embedded
+    /// table (on RedLock the highest of the majority's). `None` on etcd and ZooKeeper, whose
+    /// fence is the revision at which the holder came first in line, which they do not keep.
+    pub fence: Option<u64>,
+    /// The holder's remaining lease. On etcd, the TTL of the holder's session lease (renewed
+    /// while its process lives; its own `expire` ends the hold on its side); `None` on
+    /// ZooKeeper, where the session is the lease.
+    pub remaining: Option<Duration>,
+    /// How many wait for it: acquisitions in line on etcd and ZooKeeper; processes in line on
+    /// Redis, PostgreSQL and the embedded table (a process keeps one place per key for all its
+    /// waiters); `None` on RedLock.
+    pub waiters: Option<usize>,
+}
+
+impl LockInfo {
+    pub(crate) fn new(key: String) -> Self {
+        Self {
+            key,
+            holder: None,
+            fence: None,
+            remaining: None,
+            waiters: None,
+        }
+    }
+}
+
+/// This process's identity as a holder record without the time: what a locker stores with
+/// each of its holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Identity(String);
+
+impl Identity {
+    /// `owner=… host=… pid=…` for `owner` (the host name when `None`).
+    pub(crate) fn new(owner: Option<&str>) -> Self {
+        let host = host_name();
+        let owner = owner.unwrap_or(&host);
+        let mut record = String::with_capacity(64);
+        record.push_str("owner=");
+        encode_into(&mut record, owner);
+        record.push_str(" host=");
+        encode_into(&mut record, &host);
+        let _ = write!(record, " pid={}", std::process::id());
+        Self(record)
+    }
+
+    /// The record without a time (ZooKeeper and PostgreSQL keep the time themselves).
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The record with `since` (by this process's clock).
+    pub(crate) fn since(&self, since: SystemTime) -> String {
+        let mut record = String::with_capacity(self.0.len() + 32);
+        record.push_str(&self.0);
+        let _ = write!(
+            record,
+            " since={}",
+            humantime::format_rfc3339_millis(since)
+        );
+        record
+    }
+}
+
+impl Default for Identity {
+    fn default() -> Self {
+        Self::new(None)
+    }
+}
+
+/// Reads a holder record; `None` when `record` is not one (another program's value).
+pub(crate) fn parse(record: &str) -> Option<Holder> {
+    let (mut owner, mut host, mut pid, mut since) = (None, None, None, None);
+    for word in record.split(' ') {
+        let (name, value) = word.split_once('=')?;
+        match name {
+            "owner" => owner = Some(decode(value)?),
+            "host" => host = Some(decode(value)?),
+            "pid" => pid = Some(value.parse().ok()?),
+            "since" => since = humantime::parse_rfc3339(value).ok(),
+            _ => {}
+        }
+    }
+    Some(Holder {
+        owner: owner?,
+        host: host?,
+        pid: pid?,
+        since,
+    })
+}
+
+impl fmt::Display for Holder {
+    /// `owner@host pid N`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} on {} (pid {})", self.owner, self.host, self.pid)
+    }
+}
+
+/// The host name: the kernel's (Linux), else `HOSTNAME`/`COMPUTERNAME`, else `unknown`.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+        .or_else(|| std::env::var("COMPUTERNAME").ok().filter(|h| !h.is_empty()))
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+fn encode_into(out: &mut String, value: &str) {
+    for c in value.chars() {
+        if c == ' ' || c == '=' || c == '%' || c.is_control() {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                let _ = write!(out, "%{b:02X}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
+}
+
+fn decode(value: &str) -> Option<String> {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = value.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_any_name() {
+        for owner in ["billing", "a b=c%d", "naïve\tname\n", "", "日本"] {
+            let id = Identity::new(Some(owner));
+            assert!(!id.as_str().contains('\n'));
+            assert_eq!(id.as_str().split(' ').count(), 3, "{}", id.as_str());
+            let at = SystemTime::UNIX_EPOCH + Duration::from_millis(1_764_057_600_123);
+            let holder = parse(&id.since(at)).unwrap();
+            assert_eq!(holder.owner, owner);
+            assert_eq!(holder.pid, std::process::id());
+            assert_eq!(holder.since, Some(at));
+            assert_eq!(parse(id.as_str()).unwrap().since, None);
+        }
+        assert_eq!(Identity::new(None), Identity::default());
+        assert_eq!(
+            parse(Identity::default().as_str()).unwrap().owner,
+            host_name()
+        );
+    }
+
+    #[test]
+    fn other_values_are_no_record() {
+        for value in ["", "0123abcd", "owner=a host=b", "owner=a host=b pid=x", "a=%zz"] {
+            assert_eq!(parse(value), None, "{value}");
+        }
+    }
+}
