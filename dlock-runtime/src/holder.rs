@@ -86,6 +86,10 @@ impl Identity {
     }
 
     /// The record without a time (ZooKeeper and PostgreSQL keep the time themselves).
+    #[cfg_attr(
+        not(any(feature = "redis", feature = "postgres", feature = "zookeeper")),
+        allow(dead_code, reason = "for the engines over the network")
+    )]
     pub(crate) fn as_str(&self) -> &str {
         &self.0
     }
@@ -94,11 +98,7 @@ impl Identity {
     pub(crate) fn since(&self, since: SystemTime) -> String {
         let mut record = String::with_capacity(self.0.len() + 32);
         record.push_str(&self.0);
-        let _ = write!(
-            record,
-            " since={}",
-            humantime::format_rfc3339_millis(since)
-        );
+        let _ = write!(record, " since={}", humantime::format_rfc3339_millis(since));
         record
     }
 }
@@ -204,7 +204,13 @@ mod tests {
 
     #[test]
     fn other_values_are_no_record() {
-        for value in ["", "0123abcd", "owner=a host=b", "owner=a host=b pid=x", "a=%zz"] {
+        for value in [
+            "",
+            "0123abcd",
+            "owner=a host=b",
+            "owner=a host=b pid=x",
+            "a=%zz",
+        ] {
             assert_eq!(parse(value), None, "{value}");
         }
     }

@@ -705,7 +705,11 @@ async fn operator_sees_who_holds_and_frees_it(env: Env) {
     assert!(!guard.is_held());
     next.release().await.unwrap();
     assert_eq!(b.inspect(&key).await.unwrap(), None, "free after release");
-    assert_eq!(b.force_release(&key).await.unwrap(), None, "nothing to free");
+    assert_eq!(
+        b.force_release(&key).await.unwrap(),
+        None,
+        "nothing to free"
+    );
     assert!(b.list(under).await.unwrap().iter().all(|i| i.key != key));
     drop(guard);
 }

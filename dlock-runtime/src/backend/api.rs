@@ -6,7 +6,9 @@ use std::{any::Any, fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
 
 use tokio::sync::Notify;
 
-use crate::{LockError, LockInfo, config::Settings, error::BackendError, lease::LossSignal, url::EngineUrl};
+use crate::{
+    LockError, LockInfo, config::Settings, error::BackendError, lease::LossSignal, url::EngineUrl,
+};
 
 /// Makes an engine's backend from its URL and the common settings, without I/O.
 pub(crate) type BuildFn = fn(&EngineUrl, &Settings) -> Result<Arc<dyn Backend>, LockError>;

@@ -159,7 +159,6 @@ impl LockerBuilder {
     /// The holder's name recorded with every lock this locker takes, beside the host name and
     /// the process id (`DLOCK_OWNER`); default: the host name. [`Locker::inspect`] and
     /// `dlock show` read it back.
-    #[must_use]
     pub fn owner(mut self, name: impl AsRef<str>) -> Self {
         self.settings.identity = crate::holder::Identity::new(Some(name.as_ref()));
         self

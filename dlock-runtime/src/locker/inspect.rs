@@ -28,7 +28,9 @@ impl Locker {
     /// when the engine does not answer in time or refuses.
     pub async fn inspect(&self, key: &str) -> Result<Option<LockInfo>, LockError> {
         let full = self.full_key(key)?;
-        let info = self.bounded("inspect", self.backend().inspect(&full)).await?;
+        let info = self
+            .bounded("inspect", self.backend().inspect(&full))
+            .await?;
         Ok(info.map(|info| self.short(info)))
     }
 
@@ -55,7 +57,10 @@ impl Locker {
         keys.dedup();
         let mut held = Vec::with_capacity(keys.len());
         for key in keys {
-            if let Some(info) = self.bounded("inspect", self.backend().inspect(&key)).await? {
+            if let Some(info) = self
+                .bounded("inspect", self.backend().inspect(&key))
+                .await?
+            {
                 held.push(self.short(info));
             }
         }

@@ -61,8 +61,8 @@ use super::api::{
 use crate::{
     LockError, LockInfo,
     config::Settings,
-    holder::{self, Identity},
     error::BackendError,
+    holder::{self, Identity},
     lease::LossSignal,
     url::{EngineUrl, HostList, query_params, tls_needs_feature},
 };

@@ -278,10 +278,9 @@ impl Backend for MemoryBackend {
         key: &'a str,
     ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
         let info = self.with_table(|table, now| {
-            let waiters = table
-                .queues
-                .get(key)
-                .map_or(0, |q| q.iter().filter(|(_, gone_at)| *gone_at > now).count());
+            let waiters = table.queues.get(key).map_or(0, |q| {
+                q.iter().filter(|(_, gone_at)| *gone_at > now).count()
+            });
             let entry = table.live(key, now)?;
             let mut info = LockInfo::new(key.to_owned());
             info.holder = holder::parse(&entry.record);

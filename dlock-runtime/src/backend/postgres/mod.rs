@@ -540,7 +540,10 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
     match op {
         Op::Acquire(key, token, lease_ms, None, owner) => {
             let taken = client
-                .query_opt(&statements.acquire, &[&key, &token.as_str(), &lease_ms, &owner])
+                .query_opt(
+                    &statements.acquire,
+                    &[&key, &token.as_str(), &lease_ms, &owner],
+                )
                 .await?;
             if let Some(row) = taken {
                 return Ok(Reply::Acquire {
@@ -639,7 +642,10 @@ fn row_info(
     let mut info = LockInfo::new(key.to_owned());
     let owner: Option<String> = row.try_get(at)?;
     info.holder = owner.as_deref().and_then(holder::parse).map(|mut h| {
-        h.since = row.try_get::<_, Option<std::time::SystemTime>>(at + 1).ok().flatten();
+        h.since = row
+            .try_get::<_, Option<std::time::SystemTime>>(at + 1)
+            .ok()
+            .flatten();
         h
     });
     info.fence = u64::try_from(row.try_get::<_, i64>(at + 2)?).ok();
@@ -853,9 +859,7 @@ impl Backend for PostgresBackend {
             let key = stored_key(self.prefix_len, key);
             match self.call(Op::Release(&key, token)).await? {
                 Reply::Done(live) => Ok(live),
-                _ => {
-                    Err(BackendError::new("PostgreSQL release: unexpected reply"))
-                }
+                _ => Err(BackendError::new("PostgreSQL release: unexpected reply")),
             }
         })
     }
@@ -882,9 +886,7 @@ impl Backend for PostgresBackend {
             let key = stored_key(self.prefix_len, key);
             match self.call(Op::Extend(&key, token, lease_ms(lease))).await? {
                 Reply::Done(extended) => Ok(extended),
-                _ => {
-                    Err(BackendError::new("PostgreSQL extend: unexpected reply"))
-                }
+                _ => Err(BackendError::new("PostgreSQL extend: unexpected reply")),
             }
         })
     }
@@ -949,7 +951,9 @@ impl Backend for PostgresBackend {
                     key.clone_into(&mut info.key);
                     info
                 })),
-                _ => Err(BackendError::new("PostgreSQL force release: unexpected reply")),
+                _ => Err(BackendError::new(
+                    "PostgreSQL force release: unexpected reply",
+                )),
             }
         })
     }

@@ -155,7 +155,10 @@ fn force_script() -> &'static Script {
 
 /// A lock's value: its acquisition's token, a space, and its holder's record with the time now
 /// (the scripts add `fence=N`), formatted straight into the command.
-pub(crate) fn lock_value<'a>(token: &'a Token, identity: &'a Identity) -> impl redis::ToRedisArgs + 'a {
+pub(crate) fn lock_value<'a>(
+    token: &'a Token,
+    identity: &'a Identity,
+) -> impl redis::ToRedisArgs + 'a {
     struct Value<'a>(&'a Token, &'a Identity);
     impl fmt::Display for Value<'_> {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -759,16 +762,23 @@ impl RedisBackend {
                 #[cfg(feature = "redis-cluster")]
                 Conn::Cluster(c) => {
                     use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-                    let nodes: String = tokio::time::timeout(bound, redis::cmd("CLUSTER").arg("NODES").query_async(c))
-                        .await
-                        .map_err(|_| BackendError::new("Redis CLUSTER NODES got no reply"))?
-                        .map_err(|e| classify("list", e))?;
+                    let nodes: String = tokio::time::timeout(
+                        bound,
+                        redis::cmd("CLUSTER").arg("NODES").query_async(c),
+                    )
+                    .await
+                    .map_err(|_| BackendError::new("Redis CLUSTER NODES got no reply"))?
+                    .map_err(|e| classify("list", e))?;
                     let mut keys = Vec::new();
                     for (host, port) in cluster_masters(&nodes) {
                         let mut cursor = 0u64;
                         loop {
                             let mut cmd = redis::cmd("SCAN");
-                            cmd.arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000);
+                            cmd.arg(cursor)
+                                .arg("MATCH")
+                                .arg(pattern)
+                                .arg("COUNT")
+                                .arg(1000);
                             let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                                 host: host.clone(),
                                 port,
@@ -1031,7 +1041,11 @@ async fn scan_node(
     let mut cursor = 0u64;
     loop {
         let mut cmd = redis::cmd("SCAN");
-        cmd.arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000);
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000);
         let (next, batch): (u64, Vec<String>) = tokio::time::timeout(bound, cmd.query_async(c))
             .await
             .map_err(|_| BackendError::new("Redis SCAN got no reply"))?

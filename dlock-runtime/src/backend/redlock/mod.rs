@@ -329,8 +329,11 @@ impl RedLockBackend {
         what: &str,
         round: Round<Option<LockInfo>>,
     ) -> Result<Option<LockInfo>, BackendError> {
-        let answered: Vec<&Option<LockInfo>> =
-            round.replies.iter().filter_map(|r| r.as_ref().ok()).collect();
+        let answered: Vec<&Option<LockInfo>> = round
+            .replies
+            .iter()
+            .filter_map(|r| r.as_ref().ok())
+            .collect();
         let same = |a: &LockInfo, b: &LockInfo| match (&a.holder, &b.holder) {
             (Some(a), Some(b)) => (&a.owner, &a.host, a.pid) == (&b.owner, &b.host, b.pid),
             (None, None) => true,

@@ -1322,7 +1322,10 @@ impl Backend for ZooKeeperBackend {
             let path = format!("{dir}/{node}");
             match self
                 .conn
-                .call("delete the holder's node", session.client.delete(&path, None))
+                .call(
+                    "delete the holder's node",
+                    session.client.delete(&path, None),
+                )
                 .await
             {
                 Ok(()) => {}

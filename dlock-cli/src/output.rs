@@ -1,0 +1,193 @@
+//! What `dlock` prints: aligned text for people, or one JSON document (`--json`).
+
+use std::time::{Duration, SystemTime};
+
+use dlock_runtime::LockInfo;
+use serde_json::{Value, json};
+
+/// Text or JSON.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Output {
+    pub(crate) json: bool,
+}
+
+impl Output {
+    pub(crate) fn ping(self, round_trip: Duration) {
+        if self.json {
+            print_json(&json!({ "ok": true, "round_trip_ms": millis(round_trip) }));
+        } else {
+            println!("ok: the engine answered in {}", short(round_trip));
+        }
+    }
+
+    pub(crate) fn list(self, held: &[LockInfo]) {
+        if self.json {
+            print_json(&Value::Array(held.iter().map(info_json).collect()));
+            return;
+        }
+        let header = [
+            "KEY",
+            "OWNER",
+            "HOST",
+            "PID",
+            "SINCE",
+            "FENCE",
+            "REMAINING",
+            "WAITERS",
+        ];
+        let rows: Vec<[String; 8]> = held
+            .iter()
+            .map(|info| {
+                let holder = info.holder.as_ref();
+                [
+                    info.key.clone(),
+                    holder.map_or_else(dash, |h| h.owner.clone()),
+                    holder.map_or_else(dash, |h| h.host.clone()),
+                    holder.map_or_else(dash, |h| h.pid.to_string()),
+                    holder.and_then(|h| h.since).map_or_else(dash, ago),
+                    info.fence.map_or_else(dash, |f| f.to_string()),
+                    info.remaining.map_or_else(dash, short),
+                    info.waiters.map_or_else(dash, |w| w.to_string()),
+                ]
+            })
+            .collect();
+        let mut widths = header.map(str::len);
+        for row in &rows {
+            for (w, cell) in widths.iter_mut().zip(row) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+        let line = |cells: &[String]| {
+            let padded: Vec<String> = cells
+                .iter()
+                .zip(widths)
+                .map(|(c, w)| format!("{c:<w$}"))
+                .collect();
+            println!("{}", padded.join("  ").trim_end());
+        };
+        line(&header.map(str::to_owned));
+        for row in &rows {
+            line(row);
+        }
+    }
+
+    pub(crate) fn show(self, key: &str, info: Option<&LockInfo>) {
+        match (self.json, info) {
+            (true, Some(info)) => print_json(&info_json(info)),
+            (true, None) => print_json(&json!({ "key": key, "held": false })),
+            (false, None) => println!("{key} is free"),
+            (false, Some(info)) => {
+                println!("{key} is held by {}", holder_text(info));
+                if let Some(fence) = info.fence {
+                    println!("  fence      {fence}");
+                }
+                if let Some(remaining) = info.remaining {
+                    println!("  remaining  {}", short(remaining));
+                }
+                if let Some(waiters) = info.waiters {
+                    println!("  waiters    {waiters}");
+                }
+            }
+        }
+    }
+
+    pub(crate) fn free(self, key: &str) {
+        if self.json {
+            print_json(&json!({ "key": key, "held": false }));
+        } else {
+            println!("{key} is free");
+        }
+    }
+
+    pub(crate) fn released(self, key: &str, freed: Option<&LockInfo>) {
+        match (self.json, freed) {
+            (true, Some(info)) => {
+                let mut value = info_json(info);
+                value["released"] = Value::Bool(true);
+                print_json(&value);
+            }
+            (true, None) => print_json(&json!({ "key": key, "held": false, "released": false })),
+            (false, None) => println!("{key} was free: nothing released"),
+            (false, Some(info)) => {
+                println!("released {key}, held by {}", holder_text(info));
+                if let Some(fence) = info.fence {
+                    println!("every later holder's fence is above {fence}");
+                }
+            }
+        }
+    }
+}
+
+/// `billing on web-3 (pid 4242) since 2026-11-25T08:00:00.123Z (12s ago)`, or what is known.
+pub(crate) fn holder_text(info: &LockInfo) -> String {
+    match &info.holder {
+        None => "a holder that recorded no name (another tool, or an older dlock)".to_owned(),
+        Some(holder) => match holder.since {
+            Some(since) => format!(
+                "{holder} since {} ({})",
+                humantime::format_rfc3339_millis(since),
+                ago(since)
+            ),
+            None => holder.to_string(),
+        },
+    }
+}
+
+/// Who runs this command, for the audit line: `user@host (pid N)`.
+pub(crate) fn me() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| "someone".to_owned());
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "unknown".to_owned());
+    format!("{user}@{host} (pid {})", std::process::id())
+}
+
+fn info_json(info: &LockInfo) -> Value {
+    json!({
+        "key": info.key,
+        "held": true,
+        "holder": info.holder.as_ref().map(|h| json!({
+            "owner": h.owner,
+            "host": h.host,
+            "pid": h.pid,
+            "since": h.since.map(|s| humantime::format_rfc3339_millis(s).to_string()),
+        })),
+        "fence": info.fence,
+        "remaining_ms": info.remaining.map(millis),
+        "waiters": info.waiters,
+    })
+}
+
+fn print_json(value: &Value) {
+    println!("{value}");
+}
+
+fn dash() -> String {
+    "-".to_owned()
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `12s ago`, `3m ago` (to the second).
+fn ago(since: SystemTime) -> String {
+    match SystemTime::now().duration_since(since) {
+        Ok(d) => format!(
+            "{} ago",
+            humantime::format_duration(Duration::from_secs(d.as_secs()))
+        ),
+        Err(_) => "just now".to_owned(),
+    }
+}
+
+/// A duration to the millisecond: `27s 912ms`, `0.4ms` below a millisecond.
+fn short(d: Duration) -> String {
+    if d < Duration::from_millis(1) {
+        return format!("{:.1}ms", d.as_secs_f64() * 1000.0);
+    }
+    humantime::format_duration(Duration::from_millis(millis(d))).to_string()
+}
