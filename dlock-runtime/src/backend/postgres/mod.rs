@@ -735,8 +735,9 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
             if denied {
                 return Err(BackendError::with_source(
                     "PostgreSQL refused: the table `dlock_locks` (or `dlock_waiters`, or the \
-                     sequence `dlock_fence`) does not exist and this user may not create it; run \
-                     the DDL in dlock's docs/postgres.md as an owner, and grant this user SELECT, INSERT, \
+                     sequence `dlock_fence`) does not exist, or lacks the holder's columns \
+                     `owner` and `acquired_at` (tables made before dlock recorded holders), and this user may not create \
+                     or alter it; run the DDL in dlock's docs/postgres.md as an owner, and grant this user SELECT, INSERT, \
                      UPDATE, DELETE on dlock_locks and dlock_waiters and USAGE on dlock_fence",
                     e,
                 )
