@@ -21,6 +21,10 @@ dlock_tests::engine_suite!(
     ]
 );
 
+/// Every test of this file runs at once, on 2 cores beside the engines' servers: a request
+/// may take longer than the default bound.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// `dlock` with `args`, on `env`'s engine and nothing else of this environment's `DLOCK_*`.
 fn dlock(env: &Engine, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_dlock"));
@@ -31,6 +35,8 @@ fn dlock(env: &Engine, args: &[&str]) -> Command {
     }
     command
         .env("DLOCK_URL", env.url().expect("a served engine"))
+        // Sixteen of these tests run at once on 2 cores, beside the engines' servers.
+        .env("DLOCK_REQUEST_TIMEOUT", "2s")
         .args(args)
         .stdin(Stdio::null())
         .kill_on_drop(true);
@@ -68,6 +74,7 @@ async fn show_ls_ping_and_wait_tell_what_is_held(env: Engine) {
 
     let owner = Locker::builder()
         .url(env.url().unwrap())
+        .request_timeout(REQUEST_TIMEOUT)
         .owner("cli test")
         .build()
         .unwrap();
@@ -152,6 +159,7 @@ async fn runs_never_overlap_and_get_increasing_fences(env: Engine) {
                 ))
                 .env("DLOCK", env!("CARGO_BIN_EXE_dlock"))
                 .env("DLOCK_URL", env.url().unwrap())
+                .env("DLOCK_REQUEST_TIMEOUT", "2s")
                 .env("BODY", &body)
                 .kill_on_drop(true);
             shell.spawn().unwrap()
@@ -185,8 +193,9 @@ async fn forced_release_fences_out_the_old_holder(env: Engine) {
     let store = Store::open(&env.data_url().unwrap()).await.unwrap();
     let old = Locker::builder()
         .url(env.url().unwrap())
+        .request_timeout(REQUEST_TIMEOUT)
         .owner("stuck worker")
-        .expire(Duration::from_secs(3))
+        .expire(Duration::from_secs(10))
         .build()
         .unwrap();
     let key = unique_key("cli-force");
@@ -211,7 +220,11 @@ async fn forced_release_fences_out_the_old_holder(env: Engine) {
         "the audit line: {err}"
     );
 
-    let next = Locker::builder().url(env.url().unwrap()).build().unwrap();
+    let next = Locker::builder()
+        .url(env.url().unwrap())
+        .request_timeout(REQUEST_TIMEOUT)
+        .build()
+        .unwrap();
     let new = next
         .acquire(&key, LockOptions::new().timeout(Duration::from_secs(5)))
         .await
@@ -245,13 +258,17 @@ async fn run_stops_its_command_when_the_lock_is_lost(env: Engine) {
     let mut run = dlock(
         &env,
         &[
-            "run", &key, "--expire", "3s", "--grace", "2s", "--", "sleep", "60",
+            "run", &key, "--expire", "10s", "--grace", "2s", "--", "sleep", "60",
         ],
     )
     .stderr(Stdio::piped())
     .spawn()
     .unwrap();
-    let watcher = Locker::builder().url(env.url().unwrap()).build().unwrap();
+    let watcher = Locker::builder()
+        .url(env.url().unwrap())
+        .request_timeout(REQUEST_TIMEOUT)
+        .build()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while watcher.inspect(&key).await.unwrap().is_none() {
         if let Some(status) = run.try_wait().unwrap() {

@@ -29,9 +29,17 @@ async fn lock_key_is_prefix_plus_key_with_a_lease() {
     let value: String = redis.get(format!("dlock:{key}")).unwrap();
     let ttl: i64 = redis.pttl(format!("dlock:{key}")).unwrap();
     assert!(ttl > 6000 && ttl <= 7000, "ttl {ttl}");
-    // The value is the acquisition's token, 128 random bits in hex; the fence is not in it.
-    assert_eq!(value.len(), 32, "{value}");
-    assert!(value.bytes().all(|b| b.is_ascii_hexdigit()));
+    // The value is the acquisition's token (128 random bits in hex), then the holder's record
+    // with the hold's fence.
+    let (token, record) = value.split_once(' ').expect("a token and a record");
+    assert_eq!(token.len(), 32, "{value}");
+    assert!(token.bytes().all(|b| b.is_ascii_hexdigit()));
+    assert!(
+        record.starts_with("owner=")
+            && record.contains(&format!(" pid={} since=", std::process::id()))
+            && record.ends_with(&format!(" fence={}", guard.fencing_token())),
+        "{record}"
+    );
     let fence_keys: Vec<String> = redis.keys("dlock:__fence:*").unwrap();
     assert_eq!(fence_keys.len(), 1, "{fence_keys:?}");
     let counter: u64 = redis.get(&fence_keys[0]).unwrap();

@@ -26,9 +26,12 @@ fn locker(url: &str, request_timeout: Duration) -> Locker {
 }
 
 /// The value of `key` on a running (not stopped) master.
+/// The token of the lock `key` on `server` (its value's first 32 characters; the holder's record
+/// follows it).
 fn value(server: &RedisServer, key: &str) -> Option<String> {
     let mut c = server.client().get_connection().expect("connect");
-    c.get(key).expect("GET")
+    let value: Option<String> = c.get(key).expect("GET");
+    value.map(|v| v.chars().take(32).collect())
 }
 
 /// Another holder's value on `key`, for 60s: the master refuses us the key.
