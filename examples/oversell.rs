@@ -31,6 +31,12 @@
 //! environment (`DLOCK_URL`) with its own connections, reporting every purchase and its lock
 //! wait on stdout.
 //!
+//! The locked run also fences the stock (see docs/operations.md, *Fencing the resource*): each
+//! write carries the lock's fencing token, and the store refuses a write whose token is below the
+//! last one it took, in the same atomic step (a script on Redis, `UPDATE … WHERE fence <= $3` on
+//! PostgreSQL, a versioned write on ZooKeeper and etcd), so a holder whose lease ended while it
+//! was paused cannot overwrite a later holder's stock.
+//!
 //! Exit code 0 only when the locked run is exact (sold == stock, oversold 0, nothing failed).
 
 use std::{
@@ -161,9 +167,42 @@ mod zk_stock {
         format!("/oversell/{sku}")
     }
 
+    /// The stock and the highest fence written with it: the node's data, `<stock> <fence>`.
+    fn parse(data: &[u8]) -> (u64, u64) {
+        let text = String::from_utf8_lossy(data);
+        let mut words = text.split(' ').map(|w| w.parse().unwrap_or(0));
+        (words.next().unwrap_or(0), words.next().unwrap_or(0))
+    }
+
     pub(super) async fn stock(zk: &Client, sku: &str) -> Result<u64, Error> {
         let (data, _) = zk.get_data(&format!("{}/stock", dir(sku))).await?;
-        Ok(String::from_utf8_lossy(&data).parse().unwrap_or(0))
+        Ok(parse(&data).0)
+    }
+
+    /// Writes the stock with `fence` unless a higher fence wrote it: a versioned write, so no
+    /// other write comes between the check and this one. `false` when refused.
+    pub(super) async fn set_stock_fenced(
+        zk: &Client,
+        sku: &str,
+        n: u64,
+        fence: u64,
+    ) -> Result<bool, Error> {
+        let path = format!("{}/stock", dir(sku));
+        loop {
+            let (data, stat) = zk.get_data(&path).await?;
+            if fence < parse(&data).1 {
+                return Ok(false);
+            }
+            let data = format!("{n} {fence}");
+            match zk
+                .set_data(&path, data.as_bytes(), Some(stat.version))
+                .await
+            {
+                Ok(_) => return Ok(true),
+                Err(Error::BadVersion) => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     pub(super) async fn set_stock(zk: &Client, sku: &str, n: u64) -> Result<(), Error> {
@@ -232,13 +271,49 @@ mod etcd_stock {
         format!("oversell/{sku}/sales/")
     }
 
+    /// The stock and the highest fence written with it: the key's value, `<stock> <fence>`.
+    fn parse(value: &str) -> (u64, u64) {
+        let mut words = value.split(' ').map(|w| w.parse().unwrap_or(0));
+        (words.next().unwrap_or(0), words.next().unwrap_or(0))
+    }
+
     pub(super) async fn stock(etcd: &Client, sku: &str) -> Result<u64, Error> {
         let got = etcd.clone().get(stock_key(sku), None).await?;
         Ok(got
             .kvs()
             .first()
-            .and_then(|kv| kv.value_str().ok()?.parse().ok())
-            .unwrap_or(0))
+            .and_then(|kv| kv.value_str().ok())
+            .map_or(0, |v| parse(v).0))
+    }
+
+    /// Writes the stock with `fence` unless a higher fence wrote it: a transaction on the key's
+    /// revision, so no other write comes between the check and this one. `false` when refused.
+    pub(super) async fn set_stock_fenced(
+        etcd: &Client,
+        sku: &str,
+        n: u64,
+        fence: u64,
+    ) -> Result<bool, Error> {
+        use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+        loop {
+            let got = etcd.clone().get(stock_key(sku), None).await?;
+            let (highest, revision) = got.kvs().first().map_or((0, 0), |kv| {
+                (parse(kv.value_str().unwrap_or("")).1, kv.mod_revision())
+            });
+            if fence < highest {
+                return Ok(false);
+            }
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    stock_key(sku),
+                    CompareOp::Equal,
+                    revision,
+                )])
+                .and_then([TxnOp::put(stock_key(sku), format!("{n} {fence}"), None)]);
+            if etcd.clone().txn(txn).await?.succeeded() {
+                return Ok(true);
+            }
+        }
     }
 
     pub(super) async fn set_stock(etcd: &Client, sku: &str, n: u64) -> Result<(), Error> {
@@ -273,11 +348,28 @@ mod etcd_stock {
 struct MemoryStore {
     stock: AtomicU64,
     sales: AtomicU64,
+    /// The highest fence a stock write carried; held while a fenced write checks and writes.
+    fence: std::sync::Mutex<u64>,
 }
 
+/// The stock's key on Redis, in its fence's Cluster slot (`{<sku>}`).
 fn stock_key(sku: &str) -> String {
-    format!("oversell:{sku}:stock")
+    format!("oversell:{{{sku}}}:stock")
 }
+
+/// The highest fence a stock write carried, on Redis.
+fn stock_fence_key(sku: &str) -> String {
+    format!("oversell:{{{sku}}}:fence")
+}
+
+/// A fenced stock write on Redis (`KEYS[1]` the stock, `KEYS[2]` its highest fence, one slot;
+/// `ARGV[1]` the fence, `ARGV[2]` the stock): refused (0) when a higher fence wrote it.
+const REDIS_FENCED_SET: &str = r"
+local highest = tonumber(redis.call('GET', KEYS[2]) or '0')
+if tonumber(ARGV[1]) < highest then return 0 end
+redis.call('SET', KEYS[2], ARGV[1])
+redis.call('SET', KEYS[1], ARGV[2])
+return 1";
 
 fn sales_key(sku: &str) -> String {
     format!("oversell:{sku}:sales")
@@ -286,6 +378,7 @@ fn sales_key(sku: &str) -> String {
 /// The demo's tables in PostgreSQL; created by the coordinator before any worker starts.
 const POSTGRES_TABLES: &str = "\
 CREATE TABLE IF NOT EXISTS oversell_stock (sku text PRIMARY KEY, stock bigint NOT NULL);
+ALTER TABLE oversell_stock ADD COLUMN IF NOT EXISTS fence bigint NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS oversell_sales (sku text NOT NULL, buyer integer NOT NULL);";
 
 impl Store {
@@ -332,14 +425,73 @@ impl Store {
         })
     }
 
-    async fn set_stock(&self, sku: &str, n: u64) -> Result<(), ShopError> {
+    /// Writes the stock; with a fence (inside the lock), only when no higher fence wrote it
+    /// (else [`ShopError::Fenced`]).
+    async fn set_stock(&self, sku: &str, n: u64, fence: Option<u64>) -> Result<(), ShopError> {
+        let Some(fence) = fence else {
+            return self.set_stock_unfenced(sku, n).await;
+        };
+        let written = match self {
+            Self::Redis(redis) => {
+                let written: i64 = redis::Script::new(REDIS_FENCED_SET)
+                    .key(stock_key(sku))
+                    .key(stock_fence_key(sku))
+                    .arg(fence)
+                    .arg(n)
+                    .invoke_async(&mut redis.clone())
+                    .await?;
+                written == 1
+            }
+            Self::Postgres(db) => {
+                let (n, f) = (
+                    i64::try_from(n).unwrap_or(i64::MAX),
+                    i64::try_from(fence).unwrap_or(i64::MAX),
+                );
+                let updated = db
+                    .execute(
+                        "UPDATE oversell_stock SET stock = $2, fence = $3
+                          WHERE sku = $1 AND fence <= $3",
+                        &[&sku, &n, &f],
+                    )
+                    .await?;
+                updated == 1
+            }
+            Self::ZooKeeper(zk) => zk_stock::set_stock_fenced(zk, sku, n, fence).await?,
+            #[cfg(feature = "etcd")]
+            Self::Etcd(etcd) => etcd_stock::set_stock_fenced(etcd, sku, n, fence).await?,
+            Self::Memory(m) => {
+                let mut highest = m
+                    .fence
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if fence < *highest {
+                    false
+                } else {
+                    *highest = fence;
+                    m.stock.store(n, Ordering::SeqCst);
+                    true
+                }
+            }
+        };
+        if written {
+            Ok(())
+        } else {
+            Err(ShopError::Fenced(fence))
+        }
+    }
+
+    /// Writes the stock, and forgets every fence (a reset, or the run without a lock).
+    async fn set_stock_unfenced(&self, sku: &str, n: u64) -> Result<(), ShopError> {
         match self {
-            Self::Redis(redis) => redis.clone().set(stock_key(sku), n).await?,
+            Self::Redis(redis) => {
+                let _: u64 = redis.clone().del(stock_fence_key(sku)).await?;
+                let () = redis.clone().set(stock_key(sku), n).await?;
+            }
             Self::Postgres(db) => {
                 let n = i64::try_from(n).unwrap_or(i64::MAX);
                 db.execute(
-                    "INSERT INTO oversell_stock (sku, stock) VALUES ($1, $2)
-                     ON CONFLICT (sku) DO UPDATE SET stock = EXCLUDED.stock",
+                    "INSERT INTO oversell_stock (sku, stock, fence) VALUES ($1, $2, 0)
+                     ON CONFLICT (sku) DO UPDATE SET stock = EXCLUDED.stock, fence = 0",
                     &[&sku, &n],
                 )
                 .await?;
@@ -347,7 +499,12 @@ impl Store {
             Self::ZooKeeper(zk) => zk_stock::set_stock(zk, sku, n).await?,
             #[cfg(feature = "etcd")]
             Self::Etcd(etcd) => etcd_stock::set_stock(etcd, sku, n).await?,
-            Self::Memory(m) => m.stock.store(n, Ordering::SeqCst),
+            Self::Memory(m) => {
+                *m.fence
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = 0;
+                m.stock.store(n, Ordering::SeqCst);
+            }
         }
         Ok(())
     }
@@ -409,14 +566,14 @@ impl Store {
             Self::Etcd(etcd) => etcd_stock::remove(etcd, sku).await?,
             Self::ZooKeeper(_) | Self::Memory(_) => {}
         }
-        self.set_stock(sku, stock).await
+        self.set_stock(sku, stock, None).await
     }
 
     async fn remove(&self, sku: &str) -> Result<(), ShopError> {
         match self {
             Self::Redis(redis) => {
-                // One key per command: on a Cluster the two may live on different masters.
-                for key in [stock_key(sku), sales_key(sku)] {
+                // One key per command: on a Cluster they may live on different masters.
+                for key in [stock_key(sku), stock_fence_key(sku), sales_key(sku)] {
                     let _: u64 = redis.clone().del(key).await?;
                 }
             }
@@ -450,7 +607,10 @@ async fn purchase(shop: &Shop, buyer: u32) -> Result<Outcome, ShopError> {
     }
     // The payment check. Any await here lets another buyer read the same stock.
     tokio::time::sleep(Duration::from_millis(1)).await;
-    shop.store.set_stock(&shop.sku, left - 1).await?;
+    // Inside the lock the write carries its fencing token (outside, there is none).
+    shop.store
+        .set_stock(&shop.sku, left - 1, dlock_runtime::fencing_token())
+        .await?;
     shop.store.record_sale(&shop.sku, buyer).await?;
     Ok(Outcome::Sold)
 }
@@ -481,6 +641,8 @@ enum ShopError {
         allow(dead_code, reason = "only without the etcd engine")
     )]
     Config(String),
+    /// A stock write under this fence was refused: a later holder of the lock wrote the stock.
+    Fenced(u64),
 }
 
 #[cfg(feature = "etcd")]
@@ -524,6 +686,11 @@ impl fmt::Display for ShopError {
             #[cfg(feature = "etcd")]
             Self::Etcd(e) => write!(f, "stock store (etcd): {e}"),
             Self::Config(e) => write!(f, "{e}"),
+            Self::Fenced(fence) => write!(
+                f,
+                "stock store: the write under fencing token {fence} was refused: a later holder \
+                 of the lock wrote the stock (this holder's lock had been lost)"
+            ),
         }
     }
 }

@@ -17,7 +17,8 @@ dlock_tests::engine_suite!(
         show_ls_ping_and_wait_tell_what_is_held,
         runs_never_overlap_and_get_increasing_fences,
         forced_release_fences_out_the_old_holder,
-        run_stops_its_command_when_the_lock_is_lost
+        run_stops_its_command_when_the_lock_is_lost,
+        run_forwards_signals_and_exits_with_the_command_status
     ]
 );
 
@@ -288,4 +289,56 @@ async fn run_stops_its_command_when_the_lock_is_lost(env: Engine) {
         .expect("dlock run stops its command once the lock is lost")
         .unwrap();
     assert_eq!(status.code(), Some(76), "the lost lock's exit status");
+}
+
+/// `dlock run` exits with its command's status and releases the lock; a SIGTERM sent to `dlock`
+/// reaches the command (whose trap decides the status); a command that cannot start is 127.
+async fn run_forwards_signals_and_exits_with_the_command_status(env: Engine) {
+    let key = unique_key("cli-status");
+    let (code, _, err) = output(&env, &["run", &key, "--", "sh", "-c", "exit 3"]).await;
+    assert_eq!(code, 3, "{err}");
+    let (code, _, err) = output(&env, &["run", &key, "--", "/nonexistent/command"]).await;
+    assert_eq!(code, 127, "{err}");
+
+    let mut run = dlock(
+        &env,
+        &[
+            "run",
+            &key,
+            "--",
+            "sh",
+            "-c",
+            "trap 'exit 42' TERM; echo ready; sleep 30 & wait",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut ready = String::new();
+    let mut stdout = tokio::io::BufReader::new(run.stdout.take().unwrap());
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut ready),
+    )
+    .await
+    .expect("the command starts under the lock")
+    .unwrap();
+    assert_eq!(ready.trim(), "ready");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(run.id().unwrap()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(15), run.wait())
+        .await
+        .expect("dlock run ends with its command")
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(42),
+        "the command's trap decided the status"
+    );
+    let watcher = Locker::builder()
+        .url(env.url().unwrap())
+        .request_timeout(REQUEST_TIMEOUT)
+        .build()
+        .unwrap();
+    assert_eq!(watcher.inspect(&key).await.unwrap(), None, "released");
 }
