@@ -37,6 +37,16 @@ pub(crate) async fn run(
             return fail(&e);
         }
     };
+    // Listening before the command starts: a signal sent once it runs reaches it, never the
+    // default action on `dlock` itself.
+    let mut signals = match Signals::new() {
+        Ok(signals) => signals,
+        Err(e) => {
+            eprintln!("dlock: could not listen for signals: {e}");
+            let _ = guard.release().await;
+            return ExitCode::FAILURE;
+        }
+    };
     let (program, args) = command.split_first().expect("clap requires a command");
     let child = tokio::process::Command::new(program)
         .args(args)
@@ -58,16 +68,6 @@ pub(crate) async fn run(
     let forward = |sig: Signal| {
         if let Some(pid) = pid {
             let _ = nix::sys::signal::kill(pid, sig);
-        }
-    };
-    let mut signals = match Signals::new() {
-        Ok(signals) => signals,
-        Err(e) => {
-            eprintln!("dlock: could not listen for signals: {e}");
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-            let _ = guard.release().await;
-            return ExitCode::FAILURE;
         }
     };
     loop {

@@ -20,11 +20,12 @@ mod kw {
     syn::custom_keyword!(on_lost);
     syn::custom_keyword!(max_hold);
     syn::custom_keyword!(fair);
+    syn::custom_keyword!(hold_at_least);
 }
 
 /// Every key `#[dlock]` accepts, in the order the docs present them.
-const KEYS: &str =
-    "`key`, `timeout`, `expire`, `client`, `on_fail`, `crate`, `on_lost`, `max_hold`, `fair`";
+const KEYS: &str = "`key`, `timeout`, `expire`, `client`, `on_fail`, `crate`, `on_lost`, \
+                    `max_hold`, `fair`, `hold_at_least`";
 
 /// The lease requested with `expire = ...`.
 #[derive(Debug, Clone, Copy)]
@@ -66,6 +67,7 @@ pub(crate) struct Args {
     pub(crate) on_lost: Option<Spanned<OnLost>>,
     pub(crate) max_hold: Option<Spanned<Duration>>,
     pub(crate) fair: Option<Spanned<bool>>,
+    pub(crate) hold_at_least: Option<Spanned<Duration>>,
 }
 
 /// Stores `value` in `slot`, refusing a second value for the same key.
@@ -177,6 +179,27 @@ impl Parse for Args {
                 let lit = string_value(input, "max_hold", "\"10m\"")?;
                 let max_hold = duration::parse_positive(&lit, "max_hold", MAX_HOLD_ZERO)?;
                 set(&mut args.max_hold, "max_hold", token.span, max_hold)?;
+            } else if lookahead.peek(kw::hold_at_least) {
+                let token: kw::hold_at_least = input.parse()?;
+                input.parse::<Token![=]>()?;
+                let lit = string_value(input, "hold_at_least", "\"5m\"")?;
+                let minimum = duration::parse_positive(&lit, "hold_at_least", HOLD_AT_LEAST_ZERO)?;
+                if minimum > duration::MAX_LEASE {
+                    return Err(syn::Error::new(
+                        lit.span(),
+                        format!(
+                            "`hold_at_least` = `{}` is longer than 365 days, the longest a lock \
+                             is kept; give at most `\"365days\"`",
+                            lit.value()
+                        ),
+                    ));
+                }
+                set(
+                    &mut args.hold_at_least,
+                    "hold_at_least",
+                    token.span,
+                    minimum,
+                )?;
             } else if lookahead.peek(kw::fair) {
                 let token: kw::fair = input.parse()?;
                 input.parse::<Token![=]>()?;
@@ -221,6 +244,9 @@ const MAX_HOLD_ZERO: &str = "a zero ceiling would end the lease at once: \
                              give a positive duration like `max_hold = \"10m\"`, \
                              or remove `max_hold`";
 
+const HOLD_AT_LEAST_ZERO: &str = "a zero minimum hold changes nothing: give a positive duration \
+                                  like `hold_at_least = \"5m\"`, or remove `hold_at_least`";
+
 /// The checked arguments: what [`Args::validate`] guarantees.
 pub(crate) struct Checked {
     pub(crate) key: LitStr,
@@ -232,6 +258,7 @@ pub(crate) struct Checked {
     pub(crate) on_lost: OnLost,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) fair: bool,
+    pub(crate) hold_at_least: Option<Duration>,
 }
 
 impl Args {
@@ -281,6 +308,7 @@ impl Args {
             on_lost: self.on_lost.map_or(OnLost::Abort, |o| o.value),
             max_hold: self.max_hold.map(|m| m.value),
             fair: self.fair.is_some_and(|f| f.value),
+            hold_at_least: self.hold_at_least.map(|h| h.value),
         })
     }
 }
@@ -305,7 +333,7 @@ mod tests {
         let args = parse(
             r#"key = "a:<id>", timeout = "0s", expire = "auto", client = &state.locks,
                on_fail = handlers::busy, crate = "::renamed", on_lost = "continue",
-               max_hold = "10m", fair = true,"#,
+               max_hold = "10m", fair = true, hold_at_least = "5m","#,
         )
         .unwrap();
         assert!(args.fair);
@@ -314,6 +342,7 @@ mod tests {
         assert!(matches!(args.expire, Some(Expire::Auto)));
         assert!(matches!(args.on_lost, OnLost::Continue));
         assert_eq!(args.max_hold, Some(Duration::from_secs(600)));
+        assert_eq!(args.hold_at_least, Some(Duration::from_secs(300)));
     }
 
     #[test]
@@ -321,7 +350,7 @@ mod tests {
         assert_eq!(
             error(r#"key = "a", ttl = "5s""#),
             "unknown argument `ttl`; expected one of `key`, `timeout`, `expire`, `client`, \
-             `on_fail`, `crate`, `on_lost`, `max_hold`, `fair`"
+             `on_fail`, `crate`, `on_lost`, `max_hold`, `fair`, `hold_at_least`"
         );
         assert!(error(r#"key = "a", type = 1"#).starts_with("unknown argument `type`"));
     }
@@ -344,5 +373,7 @@ mod tests {
         );
         assert!(error(r#"key = "a", on_fail = |e| e"#).starts_with("`on_fail` must be"));
         assert!(error(r#"key = "a", timeout = "5 parsecs""#).starts_with("invalid `timeout`"));
+        assert!(error(r#"key = "a", hold_at_least = "0s""#).contains("zero minimum hold"));
+        assert!(error(r#"key = "a", hold_at_least = "400days""#).contains("longer than 365 days"));
     }
 }

@@ -50,7 +50,7 @@ fn parse_str(text: &str) -> Result<Duration, String> {
 /// leases only (a wait or a renewal ceiling of any length is accepted), so the attribute does too.
 /// A proc-macro crate cannot depend on the runtime: the `ui/pass/limits.rs` and
 /// `ui/fail/duration-limits.rs` cases hold the two copies to the same numbers.
-const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+pub(crate) const MAX_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The shortest lease: the runtime's `dlock_runtime::MIN_LEASE` (Redis keeps leases in whole
 /// milliseconds).

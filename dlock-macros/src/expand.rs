@@ -329,12 +329,14 @@ impl Plan {
         tokens
     }
 
-    // Input:  key = "order:<id>", timeout = "5s", expire = "auto", max_hold = "10m", fair = true
+    // Input:  key = "order:<id>", timeout = "5s", expire = "auto", max_hold = "10m", fair = true,
+    //         hold_at_least = "5m"
     // Output: ::dlock_runtime::__private::options("order:<id>")
     //             .timeout(::core::time::Duration::new(5u64, 0u32))
     //             .expire_auto()
     //             .max_hold(::core::time::Duration::new(600u64, 0u32))
     //             .fair()
+    //             .hold_at_least(::core::time::Duration::new(300u64, 0u32))
     /// The `LockOptions` the arguments ask for; what is not given comes from the locker.
     fn options(&self) -> TokenStream {
         let krate = &self.krate;
@@ -359,6 +361,10 @@ impl Plan {
         }
         if self.args.fair {
             options.extend(quote!(.fair()));
+        }
+        if let Some(minimum) = self.args.hold_at_least {
+            let minimum = duration::to_tokens(minimum);
+            options.extend(quote!(.hold_at_least(#minimum)));
         }
         options
     }

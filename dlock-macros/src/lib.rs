@@ -36,7 +36,8 @@ mod names;
 /// ```text
 /// #[dlock(key = "<template>" [, timeout = "<duration>"] [, expire = "<duration>" | "auto"]
 ///         [, client = <expr>] [, on_fail = <path>] [, crate = "<path>"]
-///         [, on_lost = "abort" | "continue"] [, max_hold = "<duration>"] [, fair = <bool>])]
+///         [, on_lost = "abort" | "continue"] [, max_hold = "<duration>"] [, fair = <bool>]
+///         [, hold_at_least = "<duration>"])]
 /// ```
 ///
 /// | argument | value | default |
@@ -50,6 +51,7 @@ mod names;
 /// | `on_lost` | `"abort"` or `"continue"` | `"abort"` |
 /// | `max_hold` | ceiling on a renewed lease | none |
 /// | `fair` | `true`: waiters are served first come, first served across processes | `false` |
+/// | `hold_at_least` | a job lock's minimum hold: the lock stays taken this long after it was acquired, even when the body ends sooner | none |
 ///
 /// ## `key`
 ///
@@ -197,6 +199,31 @@ mod names;
 /// # use dlock_runtime::{dlock, LockError};
 /// #[dlock(key = "import", max_hold = "1h")] // error: `max_hold` caps a renewed lease and needs `expire = "auto"`
 /// async fn import() -> Result<(), LockError> { Ok(()) }
+/// ```
+///
+/// ## `hold_at_least`
+///
+/// A job lock's minimum hold (ShedLock's `lockAtLeastFor`, `LockOptions::hold_at_least`): the
+/// lock stays taken until at least this long after it was acquired, even when the body ends
+/// sooner (then nobody renews it, and it lapses). Another instance's run of the same schedule,
+/// a little late by its clock, finds it taken and skips instead of running the job twice. With
+/// `timeout = "0s"` and an `on_fail` that treats `Timeout` as "another instance ran it", it is
+/// a scheduled job that runs once per period across the fleet. At most 365 days; not available
+/// on ZooKeeper (a `Config` error at run time: its lock nodes end with their session).
+///
+/// ```
+/// use dlock_runtime::{dlock, LockError};
+///
+/// #[dlock(key = "report:nightly", timeout = "0s", hold_at_least = "5m", on_fail = skipped)]
+/// async fn nightly_report() -> Result<bool, LockError> {
+///     // … the report …
+///     Ok(true)
+/// }
+///
+/// /// Another instance holds the lock (or held it within the last five minutes): not run.
+/// fn skipped(error: LockError) -> Result<bool, LockError> {
+///     if error.is_timeout() { Ok(false) } else { Err(error) }
+/// }
 /// ```
 ///
 /// ## `fair`

@@ -57,18 +57,23 @@ pub(crate) struct Hold {
     released: AtomicBool,
     /// The name of this kind of lock (`#[dlock]`'s key template), for the events.
     name: Option<&'static str>,
+    /// `hold_at_least`: a release before this keeps the key until then.
+    keep_until: Option<Instant>,
 }
 
 impl Hold {
     /// The hold of `key` by `token` that `grant` describes (its loss signal is the caller's
-    /// to follow, [`follow_engine`](Self::follow_engine)); `name` names it in events.
+    /// to follow, [`follow_engine`](Self::follow_engine)); `name` names it in events; a
+    /// release within `hold_at_least` of now keeps the key until then.
     pub(crate) fn new(
         locker: Locker,
         key: String,
         token: Token,
         grant: &Grant,
         name: Option<&'static str>,
+        hold_at_least: Option<Duration>,
     ) -> Arc<Self> {
+        let acquired_at = Instant::now();
         let (fence, lease) = (grant.fence, grant.lease.length);
         let (state, _) = watch::channel(State::Held {
             valid_until: valid_until(grant.sent_at, lease),
@@ -79,7 +84,7 @@ impl Hold {
             key,
             token,
             fence,
-            acquired_at: Instant::now(),
+            acquired_at,
             lease,
             state,
             holders: AtomicUsize::new(1),
@@ -89,6 +94,7 @@ impl Hold {
             id,
             released: AtomicBool::new(false),
             name,
+            keep_until: hold_at_least.and_then(|d| acquired_at.checked_add(d)),
         });
         let weak: std::sync::Weak<dyn HeldLock> = Arc::downgrade(&hold) as std::sync::Weak<Self>;
         locker.register_hold(id, weak);
@@ -160,6 +166,7 @@ impl Hold {
             self.key.clone(),
             self.token.clone(),
             true,
+            self.keep_until,
         );
     }
 
@@ -457,7 +464,10 @@ impl LockGuard {
         // If this future is dropped before the reply, the request may never have been written:
         // hand the release to the runtime then.
         let mut in_flight = ReleaseInFlight(Some(hold));
-        let outcome = hold.locker.let_go(&hold.key, &hold.token).await;
+        let outcome = hold
+            .locker
+            .let_go(&hold.key, &hold.token, hold.keep_until)
+            .await;
         in_flight.0 = None;
         match outcome {
             Ok(true) => {
@@ -497,11 +507,21 @@ impl HeldLock for Hold {
             if !self.claim_release() {
                 return Ok(());
             }
-            self.locker
-                .backend()
-                .release(&self.key, &self.token)
-                .await
-                .map(drop)
+            match self
+                .keep_until
+                .and_then(|until| until.checked_duration_since(Instant::now()))
+                .filter(|rest| !rest.is_zero())
+            {
+                // A job lock's minimum hold outlives the locker.
+                Some(rest) => {
+                    self.locker
+                        .backend()
+                        .keep(&self.key, &self.token, rest)
+                        .await
+                }
+                None => self.locker.backend().release(&self.key, &self.token).await,
+            }
+            .map(drop)
         })
     }
 

@@ -27,6 +27,7 @@ pub struct LockOptions {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) fair: bool,
     pub(crate) name: Option<&'static str>,
+    pub(crate) hold_at_least: Option<Duration>,
 }
 
 /// What `expire` asks for.
@@ -97,6 +98,40 @@ impl LockOptions {
     /// [`LockError::Config`](crate::LockError::Config).
     pub fn max_hold(mut self, ceiling: Duration) -> Self {
         self.max_hold = Some(ceiling);
+        self
+    }
+
+    /// A job lock's minimum hold (ShedLock's `lockAtLeastFor`): the lock stays taken until at
+    /// least this long after it was acquired, even when it is released (or its guard dropped,
+    /// or its process exits) sooner. A release before then leaves the key held for the rest of
+    /// that time, renewed by nobody, and returns at once; another instance's run of the same
+    /// schedule finds it taken and skips, instead of running the job twice because its clock is
+    /// a little late. Passing to a waiter of the same locker waits for it too.
+    ///
+    /// At most [`MAX_LEASE`](crate::MAX_LEASE). On ZooKeeper, whose lock nodes end with their
+    /// session, acquiring fails with [`LockError::Config`](crate::LockError::Config). Default:
+    /// none.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), dlock_runtime::LockError> {
+    /// use std::time::Duration;
+    /// use dlock_runtime::{LockOptions, Locker};
+    ///
+    /// let locker = Locker::memory();
+    /// let once = || {
+    ///     LockOptions::new()
+    ///         .timeout(Duration::ZERO)
+    ///         .hold_at_least(Duration::from_secs(60))
+    /// };
+    /// let guard = locker.acquire("nightly-report", once()).await?;
+    /// // … the job …
+    /// guard.release().await?; // the key stays taken for the rest of the minute
+    /// let again = locker.acquire("nightly-report", once()).await;
+    /// assert!(again.is_err_and(|e| e.is_timeout()), "another run skips");
+    /// # Ok(()) }
+    /// ```
+    pub fn hold_at_least(mut self, minimum: Duration) -> Self {
+        self.hold_at_least = Some(minimum);
         self
     }
 }

@@ -36,6 +36,7 @@ dlock_tests::engine_suite!(
     any_key_is_data,
     ping_answers_until_closed,
     operator_sees_who_holds_and_frees_it,
+    job_lock_stays_taken_for_its_minimum_hold,
 );
 
 const SHORT: Duration = Duration::from_millis(300);
@@ -712,4 +713,79 @@ async fn operator_sees_who_holds_and_frees_it(env: Env) {
     );
     assert!(b.list(under).await.unwrap().iter().all(|i| i.key != key));
     drop(guard);
+}
+
+/// `hold_at_least`: a release (or a drop, or the locker's close) before the minimum hold leaves
+/// the key taken until then, on the engine's clock; then it lapses and the next holder gets a
+/// higher fence. ZooKeeper, whose nodes end with their session, refuses it as a configuration
+/// error.
+async fn job_lock_stays_taken_for_its_minimum_hold(env: Env) {
+    const MINIMUM: Duration = Duration::from_millis(1500);
+    let (a, b) = (env.locker(), env.locker());
+    let once = || {
+        LockOptions::new()
+            .timeout(Duration::ZERO)
+            .hold_at_least(MINIMUM)
+    };
+    let key = unique_key("job");
+    let first = a.acquire(&key, once()).await;
+    if env.url().is_some_and(|u| u.starts_with("zk://")) {
+        let err = first.expect_err("ZooKeeper cannot keep a hold past its session");
+        assert!(
+            err.is_config() && err.to_string().contains("hold_at_least"),
+            "{err}"
+        );
+        return;
+    }
+    let guard = first.unwrap();
+    let taken_at = Instant::now();
+    let fence = guard.fencing_token();
+    guard.release().await.expect("a kept release succeeds");
+    assert!(
+        b.try_acquire(&key, SHORT).await.unwrap().is_none(),
+        "released within its minimum hold, the key stays taken"
+    );
+    // Dropped, and its locker closed: still kept (a separate locker; the embedded engine's is
+    // shared by this binary's tests, so it is not closed).
+    let dropped_key = unique_key("job-dropped");
+    let closing = env.locker();
+    drop(closing.acquire(&dropped_key, once()).await.unwrap());
+    if env.url().is_some() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        closing.close().await.unwrap();
+    }
+    assert!(
+        b.try_acquire(&dropped_key, SHORT).await.unwrap().is_none(),
+        "dropped (and its locker closed) within its minimum hold, the key stays taken"
+    );
+    let next = b
+        .acquire(&key, LockOptions::new().timeout(Duration::from_secs(10)))
+        .await
+        .expect("the key lapses after its minimum hold");
+    let after = taken_at.elapsed();
+    assert!(
+        after >= MINIMUM - Duration::from_millis(200),
+        "taken again {after:?} after the first hold began"
+    );
+    assert!(next.fencing_token() > fence);
+    next.release().await.unwrap();
+    let again = b
+        .acquire(
+            &dropped_key,
+            LockOptions::new().timeout(Duration::from_secs(10)),
+        )
+        .await
+        .expect("the dropped hold lapses too");
+    again.release().await.unwrap();
+    // After the minimum, a release frees the key at once.
+    let late = a
+        .acquire(
+            &key,
+            LockOptions::new().hold_at_least(Duration::from_millis(1)),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    late.release().await.unwrap();
+    assert!(b.try_acquire(&key, SHORT).await.unwrap().is_some());
 }

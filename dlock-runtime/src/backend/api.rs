@@ -68,6 +68,9 @@ pub(crate) struct Capabilities {
     /// A waiter's wake-up signals every moment it may have become first (a watch on its
     /// predecessor in line): the waiting loop's fallback pause can be long.
     pub(crate) reliable_wake_up: bool,
+    /// Why a hold cannot outlive its holder ([`Backend::keep`]), on an engine where it cannot:
+    /// `hold_at_least` is then a configuration error.
+    pub(crate) cannot_keep: Option<&'static str>,
 }
 
 impl Default for Capabilities {
@@ -76,6 +79,7 @@ impl Default for Capabilities {
             fair: FairOrder::Queue,
             passes: false,
             reliable_wake_up: false,
+            cannot_keep: None,
         }
     }
 }
@@ -215,6 +219,20 @@ pub(crate) trait Backend: Send + Sync + 'static {
         token: &'a Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>>;
+
+    /// Leaves `token`'s hold of `key` in place for `rest` more, renewed by nobody, and forgets
+    /// it here: it then lapses on the engine's clock, whether or not this process lives (a job
+    /// lock's `hold_at_least`). `false` when `token` does not hold the key. Engines whose
+    /// holds cannot outlive their holder say why in
+    /// [`cannot_keep`](Capabilities::cannot_keep).
+    fn keep<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+        rest: Duration,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        self.extend(key, token, rest)
+    }
 
     /// What the engine can do.
     fn capabilities(&self) -> Capabilities {

@@ -66,6 +66,16 @@ impl Locker {
                 "max_hold: only a renewed lease (`expire_auto`) has a ceiling to set",
             ));
         }
+        if let Some(minimum) = options.hold_at_least {
+            if let Some(why) = self.inner.capabilities.cannot_keep {
+                return Err(LockError::config(format!("hold_at_least: {why}")));
+            }
+            if minimum.is_zero() || minimum > crate::MAX_LEASE {
+                return Err(LockError::config(
+                    "hold_at_least: expected a positive duration of at most 365 days",
+                ));
+            }
+        }
         if let Some(guard) = self.reenter(&full_key) {
             return Ok(guard);
         }
@@ -156,7 +166,7 @@ impl Locker {
             lease,
             lost,
         };
-        let hold = Hold::new(self.clone(), key, token, &grant, None);
+        let hold = Hold::new(self.clone(), key, token, &grant, None, None);
         hold.follow_engine(grant.lost);
         Ok((first, LockGuard::new(hold, lease, None)))
     }

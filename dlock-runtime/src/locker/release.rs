@@ -14,9 +14,22 @@ use crate::{LockError, backend::Token, error::BackendError};
 
 impl Locker {
     /// Releases `token`'s hold of `key`, or passes it straight to the first waiter of the key
-    /// on this locker when that waiter offered to take it (see [`Baton`]). `Ok(false)` when
-    /// `token` no longer held the key (nothing changed).
-    pub(crate) async fn let_go(&self, key: &str, token: &Token) -> Result<bool, BackendError> {
+    /// on this locker when that waiter offered to take it (see [`Baton`]). Before `keep_until`
+    /// (a job lock's `hold_at_least`), neither: the hold stays in the engine until then, and
+    /// lapses. `Ok(false)` when `token` no longer held the key (nothing changed).
+    pub(crate) async fn let_go(
+        &self,
+        key: &str,
+        token: &Token,
+        keep_until: Option<Instant>,
+    ) -> Result<bool, BackendError> {
+        if let Some(rest) = keep_until
+            .and_then(|until| until.checked_duration_since(Instant::now()))
+            .filter(|rest| !rest.is_zero())
+        {
+            tracing::debug!(key = %key, ?rest, "lock kept for the rest of its minimum hold");
+            return self.backend().keep(key, token, rest).await;
+        }
         let Some(Baton {
             token: next,
             lease,
@@ -36,7 +49,7 @@ impl Locker {
         };
         if let Err(Passed::Held { .. } | Passed::Unknown) = reply.send(answer) {
             // The waiter left meanwhile: what it may have been given goes.
-            spawn_release(None, self.clone(), key.to_owned(), next, false);
+            spawn_release(None, self.clone(), key.to_owned(), next, false, None);
         }
         outcome
     }
@@ -139,6 +152,7 @@ impl OrphanCleanup<'_> {
                 self.key.clone(),
                 self.token.clone(),
                 false,
+                None,
             );
         }
     }
@@ -176,18 +190,19 @@ impl Drop for OrphanCleanup<'_> {
 
 /// Hands a compare-and-delete to `runtime` (the one the lock was taken on), or else to the
 /// current one; the lease is the backstop when there is none. A hold's release (`hold`) may
-/// pass the lock to a waiter instead ([`Locker::let_go`]).
+/// pass the lock to a waiter instead, or keep it until `keep_until` ([`Locker::let_go`]).
 pub(crate) fn spawn_release(
     runtime: Option<&tokio::runtime::Handle>,
     locker: Locker,
     key: String,
     token: Token,
     hold: bool,
+    keep_until: Option<Instant>,
 ) {
     let (background, warn_key) = (locker.clone(), key.clone());
     let spawned = background.spawn_background(runtime, async move {
         let released = if hold {
-            locker.let_go(&key, &token).await
+            locker.let_go(&key, &token, keep_until).await
         } else {
             locker.backend().release(&key, &token).await
         };

@@ -425,7 +425,14 @@ impl<'a> Wait<'a> {
             t.leaving_holder = Some(heard);
         }
         let (key, token) = orphan.disarm();
-        let hold = Hold::new(locker.clone(), key, token, &grant, options.name);
+        let hold = Hold::new(
+            locker.clone(),
+            key,
+            token,
+            &grant,
+            options.name,
+            options.hold_at_least,
+        );
         hold.follow_engine(grant.lost);
         LockGuard::new(hold, grant.lease, options.max_hold)
     }

@@ -1,7 +1,7 @@
 //! The attribute accepts exactly the durations the runtime accepts: the lease's boundaries
 //! compile here and run on the embedded backend (one step past them is
 //! `ui/fail/duration-limits.rs`), and so do a wait and a renewal ceiling longer than any lease,
-//! which the runtime does not limit.
+//! which the runtime does not limit, and the longest minimum hold (`hold_at_least`).
 use std::time::Duration;
 
 use dlock_runtime::{LockError, Locker, dlock};
@@ -21,6 +21,11 @@ async fn ceiling(locker: &Locker) -> Result<(), LockError> {
     Ok(())
 }
 
+#[dlock(key = "minimum", client = locker, timeout = "0s", hold_at_least = "365days")]
+async fn minimum(locker: &Locker) -> Result<(), LockError> {
+    Ok(())
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     // The numbers the attribute checks against are the runtime's.
@@ -29,6 +34,10 @@ async fn main() {
     let locker = Locker::memory();
     longest(&locker).await.unwrap();
     ceiling(&locker).await.unwrap();
+    // The longest minimum hold the attribute accepts, the runtime accepts too; the key then
+    // stays taken.
+    minimum(&locker).await.unwrap();
+    assert!(minimum(&locker).await.is_err_and(|e| e.is_timeout()));
     // A 1ms lease may run out before the body is polled; what matters is that the runtime does
     // not refuse it as a configuration error.
     match shortest(&locker).await {

@@ -892,6 +892,62 @@ impl Backend for EtcdBackend {
         })
     }
 
+    /// Moves the holder's key from the session's lease to a lease of its own, `rest` long
+    /// (rounded up to whole seconds) and kept alive by nobody: etcd deletes it then, whether or
+    /// not this process lives (the session's end no longer touches it).
+    fn keep<'a>(
+        &'a self,
+        _key: &'a str,
+        token: &'a Token,
+        rest: Duration,
+    ) -> BoxFuture<'a, Result<bool, BackendError>> {
+        Box::pin(async move {
+            let Some(entry) = self.entries().remove(&token.0) else {
+                return Ok(false);
+            };
+            let live = self.sessions.live().is_some_and(|s| s.epoch == entry.epoch);
+            let (Some(rev), true, true) = (entry.rev, entry.granted, live) else {
+                return Ok(false);
+            };
+            drop(entry.timer);
+            let own_key = entry.own_key;
+            let ttl = lease_seconds(rest);
+            let lease = self
+                .conn
+                .call("grant the kept hold's lease", |mut c| async move {
+                    c.lease_grant(ttl, None).await
+                })
+                .await?
+                .id();
+            let txn = Txn::new()
+                .when([Compare::create_revision(
+                    own_key.as_str(),
+                    CompareOp::Equal,
+                    rev,
+                )])
+                .and_then([TxnOp::put(
+                    own_key.as_str(),
+                    "",
+                    Some(PutOptions::new().with_lease(lease).with_ignore_value()),
+                )]);
+            let moved = self
+                .conn
+                .call("keep the hold", |mut c| async move { c.txn(txn).await })
+                .await?
+                .succeeded();
+            if !moved {
+                // The key was gone: the new lease holds nothing.
+                let _ = self
+                    .conn
+                    .call("revoke an unused lease", |mut c| async move {
+                        c.lease_revoke(lease).await
+                    })
+                    .await;
+            }
+            Ok(moved)
+        })
+    }
+
     fn lapses_within(&self, lease: Duration) -> Duration {
         // A key stays while its session lives, and the session as long as this client; a
         // removal that failed is asked again in the background meanwhile.
@@ -973,6 +1029,7 @@ impl Backend for EtcdBackend {
             fair: FairOrder::Native,
             passes: false,
             reliable_wake_up: true,
+            cannot_keep: None,
         }
     }
 }
