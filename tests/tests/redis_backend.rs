@@ -266,6 +266,46 @@ async fn fencing_counters_are_bounded_and_monotonic_over_a_restart() {
     );
 }
 
+/// A fencing counter ahead of the client's clock (another client's clock ahead, or this one
+/// stepped back): the fence is the counter plus one, and the lock's value records that fence,
+/// not the clock's proposal (`inspect` reads it), on acquisition and on the retry of a lock
+/// that is already ours.
+#[tokio::test]
+async fn a_counter_ahead_of_the_clock_is_the_fence_the_value_records() {
+    let server = RedisServer::start();
+    let locker = server.locker();
+    let key = unique_key("ahead");
+    // One acquisition makes the key's slot counter; then it is set far ahead.
+    locker
+        .acquire(&key, LockOptions::new())
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let mut redis = server.client().get_connection().unwrap();
+    let counters: Vec<String> = redis.keys("dlock:__fence:*").unwrap();
+    let ahead: u64 = 8_000_000_000_000_000;
+    let () = redis.set(&counters[0], ahead).unwrap();
+    let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
+    assert_eq!(guard.fencing_token(), ahead + 1);
+    let info = locker.inspect(&key).await.unwrap().expect("held");
+    assert_eq!(
+        info.fence,
+        Some(ahead + 1),
+        "the value records the fence handed out"
+    );
+    guard.release().await.unwrap();
+    let (first, retried) =
+        dlock_runtime::__private::attempt_twice(&locker, &key, Duration::from_secs(5))
+            .await
+            .unwrap();
+    assert_eq!((first, retried.fencing_token()), (ahead + 2, ahead + 3));
+    let info = locker.inspect(&key).await.unwrap().expect("held");
+    assert_eq!(info.fence, Some(ahead + 3));
+    retried.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn secrets_never_appear_in_errors() {
     let server = RedisServer::start();

@@ -30,11 +30,23 @@ local function token_of(value)
   return value and string.sub(value, 1, 32)
 end
 
--- Sets `lock` to `value` for `lease` ms with the next fence from `counter` (recorded in the
--- value as `fence=N`, for `dlock show`); returns the fence.
-local function set_lock(lock, counter, value, lease)
+-- Sets `lock` to `value` for `lease` ms with the next fence from `counter`, recorded in the
+-- value as `fence=N` (for `dlock show`); with `nx`, only when `lock` is free (else nil). The
+-- value is written with the fence the client's clock proposes, which the fence is unless the
+-- counter was ahead (then it is written again): two commands, as a lock without the record.
+local function set_lock(lock, counter, value, lease, nx)
+  local proposed = ARGV[#ARGV]
+  if nx then
+    if not redis.call('SET', lock, value .. ' fence=' .. proposed, 'NX', 'PX', lease) then
+      return nil
+    end
+  else
+    redis.call('SET', lock, value .. ' fence=' .. proposed, 'PX', lease)
+  end
   local f = fence(counter)
-  redis.call('SET', lock, value .. ' fence=' .. string.format('%.0f', f), 'PX', lease)
+  if f ~= tonumber(proposed) then
+    redis.call('SET', lock, value .. ' fence=' .. string.format('%.0f', f), 'PX', lease)
+  end
   return f
 end
 
