@@ -32,10 +32,11 @@
 //! wait on stdout.
 //!
 //! The locked run also fences the stock (see docs/operations.md, *Fencing the resource*): each
-//! write carries the lock's fencing token, and the store refuses a write whose token is below the
-//! last one it took, in the same atomic step (a script on Redis, `UPDATE … WHERE fence <= $3` on
-//! PostgreSQL, a versioned write on ZooKeeper and etcd), so a holder whose lease ended while it
-//! was paused cannot overwrite a later holder's stock.
+//! write carries the lock's fencing token and the stock it read, and the store refuses it when a
+//! higher token has written or the stock changed since, in one atomic step (a script on Redis,
+//! `UPDATE … WHERE fence <= $3 AND stock = $4` on PostgreSQL, a versioned write on ZooKeeper and
+//! etcd), so a holder whose lease ended while it was paused can neither overwrite a later
+//! holder's stock nor sell from a stock it read before them.
 //!
 //! Exit code 0 only when the locked run is exact (sold == stock, oversold 0, nothing failed).
 
@@ -179,18 +180,21 @@ mod zk_stock {
         Ok(parse(&data).0)
     }
 
-    /// Writes the stock with `fence` unless a higher fence wrote it: a versioned write, so no
-    /// other write comes between the check and this one. `false` when refused.
+    /// Writes the stock with `fence` unless a higher fence wrote it or the stock is no longer
+    /// `read`: a versioned write, so no other write comes between the check and this one.
+    /// `false` when refused.
     pub(super) async fn set_stock_fenced(
         zk: &Client,
         sku: &str,
         n: u64,
         fence: u64,
+        read: u64,
     ) -> Result<bool, Error> {
         let path = format!("{}/stock", dir(sku));
         loop {
             let (data, stat) = zk.get_data(&path).await?;
-            if fence < parse(&data).1 {
+            let (stock, highest) = parse(&data);
+            if fence < highest || stock != read {
                 return Ok(false);
             }
             let data = format!("{n} {fence}");
@@ -286,21 +290,23 @@ mod etcd_stock {
             .map_or(0, |v| parse(v).0))
     }
 
-    /// Writes the stock with `fence` unless a higher fence wrote it: a transaction on the key's
-    /// revision, so no other write comes between the check and this one. `false` when refused.
+    /// Writes the stock with `fence` unless a higher fence wrote it or the stock is no longer
+    /// `read`: a transaction on the key's revision, so no other write comes between the check
+    /// and this one. `false` when refused.
     pub(super) async fn set_stock_fenced(
         etcd: &Client,
         sku: &str,
         n: u64,
         fence: u64,
+        read: u64,
     ) -> Result<bool, Error> {
         use etcd_client::{Compare, CompareOp, Txn, TxnOp};
         loop {
             let got = etcd.clone().get(stock_key(sku), None).await?;
-            let (highest, revision) = got.kvs().first().map_or((0, 0), |kv| {
-                (parse(kv.value_str().unwrap_or("")).1, kv.mod_revision())
+            let ((stock, highest), revision) = got.kvs().first().map_or(((0, 0), 0), |kv| {
+                (parse(kv.value_str().unwrap_or("")), kv.mod_revision())
             });
-            if fence < highest {
+            if fence < highest || stock != read {
                 return Ok(false);
             }
             let txn = Txn::new()
@@ -363,10 +369,12 @@ fn stock_fence_key(sku: &str) -> String {
 }
 
 /// A fenced stock write on Redis (`KEYS[1]` the stock, `KEYS[2]` its highest fence, one slot;
-/// `ARGV[1]` the fence, `ARGV[2]` the stock): refused (0) when a higher fence wrote it.
+/// `ARGV[1]` the fence, `ARGV[2]` the new stock, `ARGV[3]` the stock read): refused (0) when a
+/// higher fence wrote it or the stock changed since it was read.
 const REDIS_FENCED_SET: &str = r"
 local highest = tonumber(redis.call('GET', KEYS[2]) or '0')
 if tonumber(ARGV[1]) < highest then return 0 end
+if tonumber(redis.call('GET', KEYS[1]) or '0') ~= tonumber(ARGV[3]) then return 0 end
 redis.call('SET', KEYS[2], ARGV[1])
 redis.call('SET', KEYS[1], ARGV[2])
 return 1";
@@ -425,10 +433,16 @@ impl Store {
         })
     }
 
-    /// Writes the stock; with a fence (inside the lock), only when no higher fence wrote it
-    /// (else [`ShopError::Fenced`]).
-    async fn set_stock(&self, sku: &str, n: u64, fence: Option<u64>) -> Result<(), ShopError> {
-        let Some(fence) = fence else {
+    /// Writes the stock; with a fence (inside the lock) and the stock it was computed from,
+    /// only when no higher fence wrote it and the stock is still `read` (else
+    /// [`ShopError::Fenced`]).
+    async fn set_stock(
+        &self,
+        sku: &str,
+        n: u64,
+        fenced: Option<(u64, u64)>,
+    ) -> Result<(), ShopError> {
+        let Some((fence, read)) = fenced else {
             return self.set_stock_unfenced(sku, n).await;
         };
         let written = match self {
@@ -438,33 +452,35 @@ impl Store {
                     .key(stock_fence_key(sku))
                     .arg(fence)
                     .arg(n)
+                    .arg(read)
                     .invoke_async(&mut redis.clone())
                     .await?;
                 written == 1
             }
             Self::Postgres(db) => {
-                let (n, f) = (
+                let (n, f, read) = (
                     i64::try_from(n).unwrap_or(i64::MAX),
                     i64::try_from(fence).unwrap_or(i64::MAX),
+                    i64::try_from(read).unwrap_or(i64::MAX),
                 );
                 let updated = db
                     .execute(
                         "UPDATE oversell_stock SET stock = $2, fence = $3
-                          WHERE sku = $1 AND fence <= $3",
-                        &[&sku, &n, &f],
+                          WHERE sku = $1 AND fence <= $3 AND stock = $4",
+                        &[&sku, &n, &f, &read],
                     )
                     .await?;
                 updated == 1
             }
-            Self::ZooKeeper(zk) => zk_stock::set_stock_fenced(zk, sku, n, fence).await?,
+            Self::ZooKeeper(zk) => zk_stock::set_stock_fenced(zk, sku, n, fence, read).await?,
             #[cfg(feature = "etcd")]
-            Self::Etcd(etcd) => etcd_stock::set_stock_fenced(etcd, sku, n, fence).await?,
+            Self::Etcd(etcd) => etcd_stock::set_stock_fenced(etcd, sku, n, fence, read).await?,
             Self::Memory(m) => {
                 let mut highest = m
                     .fence
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                if fence < *highest {
+                if fence < *highest || m.stock.load(Ordering::SeqCst) != read {
                     false
                 } else {
                     *highest = fence;
@@ -607,10 +623,10 @@ async fn purchase(shop: &Shop, buyer: u32) -> Result<Outcome, ShopError> {
     }
     // The payment check. Any await here lets another buyer read the same stock.
     tokio::time::sleep(Duration::from_millis(1)).await;
-    // Inside the lock the write carries its fencing token (outside, there is none).
-    shop.store
-        .set_stock(&shop.sku, left - 1, dlock_runtime::fencing_token())
-        .await?;
+    // Inside the lock the write carries its fencing token and the stock it read (outside, there
+    // is no token, and the write is plain).
+    let fenced = dlock_runtime::fencing_token().map(|fence| (fence, left));
+    shop.store.set_stock(&shop.sku, left - 1, fenced).await?;
     shop.store.record_sale(&shop.sku, buyer).await?;
     Ok(Outcome::Sold)
 }
@@ -641,7 +657,8 @@ enum ShopError {
         allow(dead_code, reason = "only without the etcd engine")
     )]
     Config(String),
-    /// A stock write under this fence was refused: a later holder of the lock wrote the stock.
+    /// A stock write under this fence was refused: a later holder of the lock wrote the stock,
+    /// or it changed since it was read.
     Fenced(u64),
 }
 
@@ -689,7 +706,8 @@ impl fmt::Display for ShopError {
             Self::Fenced(fence) => write!(
                 f,
                 "stock store: the write under fencing token {fence} was refused: a later holder \
-                 of the lock wrote the stock (this holder's lock had been lost)"
+                 of the lock wrote the stock, or it changed since it was read (this holder's \
+                 lock had been lost)"
             ),
         }
     }

@@ -76,8 +76,8 @@ enum Command {
         key: String,
     },
     /// Run a command under the lock KEY, with a renewed lease; its fencing token is in
-    /// DLOCK_FENCE. Signals are forwarded to it; when the lock is lost it is stopped (SIGTERM,
-    /// then SIGKILL after --grace).
+    /// DLOCK_FENCE. It runs in its own process group, to which signals are forwarded; when the
+    /// lock is lost the group is stopped (SIGTERM, then SIGKILL after --grace).
     Run {
         /// The lock's key.
         key: String,
@@ -265,7 +265,7 @@ async fn release(locker: &Locker, key: &str, out: output::Output) -> ExitCode {
                 eprintln!(
                     "dlock: audit: {} released {key} by force at {}; it was held by {}",
                     output::me(),
-                    humantime::format_rfc3339_millis(std::time::SystemTime::now()),
+                    output::now(),
                     output::holder_text(info),
                 );
             }

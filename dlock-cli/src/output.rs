@@ -40,9 +40,9 @@ impl Output {
             .map(|info| {
                 let holder = info.holder.as_ref();
                 [
-                    info.key.clone(),
-                    holder.map_or_else(dash, |h| h.owner.clone()),
-                    holder.map_or_else(dash, |h| h.host.clone()),
+                    shown(&info.key),
+                    holder.map_or_else(dash, |h| shown(&h.owner)),
+                    holder.map_or_else(dash, |h| shown(&h.host)),
                     holder.map_or_else(dash, |h| h.pid.to_string()),
                     holder.and_then(|h| h.since).map_or_else(dash, ago),
                     info.fence.map_or_else(dash, |f| f.to_string()),
@@ -122,14 +122,21 @@ impl Output {
 pub(crate) fn holder_text(info: &LockInfo) -> String {
     match &info.holder {
         None => "a holder that recorded no name (another tool, or an older dlock)".to_owned(),
-        Some(holder) => match holder.since {
-            Some(since) => format!(
-                "{holder} since {} ({})",
-                humantime::format_rfc3339_millis(since),
-                ago(since)
-            ),
-            None => holder.to_string(),
-        },
+        Some(holder) => {
+            let who = format!(
+                "{} on {} (pid {})",
+                shown(&holder.owner),
+                shown(&holder.host),
+                holder.pid
+            );
+            match holder
+                .since
+                .and_then(|since| Some((rfc3339(since)?, ago(since))))
+            {
+                Some((at, ago)) => format!("{who} since {at} ({ago})"),
+                None => who,
+            }
+        }
     }
 }
 
@@ -153,12 +160,39 @@ fn info_json(info: &LockInfo) -> Value {
             "owner": h.owner,
             "host": h.host,
             "pid": h.pid,
-            "since": h.since.map(|s| humantime::format_rfc3339_millis(s).to_string()),
+            "since": h.since.and_then(rfc3339),
         })),
         "fence": info.fence,
         "remaining_ms": info.remaining.map(millis),
         "waiters": info.waiters,
     })
+}
+
+/// A name as recorded, with control characters escaped: a record is anyone's text, and must
+/// not drive the operator's terminal.
+fn shown(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// RFC 3339 to the millisecond, for a time in years 1970 to 9999 (humantime's formatter
+/// panics before 1970 and fails after 9999); `None` otherwise.
+fn rfc3339(time: SystemTime) -> Option<String> {
+    const YEAR_10000: Duration = Duration::from_secs(253_402_300_800);
+    let since_epoch = time.duration_since(SystemTime::UNIX_EPOCH).ok()?;
+    (since_epoch < YEAR_10000).then(|| humantime::format_rfc3339_millis(time).to_string())
+}
+
+/// Now, for the audit line (RFC 3339, or `?` for a clock outside years 1970 to 9999).
+pub(crate) fn now() -> String {
+    rfc3339(SystemTime::now()).unwrap_or_else(|| "?".to_owned())
 }
 
 fn print_json(value: &Value) {

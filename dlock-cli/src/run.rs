@@ -10,10 +10,11 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{exit, fail, output};
 
-/// Takes the lock (renewed while the command runs), runs the command with `DLOCK_FENCE` and
-/// `DLOCK_KEY`, forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to it, and exits
-/// with its status; releases the lock when it ends. When the lock is lost, the command gets
-/// SIGTERM, then SIGKILL after `grace`, and `dlock` exits with [`exit::LOST`].
+/// Takes the lock (renewed while the command runs), runs the command in its own process group
+/// with `DLOCK_FENCE` and `DLOCK_KEY`, forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and
+/// SIGUSR2 to that group, and exits with the command's status; releases the lock when it ends.
+/// When the lock is lost, the group gets SIGTERM, then SIGKILL after `grace`, and `dlock` exits
+/// with [`exit::LOST`].
 pub(crate) async fn run(
     locker: &Locker,
     key: &str,
@@ -48,10 +49,13 @@ pub(crate) async fn run(
         }
     };
     let (program, args) = command.split_first().expect("clap requires a command");
+    // Its own process group: a lost lock stops everything the command started (a pipeline, a
+    // script's children), and a terminal's Ctrl-C reaches it once, through `dlock`.
     let child = tokio::process::Command::new(program)
         .args(args)
         .env("DLOCK_FENCE", guard.fencing_token().to_string())
         .env("DLOCK_KEY", key)
+        .process_group(0)
         .spawn();
     let mut child = match child {
         Ok(child) => child,
@@ -67,7 +71,7 @@ pub(crate) async fn run(
         .map(Pid::from_raw);
     let forward = |sig: Signal| {
         if let Some(pid) = pid {
-            let _ = nix::sys::signal::kill(pid, sig);
+            let _ = nix::sys::signal::killpg(pid, sig);
         }
     };
     loop {
@@ -101,6 +105,7 @@ pub(crate) async fn run(
                     humantime::format_duration(grace));
                 forward(Signal::SIGTERM);
                 if tokio::time::timeout(grace, child.wait()).await.is_err() {
+                    forward(Signal::SIGKILL);
                     let _ = child.kill().await;
                 }
                 return ExitCode::from(exit::LOST);

@@ -94,11 +94,14 @@ impl Identity {
         &self.0
     }
 
-    /// The record with `since` (by this process's clock).
+    /// The record with `since` (by this process's clock; left out when the clock is outside
+    /// years 1970 to 9999).
     pub(crate) fn since(&self, since: SystemTime) -> String {
         let mut record = String::with_capacity(self.0.len() + 32);
         record.push_str(&self.0);
-        let _ = write!(record, " since={}", humantime::format_rfc3339_millis(since));
+        if let Some(since) = rfc3339(since) {
+            let _ = write!(record, " since={since}");
+        }
         record
     }
 }
@@ -107,6 +110,14 @@ impl Default for Identity {
     fn default() -> Self {
         Self::new(None)
     }
+}
+
+/// `time` in RFC 3339 to the millisecond, when it lies in years 1970 to 9999 (humantime's
+/// formatter panics before 1970 and fails after 9999).
+pub(crate) fn rfc3339(time: SystemTime) -> Option<humantime::Rfc3339Timestamp> {
+    const YEAR_10000: Duration = Duration::from_secs(253_402_300_800);
+    let since_epoch = time.duration_since(SystemTime::UNIX_EPOCH).ok()?;
+    (since_epoch < YEAR_10000).then(|| humantime::format_rfc3339_millis(time))
 }
 
 /// Reads a holder record; `None` when `record` is not one (another program's value).
@@ -194,6 +205,12 @@ mod tests {
             assert_eq!(holder.pid, std::process::id());
             assert_eq!(holder.since, Some(at));
             assert_eq!(parse(id.as_str()).unwrap().since, None);
+        }
+        let before_1970 = SystemTime::UNIX_EPOCH - Duration::from_secs(1);
+        let after_9999 = SystemTime::UNIX_EPOCH + Duration::from_secs(253_402_300_800);
+        for odd in [before_1970, after_9999] {
+            let record = Identity::default().since(odd);
+            assert!(!record.contains("since="), "{record}");
         }
         assert_eq!(Identity::new(None), Identity::default());
         assert_eq!(

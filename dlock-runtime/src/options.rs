@@ -103,10 +103,14 @@ impl LockOptions {
 
     /// A job lock's minimum hold (ShedLock's `lockAtLeastFor`): the lock stays taken until at
     /// least this long after it was acquired, even when it is released (or its guard dropped,
-    /// or its process exits) sooner. A release before then leaves the key held for the rest of
-    /// that time, renewed by nobody, and returns at once; another instance's run of the same
-    /// schedule finds it taken and skips, instead of running the job twice because its clock is
-    /// a little late. Passing to a waiter of the same locker waits for it too.
+    /// or its locker closed) sooner, and whether or not the process lives on after that: a
+    /// release before then leaves the key held for the rest of that time, renewed by nobody,
+    /// and returns at once. Another instance's run of the same schedule finds it taken and
+    /// skips, instead of running the job twice because its clock is a little late. Passing to
+    /// a waiter of the same locker waits for it too. A process that dies *while holding* the
+    /// lock (before any release) frees it when its lease ends, as ever: give a lease at least
+    /// as long as the minimum (ShedLock's `lockAtMostFor` ≥ `lockAtLeastFor`) when a crash
+    /// must not shorten it.
     ///
     /// At most [`MAX_LEASE`](crate::MAX_LEASE). On ZooKeeper, whose lock nodes end with their
     /// session, acquiring fails with [`LockError::Config`](crate::LockError::Config). Default:

@@ -682,6 +682,15 @@ async fn operator_sees_who_holds_and_frees_it(env: Env) {
         "{odd} not listed under {under}: {listed:?}"
     );
     odd_guard.release().await.unwrap();
+    // A key that merely starts with `__` (not a reserved `__word:`) is a lock like any other.
+    let underscored = format!("__X{key}");
+    let underscored_guard = a.acquire(&underscored, LockOptions::new()).await.unwrap();
+    let listed = b.list(&underscored).await.unwrap();
+    assert!(
+        listed.iter().any(|i| i.key == underscored),
+        "{underscored} not listed: {listed:?}"
+    );
+    underscored_guard.release().await.unwrap();
     assert!(
         b.list(&format!("{key}:nothing")).await.unwrap().is_empty(),
         "nothing under another prefix"

@@ -71,9 +71,12 @@ impl Locker {
     /// process whose lease is long). Returns what was held (`None`: it was free). Waiters are
     /// woken; every later hold's fence is above the freed hold's, so a resource that checks
     /// fences refuses the old holder's late writes once the next holder wrote; the old holder
-    /// finds its hold gone at its next renewal (its guard reports `Lost`) or at once where the
-    /// engine watches it (etcd, ZooKeeper). A warning event (target `dlock::audit`) records who
-    /// was freed.
+    /// finds its hold gone at its next renewal or release (its guard reports `Lost`), or at
+    /// once on etcd for a hold older than a second (a watch on its key). A warning event
+    /// (target `dlock::audit`) records who was freed.
+    ///
+    /// It frees whoever holds the key when it runs: a hold that lapsed between an operator's
+    /// look and this call may have been followed by a live one, which it frees instead.
     ///
     /// This breaks the lock's promise for the holder it frees: use it when that holder is
     /// known to be gone or stuck, never to hurry a live one.

@@ -466,6 +466,46 @@ impl EtcdBackend {
         }
     }
 
+    /// Puts `own_key` (created at `rev`) on a new lease of `rest`, kept alive by nobody;
+    /// `false` when the key was gone.
+    async fn move_to_own_lease(
+        &self,
+        own_key: &str,
+        rev: i64,
+        rest: Duration,
+    ) -> Result<bool, BackendError> {
+        let ttl = lease_seconds(rest);
+        let lease = self
+            .conn
+            .call("grant the kept hold's lease", |mut c| async move {
+                c.lease_grant(ttl, None).await
+            })
+            .await?
+            .id();
+        let txn = Txn::new()
+            .when([Compare::create_revision(own_key, CompareOp::Equal, rev)])
+            .and_then([TxnOp::put(
+                own_key,
+                "",
+                Some(PutOptions::new().with_lease(lease).with_ignore_value()),
+            )]);
+        let moved = self
+            .conn
+            .call("keep the hold", |mut c| async move { c.txn(txn).await })
+            .await?
+            .succeeded();
+        if !moved {
+            // The key was gone: the new lease holds nothing.
+            let _ = self
+                .conn
+                .call("revoke an unused lease", |mut c| async move {
+                    c.lease_revoke(lease).await
+                })
+                .await;
+        }
+        Ok(moved)
+    }
+
     /// Deletes `own_key` (a waiter's, or one whose hold is over) in the background until it is
     /// gone or its session ends (which deletes it anyway): a key left in line would hold the
     /// lock up for the session's life.
@@ -905,46 +945,27 @@ impl Backend for EtcdBackend {
             let Some(entry) = self.entries().remove(&token.0) else {
                 return Ok(false);
             };
-            let live = self.sessions.live().is_some_and(|s| s.epoch == entry.epoch);
-            let (Some(rev), true, true) = (entry.rev, entry.granted, live) else {
+            let Some(session) = self.sessions.live().filter(|s| s.epoch == entry.epoch) else {
+                return Ok(false);
+            };
+            let (Some(rev), true) = (entry.rev, entry.granted) else {
                 return Ok(false);
             };
             drop(entry.timer);
             let own_key = entry.own_key;
-            let ttl = lease_seconds(rest);
-            let lease = self
-                .conn
-                .call("grant the kept hold's lease", |mut c| async move {
-                    c.lease_grant(ttl, None).await
-                })
-                .await?
-                .id();
-            let txn = Txn::new()
-                .when([Compare::create_revision(
-                    own_key.as_str(),
-                    CompareOp::Equal,
-                    rev,
-                )])
-                .and_then([TxnOp::put(
-                    own_key.as_str(),
-                    "",
-                    Some(PutOptions::new().with_lease(lease).with_ignore_value()),
-                )]);
-            let moved = self
-                .conn
-                .call("keep the hold", |mut c| async move { c.txn(txn).await })
-                .await?
-                .succeeded();
-            if !moved {
-                // The key was gone: the new lease holds nothing.
-                let _ = self
-                    .conn
-                    .call("revoke an unused lease", |mut c| async move {
-                        c.lease_revoke(lease).await
-                    })
-                    .await;
+            match self.move_to_own_lease(&own_key, rev, rest).await {
+                Ok(moved) => Ok(moved),
+                Err(error) => {
+                    // Still on the session's lease, which this locker renews: deleted once the
+                    // rest has passed (or with the session), as it would have lapsed.
+                    let conn = self.conn.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(rest).await;
+                        delete_until_gone(&conn, &session, own_key, Some(rev)).await;
+                    });
+                    Err(error)
+                }
             }
-            Ok(moved)
         })
     }
 

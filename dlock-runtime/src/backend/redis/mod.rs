@@ -162,13 +162,11 @@ pub(crate) fn lock_value<'a>(
     struct Value<'a>(&'a Token, &'a Identity);
     impl fmt::Display for Value<'_> {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            write!(
-                f,
-                "{} {} since={}",
-                self.0.as_str(),
-                self.1.as_str(),
-                humantime::format_rfc3339_millis(std::time::SystemTime::now())
-            )
+            write!(f, "{} {}", self.0.as_str(), self.1.as_str())?;
+            match holder::rfc3339(std::time::SystemTime::now()) {
+                Some(since) => write!(f, " since={since}"),
+                None => Ok(()),
+            }
         }
     }
     Formatted(Value(token, identity))
@@ -307,8 +305,8 @@ pub(crate) struct RedisBackend {
     wait_replicas: u32,
     /// Who this locker is, recorded in each lock's value.
     identity: Identity,
-    /// `prefix` + `__`: dlock's reserved namespace, left out of listings.
-    reserved_prefix: String,
+    /// The key prefix: dlock's reserved namespace after it (`__word:`) is left out of listings.
+    key_prefix: String,
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -372,7 +370,7 @@ impl RedisBackend {
             publish_denied: std::sync::atomic::AtomicBool::new(false),
             wait_replicas,
             identity: settings.identity.clone(),
-            reserved_prefix: format!("{}__", settings.key_prefix),
+            key_prefix: settings.key_prefix.clone(),
         })
     }
 
@@ -738,6 +736,19 @@ fn hash_tag(key: &[u8]) -> Option<&[u8]> {
     (len > 0).then(|| &key[open + 1..open + 1 + len])
 }
 
+impl RedisBackend {
+    /// Whether `key` is dlock's own (`<prefix>__word:…`, the fencing counters and fair
+    /// queues), by the rule that reserves such names for lock keys too.
+    fn reserved(&self, key: &str) -> bool {
+        key.strip_prefix(self.key_prefix.as_str())
+            .and_then(|rest| rest.strip_prefix("__"))
+            .and_then(|rest| rest.split_once(':'))
+            .is_some_and(|(word, _)| {
+                !word.is_empty() && word.bytes().all(|b| b.is_ascii_lowercase())
+            })
+    }
+}
+
 /// `text` with the glob characters of `SCAN MATCH` escaped.
 fn glob_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 4);
@@ -994,10 +1005,7 @@ impl Backend for RedisBackend {
         Box::pin(async move {
             let pattern = format!("{}*", glob_escape(prefix));
             let keys = self.scan(&pattern).await?;
-            Ok(keys
-                .into_iter()
-                .filter(|k| !k.starts_with(&self.reserved_prefix))
-                .collect())
+            Ok(keys.into_iter().filter(|k| !self.reserved(k)).collect())
         })
     }
 
