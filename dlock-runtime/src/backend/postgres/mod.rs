@@ -330,6 +330,29 @@ fn stored_key(prefix_len: usize, key: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(stored)
 }
 
+impl PostgresBackend {
+    /// What `op` (inspect, or a forced release) of the row of the full key `key` tells, named
+    /// by the full key.
+    async fn lock_info(
+        &self,
+        key: &str,
+        op: fn(&str) -> Op<'_>,
+    ) -> Result<Option<LockInfo>, BackendError> {
+        let stored = stored_key(self.prefix_len, key);
+        let op = op(&stored);
+        match self.call(op).await? {
+            Reply::Info(info) => Ok(info.map(|mut info| {
+                key.clone_into(&mut info.key);
+                info
+            })),
+            _ => Err(BackendError::new(format!(
+                "PostgreSQL {}: unexpected reply",
+                op.name()
+            ))),
+        }
+    }
+}
+
 /// The full key a stored key (see [`stored_key`]) stands for.
 fn unstored_key(prefix_len: usize, stored: &str) -> String {
     let split = if stored.is_char_boundary(prefix_len) {
@@ -916,16 +939,7 @@ impl Backend for PostgresBackend {
         &'a self,
         key: &'a str,
     ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
-        Box::pin(async move {
-            let stored = stored_key(self.prefix_len, key);
-            match self.call(Op::Inspect(&stored)).await? {
-                Reply::Info(info) => Ok(info.map(|mut info| {
-                    key.clone_into(&mut info.key);
-                    info
-                })),
-                _ => Err(BackendError::new("PostgreSQL inspect: unexpected reply")),
-            }
-        })
+        Box::pin(self.lock_info(key, |k| Op::Inspect(k)))
     }
 
     fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, BackendError>> {
@@ -945,18 +959,7 @@ impl Backend for PostgresBackend {
         &'a self,
         key: &'a str,
     ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
-        Box::pin(async move {
-            let stored = stored_key(self.prefix_len, key);
-            match self.call(Op::Force(&stored)).await? {
-                Reply::Info(info) => Ok(info.map(|mut info| {
-                    key.clone_into(&mut info.key);
-                    info
-                })),
-                _ => Err(BackendError::new(
-                    "PostgreSQL force release: unexpected reply",
-                )),
-            }
-        })
+        Box::pin(self.lock_info(key, |k| Op::Force(k)))
     }
 
     fn key_error(&self, key: &str) -> Option<String> {

@@ -769,7 +769,13 @@ impl RedisBackend {
         let scan = async {
             let mut connection = self.connection().await?;
             match &mut connection {
-                Conn::Single(c) => scan_node(c, pattern, bound).await,
+                Conn::Single(c) => {
+                    scan_pages(pattern, bound, |cmd| {
+                        let mut c = c.clone();
+                        async move { cmd.query_async(&mut c).await }
+                    })
+                    .await
+                }
                 #[cfg(feature = "redis-cluster")]
                 Conn::Cluster(c) => {
                     use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
@@ -782,30 +788,19 @@ impl RedisBackend {
                     .map_err(|e| classify("list", e))?;
                     let mut keys = Vec::new();
                     for (host, port) in cluster_masters(&nodes) {
-                        let mut cursor = 0u64;
-                        loop {
-                            let mut cmd = redis::cmd("SCAN");
-                            cmd.arg(cursor)
-                                .arg("MATCH")
-                                .arg(pattern)
-                                .arg("COUNT")
-                                .arg(1000);
-                            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                                host: host.clone(),
-                                port,
-                            });
-                            let reply = tokio::time::timeout(bound, c.route_command(cmd, route))
-                                .await
-                                .map_err(|_| BackendError::new("Redis SCAN got no reply"))?
-                                .map_err(|e| classify("list", e))?;
-                            let (next, batch): (u64, Vec<String>) = redis::from_redis_value(reply)
-                                .map_err(|e| classify("list", e.into()))?;
-                            keys.extend(batch);
-                            cursor = next;
-                            if cursor == 0 {
-                                break;
+                        let batch = scan_pages(pattern, bound, |cmd| {
+                            let (mut c, host) = (c.clone(), host.clone());
+                            async move {
+                                let route =
+                                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                                        host,
+                                        port,
+                                    });
+                                c.route_command(cmd, route).await
                             }
-                        }
+                        })
+                        .await?;
+                        keys.extend(batch);
                     }
                     Ok(keys)
                 }
@@ -1039,12 +1034,16 @@ impl Backend for RedisBackend {
     }
 }
 
-/// Every `SCAN` page of one server, each bounded by `bound`.
-async fn scan_node(
-    c: &mut ConnectionManager,
+/// Every `SCAN` page of one server, each request sent by `send` and bounded by `bound`.
+async fn scan_pages<F, Fut>(
     pattern: &str,
     bound: Duration,
-) -> Result<Vec<String>, BackendError> {
+    mut send: F,
+) -> Result<Vec<String>, BackendError>
+where
+    F: FnMut(redis::Cmd) -> Fut,
+    Fut: std::future::Future<Output = redis::RedisResult<redis::Value>>,
+{
     let mut keys = Vec::new();
     let mut cursor = 0u64;
     loop {
@@ -1054,10 +1053,12 @@ async fn scan_node(
             .arg(pattern)
             .arg("COUNT")
             .arg(1000);
-        let (next, batch): (u64, Vec<String>) = tokio::time::timeout(bound, cmd.query_async(c))
+        let reply = tokio::time::timeout(bound, send(cmd))
             .await
             .map_err(|_| BackendError::new("Redis SCAN got no reply"))?
             .map_err(|e| classify("list", e))?;
+        let (next, batch): (u64, Vec<String>) =
+            redis::from_redis_value(reply).map_err(|e| classify("list", e.into()))?;
         keys.extend(batch);
         cursor = next;
         if cursor == 0 {
