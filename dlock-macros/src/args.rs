@@ -21,11 +21,14 @@ mod kw {
     syn::custom_keyword!(max_hold);
     syn::custom_keyword!(fair);
     syn::custom_keyword!(hold_at_least);
+    syn::custom_keyword!(permits);
+    syn::custom_keyword!(read);
+    syn::custom_keyword!(write);
 }
 
 /// Every key `#[dlock]` accepts, in the order the docs present them.
 const KEYS: &str = "`key`, `timeout`, `expire`, `client`, `on_fail`, `crate`, `on_lost`, \
-                    `max_hold`, `fair`, `hold_at_least`";
+                    `max_hold`, `fair`, `hold_at_least`, `permits`, `read`, `write`";
 
 /// The lease requested with `expire = ...`.
 #[derive(Debug, Clone, Copy)]
@@ -34,6 +37,27 @@ pub(crate) enum Expire {
     Fixed(Duration),
     /// `expire = "auto"`: a lease the runtime renews while the body runs.
     Auto,
+}
+
+/// The kind of lock asked for, when not the mutex.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// `permits = N`: a permit of a counting semaphore.
+    Permits(u32),
+    /// `read`: a read hold of a read/write lock.
+    Read,
+    /// `write`: the write hold of a read/write lock.
+    Write,
+}
+
+impl Kind {
+    fn argument(self) -> &'static str {
+        match self {
+            Self::Permits(_) => "permits",
+            Self::Read => "read",
+            Self::Write => "write",
+        }
+    }
 }
 
 /// What `on_lost = ...` asked for.
@@ -68,6 +92,40 @@ pub(crate) struct Args {
     pub(crate) max_hold: Option<Spanned<Duration>>,
     pub(crate) fair: Option<Spanned<bool>>,
     pub(crate) hold_at_least: Option<Spanned<Duration>>,
+    /// `permits = N`, `read` or `write`: one of them at most.
+    pub(crate) kind: Option<Spanned<Kind>>,
+}
+
+/// Stores the kind of lock, refusing a second one.
+fn set_kind(slot: &mut Option<Spanned<Kind>>, key: Span, kind: Kind) -> syn::Result<()> {
+    if let Some(first) = slot {
+        let (first, second) = (first.value.argument(), kind.argument());
+        let message = if first == second {
+            format!("duplicate argument `{second}`; give each argument once")
+        } else {
+            format!(
+                "`{second}` and `{first}` ask for two kinds of lock; give one of `permits = N` \
+                 (a semaphore), `read` or `write` (a read/write lock), or none (a mutex)"
+            )
+        };
+        return Err(syn::Error::new(key, message));
+    }
+    *slot = Some(Spanned { key, value: kind });
+    Ok(())
+}
+
+/// A bare flag (`read`, `write`): a value after it is an error that shows the form.
+fn no_value(input: ParseStream<'_>, name: &str) -> syn::Result<()> {
+    if input.peek(Token![=]) {
+        let eq: Token![=] = input.parse()?;
+        return Err(syn::Error::new(
+            eq.span,
+            format!(
+                "`{name}` takes no value; write `{name}` alone, like `#[dlock(key = \"doc:<id>\", {name})]`"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Stores `value` in `slot`, refusing a second value for the same key.
@@ -219,6 +277,19 @@ impl Parse for Args {
                     }
                 };
                 set(&mut args.fair, "fair", token.span, fair)?;
+            } else if lookahead.peek(kw::permits) {
+                let token: kw::permits = input.parse()?;
+                input.parse::<Token![=]>()?;
+                let permits = permits_value(input)?;
+                set_kind(&mut args.kind, token.span, Kind::Permits(permits))?;
+            } else if lookahead.peek(kw::read) {
+                let token: kw::read = input.parse()?;
+                no_value(input, "read")?;
+                set_kind(&mut args.kind, token.span, Kind::Read)?;
+            } else if lookahead.peek(kw::write) {
+                let token: kw::write = input.parse()?;
+                no_value(input, "write")?;
+                set_kind(&mut args.kind, token.span, Kind::Write)?;
             } else if input.peek(Ident::peek_any) {
                 let unknown = Ident::parse_any(input)?;
                 return Err(syn::Error::new(
@@ -234,6 +305,34 @@ impl Parse for Args {
             input.parse::<Token![,]>()?;
         }
         Ok(args)
+    }
+}
+
+/// The value of `permits = N`: a whole number from 1 to `u32::MAX`.
+fn permits_value(input: ParseStream<'_>) -> syn::Result<u32> {
+    let expr: Expr = input.parse()?;
+    let Expr::Lit(ExprLit {
+        lit: Lit::Int(int), ..
+    }) = &expr
+    else {
+        return Err(syn::Error::new(
+            expr.span(),
+            "`permits` takes a whole number, like `permits = 3`",
+        ));
+    };
+    match int.base10_parse::<u32>() {
+        Ok(0) => Err(syn::Error::new(
+            int.span(),
+            "a semaphore of 0 permits admits nobody; give at least 1, like `permits = 3`",
+        )),
+        Ok(permits) => Ok(permits),
+        Err(_) => Err(syn::Error::new(
+            int.span(),
+            format!(
+                "`permits` takes a whole number from 1 to {}, like `permits = 3`",
+                u32::MAX
+            ),
+        )),
     }
 }
 
@@ -259,6 +358,7 @@ pub(crate) struct Checked {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) fair: bool,
     pub(crate) hold_at_least: Option<Duration>,
+    pub(crate) kind: Option<Kind>,
 }
 
 impl Args {
@@ -298,6 +398,16 @@ impl Args {
                  bounds the hold)",
             ));
         }
+        if let (Some(minimum), Some(kind)) = (&self.hold_at_least, &self.kind) {
+            return Err(syn::Error::new(
+                minimum.key,
+                format!(
+                    "`hold_at_least` is a job lock's minimum hold, for a mutex; remove it, or \
+                     remove `{}`",
+                    kind.value.argument()
+                ),
+            ));
+        }
         Ok(Checked {
             key,
             timeout: self.timeout.map(|t| t.value),
@@ -309,6 +419,7 @@ impl Args {
             max_hold: self.max_hold.map(|m| m.value),
             fair: self.fair.is_some_and(|f| f.value),
             hold_at_least: self.hold_at_least.map(|h| h.value),
+            kind: self.kind.map(|k| k.value),
         })
     }
 }
@@ -350,7 +461,8 @@ mod tests {
         assert_eq!(
             error(r#"key = "a", ttl = "5s""#),
             "unknown argument `ttl`; expected one of `key`, `timeout`, `expire`, `client`, \
-             `on_fail`, `crate`, `on_lost`, `max_hold`, `fair`, `hold_at_least`"
+             `on_fail`, `crate`, `on_lost`, `max_hold`, `fair`, `hold_at_least`, `permits`, \
+             `read`, `write`"
         );
         assert!(error(r#"key = "a", type = 1"#).starts_with("unknown argument `type`"));
     }
@@ -375,5 +487,30 @@ mod tests {
         assert!(error(r#"key = "a", timeout = "5 parsecs""#).starts_with("invalid `timeout`"));
         assert!(error(r#"key = "a", hold_at_least = "0s""#).contains("zero minimum hold"));
         assert!(error(r#"key = "a", hold_at_least = "400days""#).contains("longer than 365 days"));
+        assert!(error(r#"key = "a", permits = 0"#).contains("0 permits admits nobody"));
+        assert!(error(r#"key = "a", permits = "3""#).starts_with("`permits` takes a whole number"));
+        assert!(error(r#"key = "a", permits = 5000000000"#).contains("from 1 to 4294967295"));
+        assert!(error(r#"key = "a", read, write"#).starts_with("`write` and `read` ask for two"));
+        assert!(error(r#"key = "a", permits = 2, read"#).starts_with("`read` and `permits`"));
+        assert!(error(r#"key = "a", read, read"#).starts_with("duplicate argument `read`"));
+        assert!(error(r#"key = "a", read = true"#).starts_with("`read` takes no value"));
+        assert!(
+            error(r#"key = "a", write, hold_at_least = "5m""#)
+                .starts_with("`hold_at_least` is a job lock's minimum hold")
+        );
+    }
+
+    #[test]
+    fn kinds() {
+        assert_eq!(
+            parse(r#"key = "a", permits = 3"#).unwrap().kind,
+            Some(Kind::Permits(3))
+        );
+        assert_eq!(parse(r#"key = "a", read"#).unwrap().kind, Some(Kind::Read));
+        assert_eq!(
+            parse(r#"write, key = "a""#).unwrap().kind,
+            Some(Kind::Write)
+        );
+        assert_eq!(parse(r#"key = "a""#).unwrap().kind, None);
     }
 }

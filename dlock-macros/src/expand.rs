@@ -6,7 +6,7 @@ use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::visit_mut::{self, VisitMut};
 use syn::{Block, Expr, ExprPath, Ident, ItemFn, LitStr, ReturnType, Stmt, Type};
 
-use crate::args::{Args, Checked, Expire, OnLost};
+use crate::args::{Args, Checked, Expire, Kind, OnLost};
 use crate::duration;
 use crate::input::{self, Form, Input};
 use crate::key::{self, Field, Part, Placeholder};
@@ -330,13 +330,14 @@ impl Plan {
     }
 
     // Input:  key = "order:<id>", timeout = "5s", expire = "auto", max_hold = "10m", fair = true,
-    //         hold_at_least = "5m"
+    //         hold_at_least = "5m"                       | permits = 3      | read    | write
     // Output: ::dlock_runtime::__private::options("order:<id>")
     //             .timeout(::core::time::Duration::new(5u64, 0u32))
     //             .expire_auto()
     //             .max_hold(::core::time::Duration::new(600u64, 0u32))
     //             .fair()
     //             .hold_at_least(::core::time::Duration::new(300u64, 0u32))
+    //                                                    | .permits(3u32)   | .read() | .write()
     /// The `LockOptions` the arguments ask for; what is not given comes from the locker.
     fn options(&self) -> TokenStream {
         let krate = &self.krate;
@@ -365,6 +366,12 @@ impl Plan {
         if let Some(minimum) = self.args.hold_at_least {
             let minimum = duration::to_tokens(minimum);
             options.extend(quote!(.hold_at_least(#minimum)));
+        }
+        match self.args.kind {
+            Some(Kind::Permits(permits)) => options.extend(quote!(.permits(#permits))),
+            Some(Kind::Read) => options.extend(quote!(.read())),
+            Some(Kind::Write) => options.extend(quote!(.write())),
+            None => {}
         }
         options
     }

@@ -37,7 +37,7 @@ mod names;
 /// #[dlock(key = "<template>" [, timeout = "<duration>"] [, expire = "<duration>" | "auto"]
 ///         [, client = <expr>] [, on_fail = <path>] [, crate = "<path>"]
 ///         [, on_lost = "abort" | "continue"] [, max_hold = "<duration>"] [, fair = <bool>]
-///         [, hold_at_least = "<duration>"])]
+///         [, hold_at_least = "<duration>"] [, permits = <N> | read | write])]
 /// ```
 ///
 /// | argument | value | default |
@@ -52,6 +52,8 @@ mod names;
 /// | `max_hold` | ceiling on a renewed lease | none |
 /// | `fair` | `true`: waiters are served first come, first served across processes | `false` |
 /// | `hold_at_least` | a job lock's minimum hold: the lock stays taken this long after it was acquired, even when the body ends sooner | none |
+/// | `permits` | a counting semaphore: at most this many bodies run at once for the key | the mutex |
+/// | `read`, `write` | a read/write lock: readers run together, a writer alone | the mutex |
 ///
 /// ## `key`
 ///
@@ -226,6 +228,53 @@ mod names;
 /// }
 /// ```
 ///
+/// ## `permits`
+///
+/// `permits = N` takes one of `N` permits of a counting semaphore instead of the mutex
+/// (`Locker::acquire_permit`): at most `N` calls run the body at once for the key, across
+/// every process. Each permit has its own lease, renewal and fencing token; a holder that dies
+/// frees its permit when its lease ends. Every function that locks the key must give the same
+/// `N`: while the key is held, another count fails with `LockError::Conflict`.
+///
+/// ```
+/// use dlock_runtime::{dlock, LockError};
+///
+/// /// At most 3 exports per tenant at once.
+/// #[dlock(key = "export:<tenant>", permits = 3, expire = "auto")]
+/// async fn export(tenant: &str) -> Result<(), LockError> { Ok(()) }
+/// ```
+///
+/// ```compile_fail
+/// # use dlock_runtime::{dlock, LockError};
+/// #[dlock(key = "export", permits = 0)] // error: a semaphore of 0 permits admits nobody
+/// async fn export() -> Result<(), LockError> { Ok(()) }
+/// ```
+///
+/// ## `read` and `write`
+///
+/// A read/write lock instead of the mutex (`Locker::acquire_read`, `Locker::acquire_write`):
+/// `read` bodies of a key run together, a `write` body runs alone; a writer waiting for the key
+/// keeps new readers out, so writers are not starved. Inside a `read` body, a `write` body of
+/// the same key fails with `LockError::Conflict` (a read lock is never upgraded: two readers
+/// upgrading would wait for each other forever); inside a `write` body, a `read` body of the
+/// key runs at once (the write hold covers it).
+///
+/// ```
+/// use dlock_runtime::{dlock, LockError};
+///
+/// #[dlock(key = "doc:<id>", read)]
+/// async fn show(id: u64) -> Result<String, LockError> { Ok(format!("doc {id}")) }
+///
+/// #[dlock(key = "doc:<id>", write)]
+/// async fn edit(id: u64, text: &str) -> Result<(), LockError> { Ok(()) }
+/// ```
+///
+/// ```compile_fail
+/// # use dlock_runtime::{dlock, LockError};
+/// #[dlock(key = "doc", read, write)] // error: `write` and `read` ask for two kinds of lock
+/// async fn edit() -> Result<(), LockError> { Ok(()) }
+/// ```
+///
 /// ## `fair`
 ///
 /// `fair = true` queues the callers of a key across all processes and serves them first come,
@@ -285,7 +334,10 @@ mod names;
 /// `key` that is not a string literal or is empty; an empty (`<>`), unterminated or malformed
 /// placeholder; a placeholder naming no parameter (the error lists the names there are); a
 /// placeholder whose value is not `Display`; a malformed duration, or a zero `expire` or
-/// `max_hold`; `max_hold` without `expire = "auto"`; a `fair` that is not `true` or `false`; and, without `on_fail`, a return type that
+/// `max_hold`; `max_hold` without `expire = "auto"`; a `fair` that is not `true` or `false`;
+/// `permits` that is not a whole number from 1 up, two kinds of lock (`permits`, `read`,
+/// `write`) at once, `read` or `write` with a value, `hold_at_least` on a semaphore or a
+/// read/write lock; and, without `on_fail`, a return type that
 /// is not a `Result` whose error type converts from `LockError`.
 ///
 /// ```compile_fail

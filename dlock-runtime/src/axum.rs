@@ -28,7 +28,7 @@ impl IntoResponse for LockError {
             Self::Backend(_) => (StatusCode::SERVICE_UNAVAILABLE, "lock service unavailable"),
             Self::Closed { .. } => (StatusCode::SERVICE_UNAVAILABLE, "shutting down"),
             Self::InvalidKey { .. } => (StatusCode::BAD_REQUEST, "invalid request"),
-            Self::Config(_) | Self::Lost { .. } => {
+            Self::Config(_) | Self::Lost { .. } | Self::Conflict { .. } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "internal error")
             }
         };

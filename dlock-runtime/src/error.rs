@@ -52,6 +52,19 @@ pub enum LockError {
         /// The full lock key (prefix included).
         key: String,
     },
+    /// The key is in use in a way this acquisition cannot join: held as another kind of lock
+    /// (a mutex, a semaphore, a read/write lock), as a semaphore with another permit count, or
+    /// held for reading by the enclosing scope while this acquisition asks to write (a read
+    /// lock is never upgraded). Nothing was taken. A mistake in the program, not contention:
+    /// waiting would not cure it.
+    #[error("lock `{key}` not acquired: {reason}")]
+    #[non_exhaustive]
+    Conflict {
+        /// The full lock key (prefix included).
+        key: String,
+        /// How the key is in use, and what to do instead.
+        reason: String,
+    },
     /// The locker was [closed](crate::Locker::close): no acquisition starts any more, and one
     /// that was waiting gave up (after removing what it had put in the engine).
     #[error("lock `{key}` not acquired: the locker was closed")]
@@ -93,6 +106,13 @@ impl LockError {
         matches!(self, Self::Lost { .. })
     }
 
+    /// `true` for [`LockError::Conflict`]: the key is held as another kind of lock, or an
+    /// upgrade from read to write was asked.
+    #[must_use]
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Self::Conflict { .. })
+    }
+
     /// `true` for [`LockError::Closed`]: the locker was closed.
     #[must_use]
     pub fn is_closed(&self) -> bool {
@@ -106,6 +126,7 @@ impl LockError {
             Self::Timeout { key, .. }
             | Self::InvalidKey { key, .. }
             | Self::Lost { key }
+            | Self::Conflict { key, .. }
             | Self::Closed { key } => Some(key),
             Self::Backend(_) | Self::Config(_) => None,
         }

@@ -13,7 +13,7 @@ use std::{
 use tokio::{sync::watch, task::JoinHandle, time::Instant};
 
 use crate::{
-    LockError, Locker,
+    LockError, LockKind, Locker,
     backend::{BoxFuture, Token},
     error::BackendError,
     lease::{Grant, Lease, valid_until},
@@ -36,6 +36,8 @@ enum State {
 pub(crate) struct Hold {
     locker: Locker,
     key: String,
+    /// The mutex, a permit, a read or a write hold.
+    kind: LockKind,
     token: Token,
     fence: u64,
     acquired_at: Instant,
@@ -62,12 +64,13 @@ pub(crate) struct Hold {
 }
 
 impl Hold {
-    /// The hold of `key` by `token` that `grant` describes (its loss signal is the caller's
-    /// to follow, [`follow_engine`](Self::follow_engine)); `name` names it in events; a
-    /// release within `hold_at_least` of now keeps the key until then.
+    /// The hold of `key` (a lock of `kind`) by `token` that `grant` describes (its loss signal
+    /// is the caller's to follow, [`follow_engine`](Self::follow_engine)); `name` names it in
+    /// events; a release within `hold_at_least` of now keeps the key until then.
     pub(crate) fn new(
         locker: Locker,
         key: String,
+        kind: LockKind,
         token: Token,
         grant: &Grant,
         name: Option<&'static str>,
@@ -82,6 +85,7 @@ impl Hold {
         let hold = Arc::new(Self {
             locker: locker.clone(),
             key,
+            kind,
             token,
             fence,
             acquired_at,
@@ -163,7 +167,7 @@ impl Hold {
         spawn_release(
             self.runtime.as_ref(),
             self.locker.clone(),
-            self.key.clone(),
+            (self.key.clone(), self.kind),
             self.token.clone(),
             true,
             self.keep_until,
@@ -178,7 +182,7 @@ impl Hold {
         if self
             .locker
             .backend()
-            .extend(&self.key, &self.token, lease)
+            .extend(&self.key, self.kind, &self.token, lease)
             .await?
         {
             Ok(self.renewed(sent_at, lease))
@@ -197,6 +201,10 @@ impl Hold {
 
     pub(crate) fn fence(&self) -> u64 {
         self.fence
+    }
+
+    pub(crate) fn kind(&self) -> LockKind {
+        self.kind
     }
 
     /// Adds a holder if the hold is still good; `false` when it is lost or already let go.
@@ -380,9 +388,17 @@ impl LockGuard {
 
     /// This acquisition's fencing token: greater than every token issued earlier for the same
     /// key. Pass it to the resource you protect and have it refuse writes with a lower one.
+    /// (A semaphore's permits and a read lock's readers hold the key together: each has its
+    /// own token, in the order they were granted; a writer's is above every earlier hold's.)
     #[must_use]
     pub fn fencing_token(&self) -> u64 {
         self.hold.fence
+    }
+
+    /// What this guard holds: the mutex, a semaphore's permit, a read or a write hold.
+    #[must_use]
+    pub fn kind(&self) -> LockKind {
+        self.hold.kind
     }
 
     /// `true` while the lease is known to be ours: not lost, and not past its end on the
@@ -466,7 +482,7 @@ impl LockGuard {
         let mut in_flight = ReleaseInFlight(Some(hold));
         let outcome = hold
             .locker
-            .let_go(&hold.key, &hold.token, hold.keep_until)
+            .let_go(&hold.key, hold.kind, &hold.token, hold.keep_until)
             .await;
         in_flight.0 = None;
         match outcome {
@@ -519,7 +535,12 @@ impl HeldLock for Hold {
                         .keep(&self.key, &self.token, rest)
                         .await
                 }
-                None => self.locker.backend().release(&self.key, &self.token).await,
+                None => {
+                    self.locker
+                        .backend()
+                        .release(&self.key, self.kind, &self.token)
+                        .await
+                }
             }
             .map(drop)
         })

@@ -37,8 +37,15 @@ pub struct LockInfo {
     /// The lock's key, without the locker's prefix (as given to
     /// [`Locker::acquire`](crate::Locker::acquire)).
     pub key: String,
-    /// Who holds it; `None` when the lock was taken by something that records no holder
-    /// (an older dlock, `etcdctl lock`, a Curator client).
+    /// What kind of lock it is: a mutex, a semaphore, or a read/write lock held for reading
+    /// ([`LockKind::Read`](crate::LockKind::Read)) or writing.
+    pub kind: crate::LockKind,
+    /// How many hold it: 1 for a mutex or a writer, the permits taken of a semaphore, the
+    /// readers of a read lock.
+    pub holders: usize,
+    /// Who holds it (of several holders, the one that has held it longest); `None` when the
+    /// lock was taken by something that records no holder (an older dlock, `etcdctl lock`, a
+    /// Curator client).
     pub holder: Option<Holder>,
     /// The fencing token of the current hold: on the Redis engines, PostgreSQL and the embedded
     /// table (on RedLock the highest of the majority's). `None` on etcd and ZooKeeper, whose
@@ -58,6 +65,8 @@ impl LockInfo {
     pub(crate) fn new(key: String) -> Self {
         Self {
             key,
+            kind: crate::LockKind::Mutex,
+            holders: 1,
             holder: None,
             fence: None,
             remaining: None,

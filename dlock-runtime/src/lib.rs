@@ -109,7 +109,7 @@ pub use locker::{
     Locker,
     builder::{LockerBuilder, global, set_global},
 };
-pub use options::LockOptions;
+pub use options::{LockKind, LockOptions};
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use stats::describe_metrics;

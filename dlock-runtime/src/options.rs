@@ -28,6 +28,64 @@ pub struct LockOptions {
     pub(crate) fair: bool,
     pub(crate) name: Option<&'static str>,
     pub(crate) hold_at_least: Option<Duration>,
+    pub(crate) kind: LockKind,
+}
+
+/// What kind of lock an acquisition takes, or a held lock is ([`LockInfo::kind`](crate::LockInfo::kind)).
+///
+/// One key is one kind of lock: acquiring it as another kind while it is held (a mutex where
+/// a semaphore is held, a semaphore with another permit count) fails with
+/// [`LockError::Conflict`](crate::LockError::Conflict) instead of sharing it unsafely.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LockKind {
+    /// One holder at a time. The default.
+    #[default]
+    Mutex,
+    /// A permit of a counting semaphore: at most `permits` holders at once, each with its own
+    /// lease ([`LockOptions::permits`]).
+    #[non_exhaustive]
+    Semaphore {
+        /// How many holders the key admits at once.
+        permits: u32,
+    },
+    /// A shared hold of a read/write lock: many readers at once, never beside a writer
+    /// ([`LockOptions::read`]).
+    Read,
+    /// The exclusive hold of a read/write lock: one writer, no readers
+    /// ([`LockOptions::write`]).
+    Write,
+}
+
+impl LockKind {
+    /// A semaphore of `permits` permits.
+    #[must_use]
+    pub fn semaphore(permits: u32) -> Self {
+        Self::Semaphore { permits }
+    }
+
+    /// `true` for a mutex.
+    #[must_use]
+    pub fn is_mutex(self) -> bool {
+        self == Self::Mutex
+    }
+
+    /// `true` for the kinds that several holders share: a semaphore's permits and read holds.
+    #[must_use]
+    pub fn is_shared(self) -> bool {
+        matches!(self, Self::Semaphore { .. } | Self::Read)
+    }
+}
+
+impl std::fmt::Display for LockKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Mutex => f.write_str("mutex"),
+            Self::Semaphore { permits } => write!(f, "semaphore of {permits} permits"),
+            Self::Read => f.write_str("read lock"),
+            Self::Write => f.write_str("write lock"),
+        }
+    }
 }
 
 /// What `expire` asks for.
@@ -136,6 +194,70 @@ impl LockOptions {
     /// ```
     pub fn hold_at_least(mut self, minimum: Duration) -> Self {
         self.hold_at_least = Some(minimum);
+        self
+    }
+
+    /// A permit of a counting semaphore instead of the mutex: at most `permits` holders of the
+    /// key at once (Redisson's `RPermitExpirableSemaphore`, Curator's
+    /// `InterProcessSemaphoreV2`). Each permit has its own lease, renewal, loss detection and
+    /// fencing token (strictly increasing per key, in the order permits are granted); a
+    /// holder that dies frees its permit when its lease ends. The count is part of the key:
+    /// while the key is held, an acquisition with another count fails with
+    /// [`LockError::Conflict`](crate::LockError::Conflict) instead of over-admitting. `0`
+    /// fails with [`LockError::Config`](crate::LockError::Config). Same as
+    /// [`Locker::acquire_permit`](crate::Locker::acquire_permit). Default: the mutex.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), dlock_runtime::LockError> {
+    /// use std::time::Duration;
+    /// use dlock_runtime::{LockOptions, Locker};
+    ///
+    /// let locker = Locker::memory();
+    /// let export = || LockOptions::new().permits(2).timeout(Duration::ZERO);
+    /// let a = locker.acquire("export:acme", export()).await?;
+    /// let b = locker.acquire("export:acme", export()).await?;
+    /// let third = locker.acquire("export:acme", export()).await;
+    /// assert!(third.is_err_and(|e| e.is_timeout()), "two permits at most");
+    /// assert!(b.fencing_token() > a.fencing_token());
+    /// # Ok(()) }
+    /// ```
+    pub fn permits(mut self, permits: u32) -> Self {
+        self.kind = LockKind::Semaphore { permits };
+        self
+    }
+
+    /// A read (shared) hold of a read/write lock instead of the mutex: readers of the key hold
+    /// it together, never while a writer does; a writer waiting for the key stops new readers
+    /// from joining (writers do not starve). Same as
+    /// [`Locker::acquire_read`](crate::Locker::acquire_read). Default: the mutex.
+    pub fn read(mut self) -> Self {
+        self.kind = LockKind::Read;
+        self
+    }
+
+    /// The write (exclusive) hold of a read/write lock instead of the mutex: one writer, no
+    /// readers. Inside a read hold of the same key (a `#[dlock(read)]` body, or
+    /// [`LockGuard::scope`](crate::LockGuard::scope)) it fails with
+    /// [`LockError::Conflict`](crate::LockError::Conflict): a read lock is never upgraded
+    /// (two readers upgrading would wait for each other forever). Same as
+    /// [`Locker::acquire_write`](crate::Locker::acquire_write). Default: the mutex.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), dlock_runtime::LockError> {
+    /// use std::time::Duration;
+    /// use dlock_runtime::{LockOptions, Locker};
+    ///
+    /// let locker = Locker::memory();
+    /// let now = || LockOptions::new().timeout(Duration::ZERO);
+    /// let r1 = locker.acquire("doc:7", now().read()).await?;
+    /// let r2 = locker.acquire("doc:7", now().read()).await?; // readers share it
+    /// let w = locker.acquire("doc:7", now().write()).await;
+    /// assert!(w.is_err_and(|e| e.is_timeout()), "no writer beside readers");
+    /// drop((r1, r2));
+    /// # Ok(()) }
+    /// ```
+    pub fn write(mut self) -> Self {
+        self.kind = LockKind::Write;
         self
     }
 }

@@ -7,7 +7,8 @@ use std::{any::Any, fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
 use tokio::sync::Notify;
 
 use crate::{
-    LockError, LockInfo, config::Settings, error::BackendError, lease::LossSignal, url::EngineUrl,
+    LockError, LockInfo, LockKind, config::Settings, error::BackendError, lease::LossSignal,
+    url::EngineUrl,
 };
 
 /// Makes an engine's backend from its URL and the common settings, without I/O.
@@ -71,6 +72,9 @@ pub(crate) struct Capabilities {
     /// Why a hold cannot outlive its holder ([`Backend::keep`]), on an engine where it cannot:
     /// `hold_at_least` is then a configuration error.
     pub(crate) cannot_keep: Option<&'static str>,
+    /// Why the engine cannot hold a semaphore or a read/write lock safely, on an engine where
+    /// it cannot: acquiring one is then a configuration error.
+    pub(crate) cannot_share: Option<&'static str>,
 }
 
 impl Default for Capabilities {
@@ -80,6 +84,7 @@ impl Default for Capabilities {
             passes: false,
             reliable_wake_up: false,
             cannot_keep: None,
+            cannot_share: None,
         }
     }
 }
@@ -109,6 +114,9 @@ pub(crate) enum Attempt {
         /// ZooKeeper's waiter nodes): a wait that gives up must release it.
         queued: bool,
     },
+    /// The key is held as another kind of lock, or as a semaphore with another permit count:
+    /// why, for [`LockError::Conflict`]. Nothing was taken.
+    Conflict(String),
 }
 
 impl Attempt {
@@ -144,6 +152,11 @@ pub(crate) struct Request<'a> {
     pub(crate) key: &'a str,
     pub(crate) token: &'a Token,
     pub(crate) lease: Duration,
+    /// What is asked: the mutex, a permit, a read or a write hold.
+    pub(crate) kind: LockKind,
+    /// How long a waiting writer's claim on the key stays without another attempt (writers
+    /// of a read/write lock keep new readers out while they wait).
+    pub(crate) liveness: Duration,
     /// A place in the key's queue, on an engine that keeps one ([`FairOrder::Queue`]): the
     /// attempt joins the queue (or refreshes its place) when it does not get the lock.
     pub(crate) queue: Option<Queued<'a>>,
@@ -170,6 +183,11 @@ pub(crate) struct Queued<'a> {
 /// come) is one implementation; the waiting loop, the lease clock, renewal and the guard are
 /// the locker's and the same for all.
 ///
+/// Every hold has a kind ([`LockKind`]): the mutex, a semaphore's permit, a read or a write
+/// hold. An engine keeps the shared kinds where it keeps its mutex, in the shape that kind has
+/// there, and is told the kind again at each release, renewal and keep; a key held as one kind
+/// refuses another ([`Attempt::Conflict`]).
+///
 /// - `acquire`: take the key for `token` if it is free (and, for a strict [`Queued`] request or
 ///   on an engine with a line, its place is first) or already ours; otherwise say so, with the
 ///   holder's remaining lease when known, and whether the engine keeps a place in line (the
@@ -194,6 +212,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn release<'a>(
         &'a self,
         key: &'a str,
+        kind: LockKind,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool, BackendError>>;
 
@@ -216,6 +235,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn extend<'a>(
         &'a self,
         key: &'a str,
+        kind: LockKind,
         token: &'a Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>>;
@@ -224,14 +244,14 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// it here: it then lapses on the engine's clock, whether or not this process lives (a job
     /// lock's `hold_at_least`). `false` when `token` does not hold the key. Engines whose
     /// holds cannot outlive their holder say why in
-    /// [`cannot_keep`](Capabilities::cannot_keep).
+    /// [`cannot_keep`](Capabilities::cannot_keep). Only a mutex is kept.
     fn keep<'a>(
         &'a self,
         key: &'a str,
         token: &'a Token,
         rest: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
-        self.extend(key, token, rest)
+        self.extend(key, LockKind::Mutex, token, rest)
     }
 
     /// What the engine can do.

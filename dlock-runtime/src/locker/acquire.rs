@@ -7,7 +7,7 @@ use tracing::Instrument as _;
 
 use super::{Locker, wait::Wait};
 use crate::{
-    LockError, LockGuard, LockOptions,
+    LockError, LockGuard, LockKind, LockOptions,
     backend::{Attempt, FairOrder, Request, Token},
     guard::{Hold, scoped_hold},
     lease::{Grant, Lease},
@@ -23,9 +23,83 @@ impl Locker {
     /// - [`LockError::Backend`] when the server could not be reached until the deadline;
     /// - [`LockError::InvalidKey`] for an empty key or one longer than `DLOCK_MAX_KEY_LEN`
     ///   (nothing is sent);
-    /// - [`LockError::Config`] for a zero lease, or `max_hold` without `expire_auto`.
+    /// - [`LockError::Config`] for a zero lease, or `max_hold` without `expire_auto`;
+    /// - [`LockError::Conflict`] when the key is held as another kind of lock (see
+    ///   [`LockOptions::permits`], [`LockOptions::read`], [`LockOptions::write`]).
     pub async fn acquire(&self, key: &str, options: LockOptions) -> Result<LockGuard, LockError> {
         self.acquire_full(self.full_key(key)?, options).await
+    }
+
+    /// Waits for one of `permits` permits of the counting semaphore `key`: at most `permits`
+    /// holders at once, each with its own lease (see [`LockOptions::permits`]). The guard
+    /// works as a mutex's does.
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), dlock_runtime::LockError> {
+    /// use dlock_runtime::{LockOptions, Locker};
+    ///
+    /// let locker = Locker::memory();
+    /// let permit = locker.acquire_permit("export:acme", 3, LockOptions::new()).await?;
+    /// // … at most 3 exports of this tenant run at once, across every process …
+    /// permit.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire); [`LockError::Config`] for `permits == 0` or on an engine
+    /// that cannot count holders (RedLock); [`LockError::Conflict`] when the key is held with
+    /// another permit count, or as another kind of lock.
+    pub async fn acquire_permit(
+        &self,
+        key: &str,
+        permits: u32,
+        options: LockOptions,
+    ) -> Result<LockGuard, LockError> {
+        self.acquire(key, options.permits(permits)).await
+    }
+
+    /// Waits for a read (shared) hold of the read/write lock `key` (see [`LockOptions::read`]).
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire); [`LockError::Config`] on an engine that cannot count
+    /// holders (RedLock).
+    pub async fn acquire_read(
+        &self,
+        key: &str,
+        options: LockOptions,
+    ) -> Result<LockGuard, LockError> {
+        self.acquire(key, options.read()).await
+    }
+
+    /// Waits for the write (exclusive) hold of the read/write lock `key` (see
+    /// [`LockOptions::write`]).
+    ///
+    /// ```
+    /// # async fn demo() -> Result<(), dlock_runtime::LockError> {
+    /// use dlock_runtime::{LockOptions, Locker};
+    ///
+    /// let locker = Locker::memory();
+    /// let reader = locker.acquire_read("doc:7", LockOptions::new()).await?;
+    /// let refused = reader
+    ///     .scope(locker.acquire_write("doc:7", LockOptions::new()))
+    ///     .await;
+    /// assert!(refused.is_err_and(|e| e.is_conflict()), "no upgrade from read to write");
+    /// reader.release().await?;
+    /// let writer = locker.acquire_write("doc:7", LockOptions::new()).await?;
+    /// writer.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`acquire`](Self::acquire); [`LockError::Conflict`] inside a read hold of the same
+    /// key (an upgrade); [`LockError::Config`] on an engine that cannot count holders
+    /// (RedLock).
+    pub async fn acquire_write(
+        &self,
+        key: &str,
+        options: LockOptions,
+    ) -> Result<LockGuard, LockError> {
+        self.acquire(key, options.write()).await
     }
 
     /// [`acquire`](Self::acquire) with a key the caller made for it (the attribute's): its
@@ -66,6 +140,7 @@ impl Locker {
                 "max_hold: only a renewed lease (`expire_auto`) has a ceiling to set",
             ));
         }
+        self.check_kind(&options)?;
         if let Some(minimum) = options.hold_at_least {
             if let Some(why) = self.inner.capabilities.cannot_keep {
                 return Err(LockError::config(format!("hold_at_least: {why}")));
@@ -76,7 +151,7 @@ impl Locker {
                 ));
             }
         }
-        if let Some(guard) = self.reenter(&full_key) {
+        if let Some(guard) = self.reenter(&full_key, options.kind)? {
             return Ok(guard);
         }
         if self.is_closing() {
@@ -138,6 +213,8 @@ impl Locker {
             key: &key,
             token: &token,
             lease,
+            kind: LockKind::Mutex,
+            liveness: lease,
             queue: None,
         };
         let Attempt::Acquired { fence: first, .. } = self.backend().acquire(request).await? else {
@@ -166,20 +243,76 @@ impl Locker {
             lease,
             lost,
         };
-        let hold = Hold::new(self.clone(), key, token, &grant, None, None);
+        let hold = Hold::new(
+            self.clone(),
+            key,
+            LockKind::Mutex,
+            token,
+            &grant,
+            None,
+            None,
+        );
         hold.follow_engine(grant.lost);
         Ok((first, LockGuard::new(hold, lease, None)))
     }
 
+    /// What the engine must be able to hold for `options`' kind, checked before anything is
+    /// sent.
+    fn check_kind(&self, options: &LockOptions) -> Result<(), LockError> {
+        let kind = options.kind;
+        if kind.is_mutex() {
+            return Ok(());
+        }
+        if let Some(why) = self.inner.capabilities.cannot_share {
+            return Err(LockError::config(format!("{kind}: {why}")));
+        }
+        if kind == (LockKind::Semaphore { permits: 0 }) {
+            return Err(LockError::config(
+                "permits: a semaphore of 0 permits admits nobody; give at least 1",
+            ));
+        }
+        if options.hold_at_least.is_some() {
+            return Err(LockError::config(format!(
+                "hold_at_least: a job lock's minimum hold is for a mutex, not a {kind}"
+            )));
+        }
+        if options.fair && self.inner.capabilities.fair != FairOrder::Native {
+            return Err(LockError::config(format!(
+                "fair: a {kind} is served in arrival order on the engines with a line of their \
+                 own (etcd, ZooKeeper); on this engine leave `fair` off"
+            )));
+        }
+        Ok(())
+    }
+
     /// A further guard when an enclosing scope of this task (a locked body, or
-    /// [`LockGuard::scope`]) holds `key` through this locker.
-    fn reenter(&self, key: &str) -> Option<LockGuard> {
-        let hold = scoped_hold(self, key)?;
+    /// [`LockGuard::scope`]) holds `key` through this locker as `kind` (a write hold covers a
+    /// read); a conflict when it holds it as another kind, or for reading while `kind` asks to
+    /// write (an upgrade, which could deadlock with another reader doing the same).
+    fn reenter(&self, key: &str, kind: LockKind) -> Result<Option<LockGuard>, LockError> {
+        let Some(hold) = scoped_hold(self, key) else {
+            return Ok(None);
+        };
+        let held = hold.kind();
+        if held != kind && !(held == LockKind::Write && kind == LockKind::Read) {
+            let reason = if held == LockKind::Read && kind == LockKind::Write {
+                "this task holds it for reading, and a read lock is not upgraded to a write \
+                 lock (two readers upgrading would wait for each other forever); release the \
+                 read lock first, or take the write lock from the start"
+                    .to_owned()
+            } else {
+                format!("this task holds it as a {held}; it cannot also take it as a {kind}")
+            };
+            return Err(LockError::Conflict {
+                key: key.to_owned(),
+                reason,
+            });
+        }
         if !hold.reenter() {
-            return None;
+            return Ok(None);
         }
         tracing::debug!(key = %key, fencing_token = hold.fence(), "lock re-entered by its holder");
-        Some(LockGuard::reentered(hold))
+        Ok(Some(LockGuard::reentered(hold)))
     }
 
     pub(super) fn full_key(&self, key: &str) -> Result<String, LockError> {

@@ -10,16 +10,18 @@ use super::{
     Locker,
     line::{Baton, Line, Passed},
 };
-use crate::{LockError, backend::Token, error::BackendError};
+use crate::{LockError, LockKind, backend::Token, error::BackendError};
 
 impl Locker {
-    /// Releases `token`'s hold of `key`, or passes it straight to the first waiter of the key
-    /// on this locker when that waiter offered to take it (see [`Baton`]). Before `keep_until`
-    /// (a job lock's `hold_at_least`), neither: the hold stays in the engine until then, and
-    /// lapses. `Ok(false)` when `token` no longer held the key (nothing changed).
+    /// Releases `token`'s hold of `key` (a lock of `kind`), or passes a mutex straight to the
+    /// first waiter of the key on this locker when that waiter offered to take it (see
+    /// [`Baton`]). Before `keep_until` (a job lock's `hold_at_least`), neither: the hold stays
+    /// in the engine until then, and lapses. `Ok(false)` when `token` no longer held the key
+    /// (nothing changed).
     pub(crate) async fn let_go(
         &self,
         key: &str,
+        kind: LockKind,
         token: &Token,
         keep_until: Option<Instant>,
     ) -> Result<bool, BackendError> {
@@ -34,9 +36,9 @@ impl Locker {
             token: next,
             lease,
             reply,
-        }) = self.inner.lines.baton(key)
+        }) = self.inner.lines.baton(key).filter(|_| kind.is_mutex())
         else {
-            return self.backend().release(key, token).await;
+            return self.backend().release(key, kind, token).await;
         };
         let sent_at = Instant::now();
         let (answer, outcome) = match self.backend().pass(key, token, &next, lease).await {
@@ -49,7 +51,14 @@ impl Locker {
         };
         if let Err(Passed::Held { .. } | Passed::Unknown) = reply.send(answer) {
             // The waiter left meanwhile: what it may have been given goes.
-            spawn_release(None, self.clone(), key.to_owned(), next, false, None);
+            spawn_release(
+                None,
+                self.clone(),
+                (key.to_owned(), kind),
+                next,
+                false,
+                None,
+            );
         }
         outcome
     }
@@ -60,7 +69,7 @@ impl Locker {
     /// under way goes on in the background): said in the returned text, for the wait's event.
     pub(super) async fn remove_leftovers(
         &self,
-        key: &str,
+        (key, kind): (&str, LockKind),
         token: Option<Token>,
         place: Option<Token>,
         lease: Duration,
@@ -73,7 +82,7 @@ impl Locker {
             let backend = locker.backend();
             let release = async {
                 match &token {
-                    Some(token) => backend.release(&owned_key, token).await.map(drop),
+                    Some(token) => backend.release(&owned_key, kind, token).await.map(drop),
                     None => Ok(()),
                 }
             };
@@ -110,6 +119,7 @@ pub(super) struct OrphanCleanup<'a> {
     pub(super) runtime: Option<tokio::runtime::Handle>,
     pub(super) locker: &'a Locker,
     pub(super) key: String,
+    pub(super) kind: LockKind,
     pub(super) token: Token,
     pub(super) armed: bool,
     /// The wait's standing offer to take the lock from a holder (see [`Baton`]), and where the
@@ -149,7 +159,7 @@ impl OrphanCleanup<'_> {
             spawn_release(
                 self.runtime.as_ref(),
                 self.locker.clone(),
-                self.key.clone(),
+                (self.key.clone(), self.kind),
                 self.token.clone(),
                 false,
                 None,
@@ -194,7 +204,7 @@ impl Drop for OrphanCleanup<'_> {
 pub(crate) fn spawn_release(
     runtime: Option<&tokio::runtime::Handle>,
     locker: Locker,
-    key: String,
+    (key, kind): (String, LockKind),
     token: Token,
     hold: bool,
     keep_until: Option<Instant>,
@@ -202,9 +212,9 @@ pub(crate) fn spawn_release(
     let (background, warn_key) = (locker.clone(), key.clone());
     let spawned = background.spawn_background(runtime, async move {
         let released = if hold {
-            locker.let_go(&key, &token, keep_until).await
+            locker.let_go(&key, kind, &token, keep_until).await
         } else {
-            locker.backend().release(&key, &token).await
+            locker.backend().release(&key, kind, &token).await
         };
         if let Err(error) = released {
             tracing::error!(key = %key, error = %error, "lock release after drop failed; the lease will free it");

@@ -94,6 +94,7 @@ impl<'a> Wait<'a> {
                 runtime: tokio::runtime::Handle::try_current().ok(),
                 locker,
                 key,
+                kind: options.kind,
                 token: Token::generate()?,
                 armed: false,
                 baton: None,
@@ -147,8 +148,13 @@ impl<'a> Wait<'a> {
         self.give_up().await
     }
 
+    /// A mutex on an engine with a queue of places ([`FairOrder::Queue`]): the wait takes its
+    /// line's place there, releases name the place first in it, and a waiter that saw the lock
+    /// handed on in this process asks nothing until a release. Semaphores and read/write
+    /// locks have several holders at once: their waiters hold no place, every release may be
+    /// for any of them.
     fn queue_engine(&self) -> bool {
-        self.locker.inner.capabilities.fair == FairOrder::Queue
+        self.locker.inner.capabilities.fair == FairOrder::Queue && self.options.kind.is_mutex()
     }
 
     /// The in-process line before the first attempt (see `Lines`): for a fair waiter (even a
@@ -261,6 +267,8 @@ impl<'a> Wait<'a> {
             key: &self.orphan.key,
             token: &self.orphan.token,
             lease: self.lease.length,
+            kind: self.options.kind,
+            liveness,
             queue,
         };
         let sent_at = Instant::now();
@@ -296,6 +304,16 @@ impl<'a> Wait<'a> {
                 self.orphan.armed = was_armed || (queued && !in_queue);
                 self.last_error = None;
                 self.refused(ttl).await
+            }
+            Ok(Attempt::Conflict(reason)) => {
+                // Nothing was taken; an earlier ambiguous attempt's leftovers stay armed.
+                self.orphan.armed = was_armed;
+                tracing::debug!(reason = %reason, "lock refused: the key is in use as another kind");
+                self.fatal = Some(LockError::Conflict {
+                    key: self.orphan.key.clone(),
+                    reason,
+                });
+                Attempted::GiveUp
             }
             Err(error) => {
                 // Said once, when the wait gives up (an outage is one line per failed
@@ -383,7 +401,9 @@ impl<'a> Wait<'a> {
         notify: Option<&Notify>,
     ) -> Option<Passed> {
         let wake_at = Instant::now() + self.pause_length(holder_ttl);
-        let offers = !self.options.fair && self.locker.inner.capabilities.passes;
+        let offers = !self.options.fair
+            && self.locker.inner.capabilities.passes
+            && self.options.kind.is_mutex();
         if offers && let Some(t) = &self.turn {
             let offer = t.line.offer(&self.orphan.token, self.lease.length);
             self.orphan.baton = Some((t.line.clone(), offer));
@@ -391,7 +411,7 @@ impl<'a> Wait<'a> {
         // Who a release must name for this waiter to look: its line's place in the queue;
         // anyone, on an engine without one.
         let me = (self.turn.as_ref())
-            .filter(|_| self.locker.inner.capabilities.fair == FairOrder::Queue)
+            .filter(|_| self.queue_engine())
             .map(|t| &t.line.place);
         let answer = &mut self.orphan.baton;
         let answer = std::pin::pin!(async move {
@@ -428,6 +448,7 @@ impl<'a> Wait<'a> {
         let hold = Hold::new(
             locker.clone(),
             key,
+            options.kind,
             token,
             &grant,
             options.name,
@@ -458,7 +479,7 @@ impl<'a> Wait<'a> {
         let place = turn.as_mut().and_then(Turn::depart);
         drop(turn);
         let left = locker
-            .remove_leftovers(&key, token, place, lease.length)
+            .remove_leftovers((&key, options.kind), token, place, lease.length)
             .await;
         let left = left.as_deref();
         let waited = started.elapsed();

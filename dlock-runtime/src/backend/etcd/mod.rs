@@ -59,7 +59,7 @@ use super::api::{
     Token, Watch, option,
 };
 use crate::{
-    LockError, LockInfo,
+    LockError, LockInfo, LockKind,
     config::Settings,
     error::BackendError,
     holder::{self, Identity},
@@ -788,6 +788,7 @@ impl Backend for EtcdBackend {
     fn release<'a>(
         &'a self,
         _key: &'a str,
+        _kind: LockKind,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
@@ -1007,6 +1008,7 @@ impl Backend for EtcdBackend {
     fn extend<'a>(
         &'a self,
         _key: &'a str,
+        _kind: LockKind,
         token: &'a Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
@@ -1047,6 +1049,7 @@ impl Backend for EtcdBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
+            cannot_share: Some("not yet"),
             fair: FairOrder::Native,
             passes: false,
             reliable_wake_up: true,

@@ -1,5 +1,7 @@
 //! The embedded backend: one in-process table, the same semantics as Redis.
 
+mod shared;
+
 use std::{
     collections::{HashMap, VecDeque},
     sync::{Arc, Mutex, OnceLock},
@@ -13,7 +15,7 @@ use super::{
     watchers::Watchers,
 };
 use crate::{
-    LockInfo,
+    LockInfo, LockKind,
     error::BackendError,
     holder::{self, Identity},
 };
@@ -42,6 +44,8 @@ struct Table {
     queues: HashMap<String, VecDeque<(Token, Instant)>>,
     /// One counter for every key: strictly increasing per key as a consequence.
     fence: u64,
+    /// The semaphores and read/write locks held or waited for.
+    shared: HashMap<String, shared::Shared>,
 }
 
 /// A lock table. Clones share it.
@@ -147,9 +151,37 @@ impl Backend for MemoryBackend {
             key,
             token,
             lease,
+            kind,
+            liveness,
             queue,
         } = request;
         let attempt = self.with_table(|table, now| {
+            if !kind.is_mutex() {
+                if table.live(key, now).is_some() {
+                    return Attempt::Conflict(format!(
+                        "it is held as a mutex, and this acquisition asks for a {kind}"
+                    ));
+                }
+                let ask = shared::Ask {
+                    key,
+                    token,
+                    kind,
+                    lease,
+                    liveness,
+                    record: &|| self.identity.since(std::time::SystemTime::now()),
+                };
+                let counter = &mut table.fence;
+                return shared::acquire(&mut table.shared, &ask, now, &mut || {
+                    *counter += 1;
+                    *counter
+                });
+            }
+            if let Some(entry) = shared::live(&mut table.shared, key, now) {
+                return Attempt::Conflict(format!(
+                    "it is held as a {}, and this acquisition asks for a mutex",
+                    shared::describe(entry)
+                ));
+            }
             let next_fence = table.fence + 1;
             let held_ttl = match table.live(key, now) {
                 // Ours already (an earlier attempt's reply was lost): a new fence, as on every
@@ -204,9 +236,17 @@ impl Backend for MemoryBackend {
     fn release<'a>(
         &'a self,
         key: &'a str,
+        kind: LockKind,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         let released = self.with_table(|table, now| {
+            if !kind.is_mutex() {
+                let (held, changed) = shared::release(&mut table.shared, key, token, now);
+                if changed {
+                    self.watchers.wake(Some(key), None);
+                }
+                return held;
+            }
             let mine = table.live(key, now).is_some_and(|e| e.token == *token);
             if mine {
                 table.held.remove(key);
@@ -233,10 +273,12 @@ impl Backend for MemoryBackend {
     fn extend<'a>(
         &'a self,
         key: &'a str,
+        kind: LockKind,
         token: &'a Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         let extended = self.with_table(|table, now| match table.live(key, now) {
+            _ if !kind.is_mutex() => shared::extend(&mut table.shared, key, token, lease, now),
             Some(entry) if entry.token == *token => {
                 entry.expires_at = now + lease;
                 true
@@ -281,6 +323,9 @@ impl Backend for MemoryBackend {
             let waiters = table.queues.get(key).map_or(0, |q| {
                 q.iter().filter(|(_, gone_at)| *gone_at > now).count()
             });
+            if let Some(entry) = shared::live(&mut table.shared, key, now) {
+                return shared::info(entry, key, now);
+            }
             let entry = table.live(key, now)?;
             let mut info = LockInfo::new(key.to_owned());
             info.holder = holder::parse(&entry.record);
@@ -299,6 +344,13 @@ impl Backend for MemoryBackend {
                 .iter()
                 .filter(|(key, entry)| key.starts_with(prefix) && entry.expires_at > now)
                 .map(|(key, _)| key.clone())
+                .chain(
+                    table
+                        .shared
+                        .keys()
+                        .filter(|key| key.starts_with(prefix))
+                        .cloned(),
+                )
                 .collect()
         });
         Box::pin(std::future::ready(Ok(keys)))
@@ -309,6 +361,13 @@ impl Backend for MemoryBackend {
         key: &'a str,
     ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
         let freed = self.with_table(|table, now| {
+            if let Some(entry) = shared::live(&mut table.shared, key, now) {
+                // Every hold of it goes; a waiting writer stays in line.
+                let info = shared::info(entry, key, now);
+                shared::clear_holders(entry);
+                self.watchers.wake(Some(key), None);
+                return info;
+            }
             let entry = table.live(key, now)?;
             let mut info = LockInfo::new(key.to_owned());
             info.holder = holder::parse(&entry.record);

@@ -24,7 +24,7 @@ use super::{
 #[cfg(feature = "tls")]
 mod tls;
 use crate::{
-    LockError, LockInfo,
+    LockError, LockInfo, LockKind,
     config::Settings,
     error::BackendError,
     holder::{self, Identity},
@@ -877,6 +877,7 @@ impl Backend for PostgresBackend {
     fn release<'a>(
         &'a self,
         key: &'a str,
+        _kind: LockKind,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
@@ -903,6 +904,7 @@ impl Backend for PostgresBackend {
     fn extend<'a>(
         &'a self,
         key: &'a str,
+        _kind: LockKind,
         token: &'a Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
@@ -960,6 +962,13 @@ impl Backend for PostgresBackend {
         key: &'a str,
     ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
         Box::pin(self.lock_info(key, |k| Op::Force(k)))
+    }
+
+    fn capabilities(&self) -> super::api::Capabilities {
+        super::api::Capabilities {
+            cannot_share: Some("not yet"),
+            ..super::api::Capabilities::default()
+        }
     }
 
     fn key_error(&self, key: &str) -> Option<String> {

@@ -18,7 +18,7 @@ mod notify;
 #[cfg(feature = "redis-sentinel")]
 mod sentinel;
 use crate::{
-    LockError, LockInfo,
+    LockError, LockInfo, LockKind,
     config::Settings,
     error::BackendError,
     holder::{self, Identity},
@@ -117,6 +117,9 @@ static LEAVE: OnceLock<Script> = OnceLock::new();
 static EXTEND: OnceLock<Script> = OnceLock::new();
 static INSPECT: OnceLock<Script> = OnceLock::new();
 static FORCE: OnceLock<Script> = OnceLock::new();
+static ACQUIRE_SHARED: OnceLock<Script> = OnceLock::new();
+static RELEASE_SHARED: OnceLock<Script> = OnceLock::new();
+static EXTEND_SHARED: OnceLock<Script> = OnceLock::new();
 
 fn acquire_script() -> &'static Script {
     ACQUIRE.get_or_init(|| {
@@ -147,10 +150,46 @@ fn extend_script() -> &'static Script {
     EXTEND.get_or_init(|| Script::new(include_str!("extend.lua")))
 }
 fn inspect_script() -> &'static Script {
-    INSPECT.get_or_init(|| Script::new(include_str!("inspect.lua")))
+    INSPECT.get_or_init(|| {
+        Script::new(concat!(
+            include_str!("shared.lua"),
+            include_str!("inspect.lua")
+        ))
+    })
 }
 fn force_script() -> &'static Script {
-    FORCE.get_or_init(|| Script::new(concat!(include_str!("lock.lua"), include_str!("force.lua"))))
+    FORCE.get_or_init(|| {
+        Script::new(concat!(
+            include_str!("lock.lua"),
+            include_str!("shared.lua"),
+            include_str!("force.lua")
+        ))
+    })
+}
+fn acquire_shared_script() -> &'static Script {
+    ACQUIRE_SHARED.get_or_init(|| {
+        Script::new(concat!(
+            include_str!("lock.lua"),
+            include_str!("shared.lua"),
+            include_str!("acquire_shared.lua")
+        ))
+    })
+}
+fn release_shared_script() -> &'static Script {
+    RELEASE_SHARED.get_or_init(|| {
+        Script::new(concat!(
+            include_str!("shared.lua"),
+            include_str!("release_shared.lua")
+        ))
+    })
+}
+fn extend_shared_script() -> &'static Script {
+    EXTEND_SHARED.get_or_init(|| {
+        Script::new(concat!(
+            include_str!("shared.lua"),
+            include_str!("extend_shared.lua")
+        ))
+    })
 }
 
 /// A lock's value: its acquisition's token, a space, and its holder's record with the time now
@@ -170,6 +209,50 @@ pub(crate) fn lock_value<'a>(
         }
     }
     Formatted(Value(token, identity))
+}
+
+/// The holder's record with the time now, for a hold of a semaphore or read/write lock (its
+/// token is the hash field; see shared.lua).
+fn record_value(identity: &Identity) -> impl redis::ToRedisArgs + '_ {
+    struct Record<'a>(&'a Identity);
+    impl fmt::Display for Record<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.0.as_str())?;
+            match holder::rfc3339(std::time::SystemTime::now()) {
+                Some(since) => write!(f, " since={since}"),
+                None => Ok(()),
+            }
+        }
+    }
+    Formatted(Record(identity))
+}
+
+/// What a hold of a semaphore or read/write lock (a hash field's value: `<end ms> <mode>
+/// <fence> <record>`) tells: whether it is a writer's, its fence, its holder.
+fn read_shared_hold(value: &str) -> (bool, Option<u64>, Option<crate::Holder>) {
+    let mut parts = value.splitn(4, ' ');
+    let _ends = parts.next();
+    let write = parts.next() == Some("w");
+    let fence = parts.next().and_then(|f| f.parse().ok());
+    (write, fence, holder::parse(parts.next().unwrap_or("")))
+}
+
+/// What a semaphore or read/write lock's holds (see [`read_shared_hold`]) tell an operator.
+fn read_shared(key: &str, kind: &str, holds: &[String]) -> Option<LockInfo> {
+    let mut read: Vec<_> = holds.iter().map(|v| read_shared_hold(v)).collect();
+    // The oldest hold first: the lowest fence.
+    read.sort_by_key(|(_, fence, _)| *fence);
+    let (write, _, oldest) = read.first()?.clone();
+    let mut info = LockInfo::new(key.to_owned());
+    info.kind = match kind.strip_prefix("permits=").and_then(|n| n.parse().ok()) {
+        Some(permits) => crate::LockKind::Semaphore { permits },
+        None if write => crate::LockKind::Write,
+        None => crate::LockKind::Read,
+    };
+    info.holders = read.len();
+    info.holder = oldest;
+    info.fence = read.iter().filter_map(|(_, fence, _)| *fence).max();
+    Some(info)
 }
 
 /// What a lock's value (see [`lock_value`]) tells: the holder and the fence; never the token.
@@ -522,7 +605,12 @@ impl RedisBackend {
     /// acknowledged the acquisition just made on `key`'s master; otherwise undoes it by token
     /// and fails the attempt. `WAIT` counts the writes of the connection it is sent on, so it
     /// goes on the same multiplexed connection (for a Cluster, the one to `key`'s master).
-    async fn replicated(&self, key: &str, token: &Token) -> Result<(), BackendError> {
+    async fn replicated(
+        &self,
+        key: &str,
+        kind: LockKind,
+        token: &Token,
+    ) -> Result<(), BackendError> {
         let timeout_ms = u64::try_from(self.request_timeout.as_millis()).unwrap_or(u64::MAX);
         let mut wait = redis::cmd("WAIT");
         wait.arg(self.wait_replicas).arg(timeout_ms);
@@ -553,7 +641,7 @@ impl RedisBackend {
             Ok(n) if n >= i64::from(self.wait_replicas) => Ok(()),
             outcome => {
                 // Not known to survive a failover: undo it, then report.
-                let _ = self.release(key, token).await;
+                let _ = self.release(key, kind, token).await;
                 let why = match outcome {
                     Ok(n) => format!(
                         "the lock was acknowledged by {n} of the {} replicas DLOCK_REDIS_WAIT asks \
@@ -833,6 +921,101 @@ impl RedisBackend {
     }
 }
 
+impl RedisBackend {
+    /// A permit, a read or a write hold (acquire_shared.lua).
+    async fn acquire_shared(&self, request: Request<'_>) -> Result<Attempt, BackendError> {
+        let Request {
+            key,
+            token,
+            lease,
+            kind,
+            liveness,
+            ..
+        } = request;
+        let (mode, permits) = match kind {
+            crate::LockKind::Semaphore { permits } => ("p", permits),
+            crate::LockKind::Write => ("w", 0),
+            _ => ("r", 0),
+        };
+        let mut call = Call::new(acquire_shared_script(), 2);
+        call.arg(key)
+            .arg(self.fence_key(key))
+            .arg(token.as_str())
+            .arg(record_value(&self.identity))
+            .arg(lease_millis(lease))
+            .arg(mode);
+        if permits > 0 {
+            call.arg(format!("permits={permits}"));
+        } else {
+            call.arg("rw");
+        }
+        call.arg(permits)
+            .arg(lease_millis(liveness))
+            .arg(now_micros());
+        let reply: redis::Value = self.call("acquire", call).await?;
+        let reply = match reply {
+            redis::Value::Int(reply) => reply,
+            redis::Value::BulkString(why) => {
+                return Ok(Attempt::Conflict(format!(
+                    "{}, and this acquisition asks for a {kind}",
+                    String::from_utf8_lossy(&why)
+                )));
+            }
+            other => {
+                return Err(BackendError::new(format!(
+                    "Redis acquire answered {other:?}, not a fence"
+                )));
+            }
+        };
+        let queued = kind == crate::LockKind::Write;
+        Ok(match u64::try_from(reply) {
+            Ok(0) => Attempt::Held { ttl: None, queued },
+            Ok(fence) => {
+                if self.wait_replicas > 0 {
+                    self.replicated(key, kind, token).await?;
+                }
+                Attempt::acquired(fence)
+            }
+            Err(_) => Attempt::Held {
+                ttl: Some(Duration::from_millis(reply.unsigned_abs() - 1)),
+                queued,
+            },
+        })
+    }
+
+    /// A mutex acquisition the server refused: a conflict when the key is a semaphore or
+    /// read/write lock (a hash, which the mutex's scripts read as the wrong type), else the
+    /// error.
+    async fn mutex_refused(&self, key: &str, error: BackendError) -> Result<Attempt, BackendError> {
+        let wrong_type = std::error::Error::source(&error)
+            .and_then(|e| e.downcast_ref::<redis::RedisError>())
+            .is_some_and(|e| e.code() == Some("WRONGTYPE"));
+        if !wrong_type {
+            return Err(error);
+        }
+        let mut cmd = redis::cmd("TYPE");
+        cmd.arg(key);
+        let kind: Result<String, _> = tokio::time::timeout(self.request_timeout, async {
+            match self.connection().await? {
+                Conn::Single(mut c) => cmd.query_async(&mut c).await,
+                #[cfg(feature = "redis-cluster")]
+                Conn::Cluster(mut c) => cmd.query_async(&mut c).await,
+            }
+            .map_err(|e| classify("TYPE", e))
+        })
+        .await
+        .unwrap_or_else(|_| Err(BackendError::new("Redis TYPE got no reply")));
+        match kind {
+            Ok(kind) if kind == "hash" => Ok(Attempt::Conflict(
+                "it is held as a semaphore or a read/write lock, and this acquisition asks for \
+                 a mutex"
+                    .to_owned(),
+            )),
+            _ => Err(error),
+        }
+    }
+}
+
 impl Backend for RedisBackend {
     fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>> {
         Box::pin(self.ping_server())
@@ -840,11 +1023,15 @@ impl Backend for RedisBackend {
 
     fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Attempt, BackendError>> {
         Box::pin(async move {
+            if !request.kind.is_mutex() {
+                return self.acquire_shared(request).await;
+            }
             let Request {
                 key,
                 token,
                 lease,
                 queue,
+                ..
             } = request;
             let mut call = match queue {
                 None => Call::new(acquire_script(), 2),
@@ -867,7 +1054,10 @@ impl Backend for RedisBackend {
             call.arg(now_micros());
             // lock.lua: > 0 ours, with that fence; < 0 held for another (-1 - reply) ms;
             // 0 free, but another fair waiter is first in line.
-            let reply: i64 = self.call("acquire", call).await?;
+            let reply: i64 = match self.call("acquire", call).await {
+                Ok(reply) => reply,
+                Err(error) => return self.mutex_refused(key, error).await,
+            };
             Ok(match u64::try_from(reply) {
                 Ok(0) => Attempt::Held {
                     ttl: None,
@@ -875,7 +1065,7 @@ impl Backend for RedisBackend {
                 },
                 Ok(fence) => {
                     if self.wait_replicas > 0 {
-                        self.replicated(key, token).await?;
+                        self.replicated(key, LockKind::Mutex, token).await?;
                     }
                     Attempt::acquired(fence)
                 }
@@ -890,9 +1080,21 @@ impl Backend for RedisBackend {
     fn release<'a>(
         &'a self,
         key: &'a str,
+        kind: LockKind,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
+            if !kind.is_mutex() {
+                let mut call = Call::new(release_shared_script(), 1);
+                call.arg(key)
+                    .arg(token.as_str())
+                    .arg(self.publish_command());
+                let reply: i64 = self.call("release", call).await?;
+                if reply & 2 != 0 {
+                    self.publish_denied(key);
+                }
+                return Ok(reply & 1 == 1);
+            }
             // The queue, to name the place first in line in the wake-up.
             let mut call = Call::new(release_script(), 2);
             call.arg(key)
@@ -932,11 +1134,17 @@ impl Backend for RedisBackend {
     fn extend<'a>(
         &'a self,
         key: &'a str,
+        kind: LockKind,
         token: &'a Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            let mut call = Call::new(extend_script(), 1);
+            let script = if kind.is_mutex() {
+                extend_script()
+            } else {
+                extend_shared_script()
+            };
+            let mut call = Call::new(script, 1);
             call.arg(key).arg(token.as_str()).arg(lease_millis(lease));
             let extended: i64 = self.call("extend", call).await?;
             Ok(extended == 1)
@@ -971,7 +1179,7 @@ impl Backend for RedisBackend {
                 return Ok(None);
             }
             if self.wait_replicas > 0 {
-                self.replicated(key, to).await?;
+                self.replicated(key, LockKind::Mutex, to).await?;
             }
             Ok(Some(fence))
         })
@@ -985,10 +1193,18 @@ impl Backend for RedisBackend {
             let mut call = Call::new(inspect_script(), 2);
             call.arg(key)
                 .arg(companion(&self.fair_prefix, key, "waiters"));
-            let (value, pttl, waiters): (Option<String>, i64, u64) =
-                self.call("inspect", call).await?;
-            Ok(value.map(|value| {
-                let mut info = read_value(key, &value);
+            let (value, pttl, waiters, kind, holds): (
+                Option<String>,
+                i64,
+                u64,
+                Option<String>,
+                Option<Vec<String>>,
+            ) = self.call("inspect", call).await?;
+            let info = match kind {
+                Some(kind) => read_shared(key, &kind, &holds.unwrap_or_default()),
+                None => value.map(|value| read_value(key, &value)),
+            };
+            Ok(info.map(|mut info| {
                 info.remaining = u64::try_from(pttl).ok().map(Duration::from_millis);
                 info.waiters = usize::try_from(waiters).ok();
                 info
@@ -1015,8 +1231,21 @@ impl Backend for RedisBackend {
                 .arg(companion(&self.fair_prefix, key, "queue"))
                 .arg(self.publish_command())
                 .arg(now_micros());
-            let held: Option<String> = self.call("force release", call).await?;
-            Ok(held.map(|value| read_value(key, &value)))
+            let held: redis::Value = self.call("force release", call).await?;
+            Ok(match held {
+                redis::Value::Array(parts) if parts.len() == 2 => {
+                    let (kind, holds): (String, Vec<String>) =
+                        redis::from_redis_value(redis::Value::Array(parts))
+                            .map_err(|e| classify("force release", e.into()))?;
+                    read_shared(key, &kind, &holds)
+                }
+                redis::Value::Nil => None,
+                value => {
+                    let value: String = redis::from_redis_value(value)
+                        .map_err(|e| classify("force release", e.into()))?;
+                    Some(read_value(key, &value))
+                }
+            })
         })
     }
 

@@ -43,7 +43,7 @@ use super::{
     redis::{RedisBackend, now_micros, slot},
 };
 use crate::{
-    LockError, LockInfo,
+    LockError, LockInfo, LockKind,
     config::Settings,
     error::BackendError,
     url::{EngineUrl, HostList, tls_needs_feature},
@@ -261,7 +261,9 @@ impl RedLockBackend {
 
     /// Compare-and-delete by token on every master, for an attempt that did not get the lock.
     async fn undo(&self, key: &str, token: &Token) {
-        let round = self.round(|node| node.release(key, token)).await;
+        let round = self
+            .round(|node| node.release(key, LockKind::Mutex, token))
+            .await;
         if round.failed() > 0 {
             tracing::debug!(
                 key = %key,
@@ -558,11 +560,14 @@ impl Backend for RedLockBackend {
     fn release<'a>(
         &'a self,
         key: &'a str,
+        _kind: LockKind,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
             self.mark_refused(token, false);
-            let round = self.round(|node| node.release(key, token)).await;
+            let round = self
+                .round(|node| node.release(key, LockKind::Mutex, token))
+                .await;
             // Deleted on a minority at most: the lock was lost (what was left of it is deleted
             // all the same).
             self.majority("release", "held our lock", round)
@@ -572,11 +577,14 @@ impl Backend for RedLockBackend {
     fn extend<'a>(
         &'a self,
         key: &'a str,
+        _kind: LockKind,
         token: &'a Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            let round = self.round(|node| node.extend(key, token, lease)).await;
+            let round = self
+                .round(|node| node.extend(key, LockKind::Mutex, token, lease))
+                .await;
             self.majority("extend", "extended our lock", round)
         })
     }
@@ -637,6 +645,13 @@ impl Backend for RedLockBackend {
             fair: FairOrder::Unsupported(
                 "RedLock's masters keep no common line of waiters, so no order among them can \
                  be promised; `fair` is not available on `redis+redlock://`",
+            ),
+            cannot_share: Some(
+                "not available on `redis+redlock://`: a semaphore or a read/write lock needs one \
+                 place that counts its holders, and RedLock's independent masters each count \
+                 only their own (a permit granted by a majority may be counted on a different \
+                 majority than the next one's, so more holders than permits could pass); use \
+                 one Redis server, a Cluster or Sentinel, etcd, ZooKeeper or PostgreSQL",
             ),
             ..Capabilities::default()
         }

@@ -53,7 +53,7 @@ use super::api::{
 };
 use crate::lease::LossSignal;
 use crate::{
-    LockError, LockInfo,
+    LockError, LockInfo, LockKind,
     config::Settings,
     error::BackendError,
     holder::{self, Identity},
@@ -1102,6 +1102,7 @@ impl Backend for ZooKeeperBackend {
     fn release<'a>(
         &'a self,
         _key: &'a str,
+        _kind: LockKind,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
@@ -1215,6 +1216,7 @@ impl Backend for ZooKeeperBackend {
     fn extend<'a>(
         &'a self,
         _key: &'a str,
+        _kind: LockKind,
         token: &'a Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
@@ -1251,6 +1253,7 @@ impl Backend for ZooKeeperBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
+            cannot_share: Some("not yet"),
             fair: FairOrder::Native,
             passes: false,
             reliable_wake_up: true,
