@@ -343,7 +343,9 @@ impl Engine {
             let rows = server
                 .sql(&format!(
                     "SELECT 'lock ' || fence FROM dlock_locks WHERE key = '{full_key}' \
-                     UNION ALL SELECT 'place ' || place FROM dlock_waiters WHERE key = '{full_key}'"
+                     UNION ALL SELECT 'place ' || place FROM dlock_waiters WHERE key = '{full_key}' \
+                     UNION ALL SELECT 'shared ' || mode || ' ' || fence FROM dlock_shared \
+                      WHERE key = '{full_key}' AND to_regclass('dlock_shared') IS NOT NULL"
                 ))
                 .expect("psql");
             return rows.lines().map(str::to_owned).collect();

@@ -400,6 +400,83 @@ async fn the_readme_ddl_and_grants_are_enough_and_a_missing_table_is_a_clear_err
     guard.release().await.unwrap();
     let again = app.acquire(&key, LockOptions::new()).await.unwrap();
     assert!(again.fencing_token() > 1);
+    // The semaphores and read/write locks too.
+    let permit = app
+        .acquire_permit(&unique_key("granted"), 2, LockOptions::new())
+        .await
+        .unwrap();
+    permit.extend(Duration::from_secs(20)).await.unwrap();
+    permit.release().await.unwrap();
+    let key = unique_key("granted");
+    let reader = app.acquire_read(&key, LockOptions::new()).await.unwrap();
+    reader.release().await.unwrap();
+    let writer = app.acquire_write(&key, LockOptions::new()).await.unwrap();
+    writer.release().await.unwrap();
+}
+
+/// Tables made before dlock had semaphores and read/write locks: the mutex goes on as before
+/// for a user without DDL rights, and the first shared acquisition says how to add what they
+/// need; with the rights, it adds it itself.
+#[tokio::test]
+async fn tables_from_before_the_shared_kinds_get_them_on_first_use() {
+    let server = pg::shared_server();
+    let url = pg::database(&server, "before_shared");
+    pg::client(&url)
+        .await
+        .batch_execute(
+            "CREATE SEQUENCE dlock_fence;
+             CREATE TABLE dlock_locks (key text PRIMARY KEY, token text NOT NULL,
+                 fence bigint NOT NULL, expires_at timestamptz NOT NULL,
+                 contended boolean NOT NULL DEFAULT false, owner text, acquired_at timestamptz);
+             CREATE TABLE dlock_waiters (key text NOT NULL, token text NOT NULL,
+                 place bigint NOT NULL, gone_at timestamptz NOT NULL, PRIMARY KEY (key, token));
+             CREATE ROLE dlock_old LOGIN;
+             GRANT SELECT, INSERT, UPDATE, DELETE ON dlock_locks, dlock_waiters TO dlock_old;
+             GRANT USAGE ON SEQUENCE dlock_fence TO dlock_old;",
+        )
+        .await
+        .unwrap();
+    let as_old = locker(&format!(
+        "postgres://dlock_old@127.0.0.1:{}/before_shared?sslmode=disable",
+        server.port()
+    ));
+    let guard = as_old
+        .acquire(&unique_key("old"), LockOptions::new())
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    let started = Instant::now();
+    let err = as_old
+        .acquire_permit(&unique_key("old"), 2, LockOptions::new())
+        .await
+        .unwrap_err();
+    assert!(err.is_backend(), "{err:?}");
+    assert!(
+        err.to_string().contains("dlock_shared") && err.to_string().contains("docs/postgres.md"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "a refusal waited"
+    );
+
+    // The owner's locker makes them; then the old role needs only its grant.
+    let owner = locker(&url);
+    let permit = owner
+        .acquire_permit(&unique_key("old"), 2, LockOptions::new())
+        .await
+        .unwrap();
+    permit.release().await.unwrap();
+    pg::client(&url)
+        .await
+        .batch_execute("GRANT SELECT, INSERT, UPDATE, DELETE ON dlock_shared TO dlock_old")
+        .await
+        .unwrap();
+    let reader = as_old
+        .acquire_read(&unique_key("old"), LockOptions::new())
+        .await
+        .unwrap();
+    reader.release().await.unwrap();
 }
 
 /// The server's Unix socket, named as libpq does (`%2F`-encoded host).

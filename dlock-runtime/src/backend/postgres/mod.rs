@@ -21,6 +21,7 @@ use super::{
     watchers::Watchers,
 };
 
+mod shared;
 #[cfg(feature = "tls")]
 mod tls;
 use crate::{
@@ -89,12 +90,14 @@ RETURNING fence";
 /// After a refused [`ACQUIRE`]: marks the row `contended` (written once per hold, by the first
 /// refused attempt), so that its release announces itself (a release nobody waits for sends no
 /// notification: `NOTIFY` takes a lock that serialises the commits of every notifying
-/// transaction), and returns the holder's remaining lease in ms (no row when it is gone).
+/// transaction), and returns the holder's remaining lease in ms (no row when it is gone), and
+/// its token: a semaphore's or read/write lock's row names its kind there instead.
 const REFUSED: &str = "\
 WITH marked AS (
     UPDATE dlock_locks SET contended = true WHERE key = $1 AND NOT contended
 )
-SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
+SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint,
+       token
   FROM dlock_locks WHERE key = $1";
 
 /// Delete the row if this token holds it (a lapsed row of ours is cleaned up too, but reported
@@ -178,7 +181,8 @@ SELECT t.fence,
 const INSPECT: &str = "\
 SELECT owner, acquired_at, fence,
        greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint,
-       (SELECT count(*) FROM dlock_waiters w WHERE w.key = $1 AND w.gone_at > clock_timestamp())
+       (SELECT count(*) FROM dlock_waiters w WHERE w.key = $1 AND w.gone_at > clock_timestamp()),
+       token
   FROM dlock_locks WHERE key = $1 AND expires_at > clock_timestamp()";
 
 /// The stored keys of the live locks under a stored prefix.
@@ -276,6 +280,8 @@ struct Statements {
 struct Connection {
     client: Client,
     statements: Statements,
+    /// The shared kinds' statements, when their table and functions exist.
+    shared: Option<shared::Statements>,
     driver: tokio::task::JoinHandle<()>,
 }
 
@@ -399,6 +405,11 @@ enum Reply {
         fence: Option<i64>,
         ttl_ms: Option<i64>,
     },
+    /// The key is held as another kind of lock.
+    Conflict(String),
+    /// The shared kinds' table and functions are not there (tables made before dlock had
+    /// them): made by the caller, who sends the request again.
+    SharedMissing,
     Done(bool),
     /// What a lock row tells (inspect, force).
     Info(Option<LockInfo>),
@@ -413,6 +424,10 @@ enum Op<'a> {
     Release(&'a str, &'a Token),
     Leave(&'a str, &'a Token),
     Extend(&'a str, &'a Token, i64),
+    /// A permit, a read or a write hold.
+    AcquireShared(shared::Ask<'a>),
+    ReleaseShared(&'a str, &'a Token),
+    ExtendShared(&'a str, &'a Token, i64),
     Inspect(&'a str),
     List(&'a str),
     Force(&'a str),
@@ -425,7 +440,9 @@ impl Op<'_> {
             Self::Acquire(..) => "acquire",
             Self::Release(..) => "release",
             Self::Leave(..) => "leave the queue",
-            Self::Extend(..) => "extend",
+            Self::Extend(..) | Self::ExtendShared(..) => "extend",
+            Self::AcquireShared(..) => "acquire",
+            Self::ReleaseShared(..) => "release",
             Self::Inspect(..) => "inspect",
             Self::List(..) => "list",
             Self::Force(..) => "force release",
@@ -490,7 +507,7 @@ impl PostgresBackend {
         }
         let (client, driver) = connect(&self.config, None).await?;
         let statements = setup(&client, self.request_timeout).await;
-        let statements = match statements {
+        let (statements, shared) = match statements {
             Ok(statements) => statements,
             Err(e) => {
                 driver.abort();
@@ -500,6 +517,7 @@ impl PostgresBackend {
         let connection = Arc::new(Connection {
             client,
             statements,
+            shared,
             driver,
         });
         *self
@@ -530,6 +548,20 @@ impl PostgresBackend {
                 tries += 1;
                 let connection = self.connection().await?;
                 match run(&connection, op).await {
+                    Ok(Reply::SharedMissing) => {
+                        // Tables made before dlock had the shared kinds: their table and
+                        // functions are made now (or the error says how), then the
+                        // connection is set up again to prepare their statements.
+                        create_shared_schema(&connection.client).await?;
+                        self.forget(&connection);
+                        if tries < 2 {
+                            continue;
+                        }
+                        return Err(BackendError::new(
+                            "PostgreSQL: the table `dlock_shared` is there, but its statements \
+                             could not be prepared",
+                        ));
+                    }
                     Ok(reply) => return Ok(reply),
                     Err(e) => {
                         let closed = e.is_closed() || !connection.alive();
@@ -574,10 +606,29 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                     ttl_ms: None,
                 });
             }
-            let held = client.query_opt(&statements.refused, &[&key]).await?;
+            let Some(held) = client.query_opt(&statements.refused, &[&key]).await? else {
+                return Ok(Reply::Acquire {
+                    fence: None,
+                    ttl_ms: None,
+                });
+            };
+            let token: String = held.try_get(1)?;
+            if !shared::is_mutex_token(&token) {
+                return Ok(Reply::Conflict(format!(
+                    "it is held as {}, and this acquisition asks for a mutex",
+                    if token == "rw" {
+                        "a read/write lock".to_owned()
+                    } else {
+                        format!(
+                            "a semaphore of {} permits",
+                            token.strip_prefix("permits=").unwrap_or("?")
+                        )
+                    }
+                )));
+            }
             Ok(Reply::Acquire {
                 fence: None,
-                ttl_ms: held.map(|row| row.try_get(0)).transpose()?,
+                ttl_ms: held.try_get(0)?,
             })
         }
         Op::Acquire(key, token, lease_ms, Some(queue), owner) => {
@@ -623,8 +674,51 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                 .await?;
             Ok(Reply::Done(n == 1))
         }
+        Op::AcquireShared(ask) => {
+            let Some(statements) = &connection.shared else {
+                return Ok(Reply::SharedMissing);
+            };
+            Ok(match shared::acquire(client, statements, ask).await? {
+                shared::Answer::Granted(fence) => Reply::Acquire {
+                    fence: Some(fence),
+                    ttl_ms: None,
+                },
+                shared::Answer::Refused(ttl_ms) => Reply::Acquire {
+                    fence: None,
+                    ttl_ms,
+                },
+                shared::Answer::Conflict(why) => Reply::Conflict(why),
+            })
+        }
+        Op::ReleaseShared(key, token) => {
+            let Some(statements) = &connection.shared else {
+                return Ok(Reply::SharedMissing);
+            };
+            shared::release(client, statements, key, token.as_str())
+                .await
+                .map(Reply::Done)
+        }
+        Op::ExtendShared(key, token, lease_ms) => {
+            let Some(statements) = &connection.shared else {
+                return Ok(Reply::SharedMissing);
+            };
+            shared::extend(client, statements, key, token.as_str(), lease_ms)
+                .await
+                .map(Reply::Done)
+        }
         Op::Inspect(key) => {
             let row = client.query_opt(INSPECT, &[&key]).await?;
+            if let Some(row) = &row
+                && !shared::is_mutex_token(&row.try_get::<_, String>(5)?)
+            {
+                let rows = client.query(shared::INSPECT, &[&key]).await?;
+                return shared::info(key, &rows).map(|info| {
+                    Reply::Info(info.map(|mut info| {
+                        info.waiters = usize::try_from(row.try_get::<_, i64>(4).unwrap_or(0)).ok();
+                        info
+                    }))
+                });
+            }
             row.map(|row| {
                 let mut info = row_info(key, &row, 0)?;
                 info.waiters = usize::try_from(row.try_get::<_, i64>(4)?).ok();
@@ -641,6 +735,18 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                 .map(Reply::Keys)
         }
         Op::Force(key) => {
+            let shared_key = client
+                .query_opt("SELECT token FROM dlock_locks WHERE key = $1", &[&key])
+                .await?
+                .map(|row| row.try_get::<_, String>(0))
+                .transpose()?
+                .is_some_and(|token| !shared::is_mutex_token(&token));
+            if shared_key {
+                let mut rows = client.query(shared::FORCE, &[&key]).await?;
+                rows.retain(|row| row.try_get::<_, bool>(6).unwrap_or(false));
+                client.query_one(shared::FORCED, &[&key]).await?;
+                return shared::info(key, &rows).map(Reply::Info);
+            }
             let Some(row) = client.query_opt(FORCE, &[&key]).await? else {
                 return Ok(Reply::Info(None));
             };
@@ -730,7 +836,10 @@ async fn drive<S, T>(
 
 /// Bounds the server's side of every statement, creates the schema when it is missing, and
 /// prepares the statements (pipelined: one round trip).
-async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements, BackendError> {
+async fn setup(
+    client: &Client,
+    request_timeout: Duration,
+) -> Result<(Statements, Option<shared::Statements>), BackendError> {
     // A statement stuck on the server (a row locked by someone's open transaction) is
     // cancelled there too, not only given up on here.
     let statement_ms = u64::try_from(request_timeout.as_millis() * 2)
@@ -741,18 +850,25 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
          SELECT to_regclass('dlock_locks') IS NOT NULL AND to_regclass('dlock_fence') IS NOT NULL \
          AND to_regclass('dlock_waiters') IS NOT NULL \
          AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('dlock_locks') \
-                     AND attname = 'acquired_at' AND NOT attisdropped)"
+                     AND attname = 'acquired_at' AND NOT attisdropped), ({})",
+        shared::PROBE
     );
     let messages = client
         .simple_query(&probe)
         .await
         .map_err(|e| classify("setup", e))?;
-    let exists = messages.iter().any(
-        |m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("t")),
-    );
+    let probed = |column| {
+        messages.iter().any(|m| {
+            matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(column) == Some("t"))
+        })
+    };
+    let (exists, mut shared_exists) = (probed(0), probed(1));
     if !exists {
         // One implicit transaction: the advisory lock makes concurrent creators take turns.
-        let create = format!("SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {SCHEMA}");
+        let create = format!(
+            "SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {SCHEMA} {}",
+            shared::SCHEMA
+        );
         if let Err(e) = client.batch_execute(&create).await {
             let denied = e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE);
             if denied {
@@ -771,6 +887,7 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
         tracing::info!(
             "created the PostgreSQL lock table `dlock_locks` and sequence `dlock_fence`"
         );
+        shared_exists = true;
     }
     let (acquire, refused, acquire_queued, release, leave, extend) = tokio::join!(
         client.prepare(ACQUIRE),
@@ -780,15 +897,23 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
         client.prepare(LEAVE),
         client.prepare(EXTEND)
     );
+    let shared = if shared_exists {
+        Some(shared::Statements::prepare(client).await)
+    } else {
+        None
+    };
     let prepared = (|| {
-        Ok::<_, tokio_postgres::Error>(Statements {
-            acquire: acquire?,
-            refused: refused?,
-            acquire_queued: acquire_queued?,
-            release: release?,
-            leave: leave?,
-            extend: extend?,
-        })
+        Ok::<_, tokio_postgres::Error>((
+            Statements {
+                acquire: acquire?,
+                refused: refused?,
+                acquire_queued: acquire_queued?,
+                release: release?,
+                leave: leave?,
+                extend: extend?,
+            },
+            shared.transpose()?,
+        ))
     })();
     prepared.map_err(|e| {
         if e.code() == Some(&SqlState::UNDEFINED_COLUMN) {
@@ -803,6 +928,41 @@ async fn setup(client: &Client, request_timeout: Duration) -> Result<Statements,
             classify("prepare", e)
         }
     })
+}
+
+/// The shared kinds' table and functions, made at the first shared acquisition on tables made
+/// before dlock had them; a user who may not make them is told how.
+async fn create_shared_schema(client: &Client) -> Result<(), BackendError> {
+    // Made meanwhile (by an owner, or another locker): this connection only prepares them.
+    let made = client
+        .query_one(shared::PROBE, &[])
+        .await
+        .map_err(|e| classify("setup", e))?;
+    if made.try_get::<_, Option<bool>>(0).ok().flatten() == Some(true) {
+        return Ok(());
+    }
+    let create = format!(
+        "SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {}",
+        shared::SCHEMA
+    );
+    match client.batch_execute(&create).await {
+        Ok(()) => {
+            tracing::info!("created the PostgreSQL table `dlock_shared` and its functions");
+            Ok(())
+        }
+        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+            Err(BackendError::with_source(
+                "PostgreSQL refused: semaphores and read/write locks need the table \
+                 `dlock_shared` and the functions `dlock_acquire_shared` and \
+                 `dlock_release_shared`, which do not exist, and this user may not create \
+                 them; run the DDL in dlock's docs/postgres.md as an owner, and grant this user \
+                 SELECT, INSERT, UPDATE, DELETE on dlock_shared",
+                e,
+            )
+            .refused())
+        }
+        Err(e) => Err(classify("schema creation", e)),
+    }
 }
 
 /// A driver error as a [`BackendError`], marked refused when asking again cannot cure it: a
@@ -849,14 +1009,26 @@ impl Backend for PostgresBackend {
         Box::pin(async move {
             let queue = request.queue;
             let key = stored_key(self.prefix_len, request.key);
-            let op = Op::Acquire(
-                &key,
-                request.token,
-                lease_ms(request.lease),
-                queue,
-                self.identity.as_str(),
-            );
+            let op = if request.kind.is_mutex() {
+                Op::Acquire(
+                    &key,
+                    request.token,
+                    lease_ms(request.lease),
+                    queue,
+                    self.identity.as_str(),
+                )
+            } else {
+                Op::AcquireShared(shared::Ask {
+                    key: &key,
+                    token: request.token.as_str(),
+                    kind: request.kind,
+                    lease_ms: lease_ms(request.lease),
+                    live_ms: lease_ms(request.liveness),
+                    owner: self.identity.as_str(),
+                })
+            };
             match self.call(op).await? {
+                Reply::Conflict(why) => Ok(Attempt::Conflict(why)),
                 Reply::Acquire {
                     fence: Some(fence), ..
                 } => Ok(Attempt::acquired(u64::try_from(fence).unwrap_or(0))),
@@ -867,7 +1039,7 @@ impl Backend for PostgresBackend {
                     ttl: ttl_ms
                         .and_then(|ms| u64::try_from(ms).ok())
                         .map(Duration::from_millis),
-                    queued: queue.is_some(),
+                    queued: queue.is_some() || request.kind == LockKind::Write,
                 }),
                 _ => Err(BackendError::new("PostgreSQL acquire: unexpected reply")),
             }
@@ -877,12 +1049,17 @@ impl Backend for PostgresBackend {
     fn release<'a>(
         &'a self,
         key: &'a str,
-        _kind: LockKind,
+        kind: LockKind,
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
             let key = stored_key(self.prefix_len, key);
-            match self.call(Op::Release(&key, token)).await? {
+            let op = if kind.is_mutex() {
+                Op::Release(&key, token)
+            } else {
+                Op::ReleaseShared(&key, token)
+            };
+            match self.call(op).await? {
                 Reply::Done(live) => Ok(live),
                 _ => Err(BackendError::new("PostgreSQL release: unexpected reply")),
             }
@@ -904,13 +1081,18 @@ impl Backend for PostgresBackend {
     fn extend<'a>(
         &'a self,
         key: &'a str,
-        _kind: LockKind,
+        kind: LockKind,
         token: &'a Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
             let key = stored_key(self.prefix_len, key);
-            match self.call(Op::Extend(&key, token, lease_ms(lease))).await? {
+            let op = if kind.is_mutex() {
+                Op::Extend(&key, token, lease_ms(lease))
+            } else {
+                Op::ExtendShared(&key, token, lease_ms(lease))
+            };
+            match self.call(op).await? {
                 Reply::Done(extended) => Ok(extended),
                 _ => Err(BackendError::new("PostgreSQL extend: unexpected reply")),
             }
@@ -962,13 +1144,6 @@ impl Backend for PostgresBackend {
         key: &'a str,
     ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
         Box::pin(self.lock_info(key, |k| Op::Force(k)))
-    }
-
-    fn capabilities(&self) -> super::api::Capabilities {
-        super::api::Capabilities {
-            cannot_share: Some("not yet"),
-            ..super::api::Capabilities::default()
-        }
     }
 
     fn key_error(&self, key: &str) -> Option<String> {
@@ -1165,6 +1340,20 @@ async fn listen(shared: Arc<Shared>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The DDL docs/postgres.md gives operators is the schema the engine creates.
+    #[test]
+    fn the_docs_give_the_schema() {
+        let docs = include_str!("../../../../docs/postgres.md");
+        assert!(
+            docs.contains(SCHEMA),
+            "docs/postgres.md: the mutex's tables"
+        );
+        assert!(
+            docs.contains(shared::SCHEMA),
+            "docs/postgres.md: the shared kinds' table"
+        );
+    }
 
     #[test]
     fn url_forms() {
