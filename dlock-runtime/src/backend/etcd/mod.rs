@@ -26,6 +26,7 @@
 //!   watch of a locker shares one watch stream ([`watches`]).
 
 mod conn;
+mod kinds;
 mod session;
 mod watches;
 
@@ -51,6 +52,7 @@ use tokio::{
 
 use self::{
     conn::{Conn, lease_gone, tls_options},
+    kinds::Shape,
     session::{Session, Sessions},
     watches::{Fired, WatchHub},
 };
@@ -159,6 +161,11 @@ impl Drop for AbortOnDrop {
 struct Entry {
     line: String,
     own_key: String,
+    /// The kind of lock its key is (its name says it too).
+    shape: Shape,
+    /// The revision of the last look at the line (a semaphore's waiter watches deletions
+    /// from the next one).
+    seen: i64,
     /// The session its key lives on.
     epoch: u64,
     /// The create revision of `own_key`, once a reply told it.
@@ -218,6 +225,8 @@ enum Place {
     Behind,
     /// The key is not in the line any more (its session ended, or it was deleted).
     Gone,
+    /// The line is of another kind of lock: why.
+    Conflict(String),
 }
 
 impl EtcdBackend {
@@ -260,16 +269,18 @@ impl EtcdBackend {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A new entry for `token` in `key`'s line, on `session` (no I/O).
-    fn join(&self, key: &str, token: &Token, session: &Session) {
+    /// A new entry for `token` in `key`'s line, on `session`, its key of `shape` (no I/O).
+    fn join(&self, key: &str, token: &Token, session: &Session, shape: Shape) {
         let line = line_of(self.prefix_len, key);
         let n = self.next_key.fetch_add(1, Ordering::Relaxed);
-        let own_key = format!("{line}{:x}-{n:x}", session.lease);
+        let own_key = format!("{line}{}{:x}-{n:x}", shape.sub_prefix(), session.lease);
         self.entries().insert(
             token.0.clone(),
             Entry {
                 line,
                 own_key,
+                shape,
+                seen: 0,
                 epoch: session.epoch,
                 rev: None,
                 granted: false,
@@ -282,28 +293,30 @@ impl EtcdBackend {
     }
 
     /// Puts the entry's key in the line on the session's lease (unless an earlier attempt
-    /// whose reply was lost did), and looks at who is first, in one transaction.
+    /// whose reply was lost did), and looks at who is ahead, in one transaction.
     async fn enter(
         &self,
         token: &Token,
-        own_key: &str,
-        line: &str,
+        (own_key, line, shape): (&str, &str, Shape),
         session: &Session,
     ) -> Result<Place, BackendError> {
+        let reads = shape_reads(line, shape);
         let txn = Txn::new()
             .when([Compare::create_revision(own_key, CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(
+            .and_then(
+                std::iter::once(TxnOp::put(
                     own_key,
                     self.identity.since(std::time::SystemTime::now()),
                     Some(PutOptions::new().with_lease(session.lease)),
-                ),
-                TxnOp::get(line, Some(first_in_line())),
-            ])
-            .or_else([
-                TxnOp::get(own_key, None),
-                TxnOp::get(line, Some(first_in_line())),
-            ]);
+                ))
+                .chain(reads.clone())
+                .collect::<Vec<_>>(),
+            )
+            .or_else(
+                std::iter::once(TxnOp::get(own_key, None))
+                    .chain(reads)
+                    .collect::<Vec<_>>(),
+            );
         let resp = match self
             .conn
             .call(
@@ -321,46 +334,141 @@ impl EtcdBackend {
         };
         let revision = header_revision(resp.header());
         let responses = resp.op_responses();
-        let create_of = |r: Option<&TxnOpResponse>| match r {
-            Some(TxnOpResponse::Get(get)) => get.kvs().first().map(|kv| kv.create_revision()),
-            _ => None,
-        };
         let (my_rev, fresh) = if resp.succeeded() {
             (revision, true)
         } else {
-            match create_of(responses.first()) {
+            match first_kv(responses.first()).map(|kv| kv.create_revision()) {
                 Some(rev) => (rev, false),
                 None => return Ok(Place::Gone),
             }
         };
         if let Some(entry) = self.entries().get_mut(&token.0) {
             entry.rev = Some(my_rev);
+            entry.seen = revision;
         }
-        match create_of(responses.get(1)) {
-            // First by the write that put it: that write's revision.
-            Some(first) if first == my_rev && fresh => Ok(Place::First(my_rev)),
-            // Its key was there already (a reply was lost): a write for a new fence.
-            Some(first) if first == my_rev => self.rewrite(own_key, my_rev, session).await,
-            Some(_) => Ok(Place::Behind),
-            None => Ok(Place::Gone),
+        let reads = responses.get(1..).unwrap_or_default();
+        if let Some(conflict) = conflict_ahead(line, shape, reads.first()) {
+            return Ok(Place::Conflict(conflict));
+        }
+        if !fresh && shape != Shape::Mutex {
+            // A put whose reply was lost: looked at again, with its key's revision known.
+            return self
+                .look(token, (own_key, line, shape), my_rev, session)
+                .await;
+        }
+        let first = first_kv(reads.first()).map(|kv| kv.create_revision());
+        match shape {
+            Shape::Mutex | Shape::Write => match first {
+                // First by the write that put it: that write's revision.
+                Some(first) if first == my_rev && fresh => Ok(Place::First(my_rev)),
+                // Its key was there already (a reply was lost): a write for a new fence.
+                Some(first) if first == my_rev => self.rewrite(own_key, my_rev, session).await,
+                Some(_) => Ok(Place::Behind),
+                None => Ok(Place::Gone),
+            },
+            // No writer was in line when the reader's key was put.
+            Shape::Read if first_kv(reads.get(1)).is_none() => Ok(Place::First(my_rev)),
+            Shape::Read => Ok(Place::Behind),
+            Shape::Permits(_) => {
+                let within = kvs(reads.first())
+                    .iter()
+                    .any(|kv| kv.create_revision() == my_rev);
+                Ok(if within {
+                    Place::First(my_rev)
+                } else {
+                    Place::Behind
+                })
+            }
         }
     }
 
-    /// A waiter's later look at the line: first (at this read's revision), still behind, or
-    /// gone. One read: no key older than its own can appear, so the oldest key says it all.
-    async fn look(&self, line: &str, rev: i64) -> Result<Place, BackendError> {
-        let line = line.to_owned();
+    /// A waiter's later look at the line: first (at this read's revision, or a new write's
+    /// where holds share the key), still behind, gone, or of another kind. One request: no key
+    /// older than its own can appear, so the oldest keys say it all.
+    async fn look(
+        &self,
+        token: &Token,
+        (own_key, line, shape): (&str, &str, Shape),
+        rev: i64,
+        session: &Session,
+    ) -> Result<Place, BackendError> {
+        if matches!(shape, Shape::Mutex | Shape::Write) {
+            let line_owned = line.to_owned();
+            let got = self
+                .conn
+                .call("look at the lock's line", |mut c| async move {
+                    c.get(line_owned, Some(first_in_line())).await
+                })
+                .await?;
+            let first = got.kvs().first();
+            if let Some(kv) = first
+                && let Some(conflict) =
+                    shape.conflict(Shape::of_key(line, &kv.key_str().unwrap_or_default()))
+            {
+                return Ok(Place::Conflict(conflict));
+            }
+            return Ok(match first.map(|kv| kv.create_revision()) {
+                Some(first) if first == rev => Place::First(header_revision(got.header())),
+                Some(first) if first < rev => Place::Behind,
+                _ => Place::Gone,
+            });
+        }
+        let ahead = match shape {
+            Shape::Permits(permits) => TxnOp::get(
+                line,
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Create, SortOrder::Ascend)
+                        .with_max_create_revision(rev)
+                        .with_limit(i64::from(permits))
+                        .with_keys_only(),
+                ),
+            ),
+            _ => last_writer_before(line, rev),
+        };
+        let txn = Txn::new().and_then([
+            TxnOp::get(own_key, Some(GetOptions::new().with_keys_only())),
+            TxnOp::get(line, Some(first_in_line())),
+            ahead,
+        ]);
         let got = self
             .conn
             .call("look at the lock's line", |mut c| async move {
-                c.get(line, Some(first_in_line())).await
+                c.txn(txn).await
             })
             .await?;
-        Ok(match got.kvs().first().map(|kv| kv.create_revision()) {
-            Some(first) if first == rev => Place::First(header_revision(got.header())),
-            Some(first) if first < rev => Place::Behind,
-            _ => Place::Gone,
-        })
+        let revision = header_revision(got.header());
+        let responses = got.op_responses();
+        if first_kv(responses.first()).is_none_or(|kv| kv.create_revision() != rev) {
+            return Ok(Place::Gone);
+        }
+        if let Some(entry) = self.entries().get_mut(&token.0) {
+            entry.seen = revision;
+        }
+        let checked = if matches!(shape, Shape::Permits(_)) {
+            responses.get(2)
+        } else {
+            responses.get(1)
+        };
+        if let Some(conflict) = conflict_ahead(line, shape, checked) {
+            return Ok(Place::Conflict(conflict));
+        }
+        match shape {
+            Shape::Permits(_) => {
+                let within = kvs(responses.get(2))
+                    .iter()
+                    .any(|kv| kv.create_revision() == rev);
+                if within {
+                    // Several hold at once: a write of its own for a fence no other has.
+                    self.rewrite(own_key, rev, session).await
+                } else {
+                    Ok(Place::Behind)
+                }
+            }
+            _ if first_kv(responses.get(2)).is_none() => Ok(Place::First(revision)),
+            _ => Ok(Place::Behind),
+        }
     }
 
     /// Re-writes a key that is first in line (same create revision) for a new fence, the
@@ -403,20 +511,22 @@ impl EtcdBackend {
             (
                 e.own_key.clone(),
                 e.line.clone(),
+                e.shape,
                 e.rev,
                 e.granted,
                 first_at,
             )
         });
-        let Some((own_key, line, rev, granted, first_at)) = known else {
+        let Some((own_key, line, shape, rev, granted, first_at)) = known else {
             return Ok(Place::Gone);
         };
+        let key = (own_key.as_str(), line.as_str(), shape);
         match (rev, first_at) {
             // Its wake-up found it first: that read's revision.
             (Some(_), Some(revision)) => Ok(Place::First(revision)),
             (Some(rev), None) if granted => self.rewrite(&own_key, rev, session).await,
-            (Some(rev), None) => self.look(&line, rev).await,
-            (None, _) => self.enter(token, &own_key, &line, session).await,
+            (Some(rev), None) => self.look(token, key, rev, session).await,
+            (None, _) => self.enter(token, key, session).await,
         }
     }
 
@@ -518,6 +628,23 @@ impl EtcdBackend {
     }
 }
 
+/// The keys of a line (read oldest first) that hold it: the first (a mutex, a writer), the
+/// readers before the first writer, a semaphore's first `permits`.
+fn holding<'a>(line: &str, kvs: &'a [etcd_client::KeyValue]) -> &'a [etcd_client::KeyValue] {
+    let Some(first) = kvs.first() else {
+        return kvs;
+    };
+    let n = match Shape::of_key(line, first.key_str().unwrap_or_default()) {
+        Shape::Mutex | Shape::Write => 1,
+        Shape::Permits(permits) => usize::try_from(permits).unwrap_or(usize::MAX),
+        Shape::Read => kvs
+            .iter()
+            .take_while(|kv| Shape::of_key(line, kv.key_str().unwrap_or_default()) == Shape::Read)
+            .count(),
+    };
+    &kvs[..n.min(kvs.len())]
+}
+
 /// The oldest key of a line.
 fn first_in_line() -> GetOptions {
     GetOptions::new()
@@ -525,6 +652,74 @@ fn first_in_line() -> GetOptions {
         .with_sort(SortTarget::Create, SortOrder::Ascend)
         .with_limit(1)
         .with_keys_only()
+}
+
+/// The reads that follow the put of a key of `shape` in `line`: the first key of the line
+/// (whose kind says the line's), and what decides: a semaphore's first `permits` keys, a
+/// reader's last writer (all are older than a key being put).
+fn shape_reads(line: &str, shape: Shape) -> Vec<TxnOp> {
+    match shape {
+        Shape::Mutex | Shape::Write => vec![TxnOp::get(line, Some(first_in_line()))],
+        Shape::Read => vec![
+            TxnOp::get(line, Some(first_in_line())),
+            TxnOp::get(
+                format!("{line}{}", Shape::Write.sub_prefix()),
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Create, SortOrder::Descend)
+                        .with_limit(1)
+                        .with_keys_only(),
+                ),
+            ),
+        ],
+        Shape::Permits(permits) => vec![TxnOp::get(
+            line,
+            Some(
+                GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_limit(i64::from(permits))
+                    .with_keys_only(),
+            ),
+        )],
+    }
+}
+
+/// The last writer's key in `line` created before revision `rev`.
+fn last_writer_before(line: &str, rev: i64) -> TxnOp {
+    TxnOp::get(
+        format!("{line}{}", Shape::Write.sub_prefix()),
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_max_create_revision(rev - 1)
+                .with_limit(1)
+                .with_keys_only(),
+        ),
+    )
+}
+
+/// The keys a read in a transaction found.
+fn kvs(response: Option<&TxnOpResponse>) -> &[etcd_client::KeyValue] {
+    match response {
+        Some(TxnOpResponse::Get(get)) => get.kvs(),
+        _ => &[],
+    }
+}
+
+fn first_kv(response: Option<&TxnOpResponse>) -> Option<&etcd_client::KeyValue> {
+    kvs(response).first()
+}
+
+/// The conflict of a key of `shape` with the first keys of its line (`read`): one of another
+/// kind is ahead.
+fn conflict_ahead(line: &str, shape: Shape, read: Option<&TxnOpResponse>) -> Option<String> {
+    kvs(read).iter().find_map(|kv| {
+        let key = kv.key_str().ok()?;
+        shape.conflict(Shape::of_key(line, key))
+    })
 }
 
 fn header_revision(header: Option<&etcd_client::ResponseHeader>) -> i64 {
@@ -735,6 +930,62 @@ async fn wait_turn(
     }
 }
 
+/// A reader's wake-up: waits until no writer's key created before `rev` is left in `line`
+/// (etcd's `recipe.RWMutex`), watching the last one's deletion, then notifies.
+async fn wait_for_writers(
+    conn: Arc<Conn>,
+    hub: Arc<WatchHub>,
+    (line, rev): (String, i64),
+    notify: Arc<Notify>,
+) {
+    loop {
+        let writers = format!("{line}{}", Shape::Write.sub_prefix());
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_max_create_revision(rev - 1)
+            .with_limit(1)
+            .with_keys_only();
+        let found = conn
+            .call("find the writer ahead", |mut c| async move {
+                c.get(writers, Some(options)).await
+            })
+            .await;
+        let Ok(got) = found else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        let Some(writer) = got.kvs().first() else {
+            notify.notify_waiters();
+            return;
+        };
+        let writer = String::from_utf8_lossy(writer.key()).into_owned();
+        let start = header_revision(got.header()) + 1;
+        if hub.deletion(writer, Some(start)).fired().await == Fired::Broken {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// A semaphore waiter's wake-up: any key of its line deleted after revision `seen` (the last
+/// look's) may let it in; each one notifies, and the attempt that follows counts again.
+async fn wait_for_deletions(hub: Arc<WatchHub>, line: String, seen: i64, notify: Arc<Notify>) {
+    let mut start = Some(seen + 1);
+    loop {
+        let mut watch = hub.deletion_under(line.clone(), start);
+        match watch.fired().await {
+            Fired::Deleted => start = Some(watch.at() + 1),
+            Fired::Broken => {
+                // From now on (the history may be compacted): the attempt this wakes reads
+                // the line, and the waiting loop's fallback pause covers the gap.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                start = None;
+            }
+        }
+        notify.notify_waiters();
+    }
+}
+
 /// Of a read of a line's keys created at `rev` or before, newest first: whether the newest is
 /// the waiter's own key (created at `rev`), and the key just before it.
 fn own_and_ahead(got: &GetResponse, rev: i64) -> (bool, Option<String>) {
@@ -756,7 +1007,7 @@ impl Backend for EtcdBackend {
                 let session = self.sessions.session().await?;
                 let epoch = self.entries().get(&token.0).map(|e| e.epoch);
                 match epoch {
-                    None => self.join(request.key, token, &session),
+                    None => self.join(request.key, token, &session, Shape::of(request.kind)),
                     Some(epoch) if epoch != session.epoch => {
                         // Its session ended, and its key with it: join again, at the end.
                         self.entries().remove(&token.0);
@@ -776,6 +1027,11 @@ impl Backend for EtcdBackend {
                     }
                     Place::Gone => {
                         self.entries().remove(&token.0);
+                    }
+                    Place::Conflict(why) => {
+                        // Its key leaves the line before the refusal is told.
+                        let _ = self.release(request.key, request.kind, token).await;
+                        return Ok(Attempt::Conflict(why));
                     }
                 }
             }
@@ -854,12 +1110,19 @@ impl Backend for EtcdBackend {
                     c.get(line, Some(options)).await
                 })
                 .await?;
-            let Some(first) = got.kvs().first() else {
+            let holders = holding(&line_of(self.prefix_len, key), got.kvs());
+            let Some(first) = holders.first() else {
                 return Ok(None);
             };
             let mut info = LockInfo::new(key.to_owned());
+            info.kind = Shape::of_key(
+                &line_of(self.prefix_len, key),
+                first.key_str().unwrap_or_default(),
+            )
+            .kind();
+            info.holders = holders.len();
             info.holder = first.value_str().ok().and_then(holder::parse);
-            info.waiters = Some(got.kvs().len() - 1);
+            info.waiters = Some(got.kvs().len() - holders.len());
             let lease = first.lease();
             if lease != 0 {
                 let ttl = self
@@ -889,9 +1152,10 @@ impl Backend for EtcdBackend {
                 .kvs()
                 .iter()
                 .filter_map(|kv| {
+                    // The line ends at the first `/` after the prefix (a key's own are escaped).
                     let own_key = kv.key_str().ok()?;
-                    let (line, _) = own_key.rsplit_once('/')?;
-                    Some(key_of_line(self.prefix_len, line))
+                    let end = self.prefix_len + own_key.get(self.prefix_len..)?.find('/')?;
+                    Some(key_of_line(self.prefix_len, &own_key[..=end]))
                 })
                 .collect())
         })
@@ -905,31 +1169,40 @@ impl Backend for EtcdBackend {
             let line = line_of(self.prefix_len, key);
             let options = GetOptions::new()
                 .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Ascend)
-                .with_limit(1);
+                .with_sort(SortTarget::Create, SortOrder::Ascend);
+            let read = line.clone();
             let got = self
                 .conn
                 .call("read the lock's line", |mut c| async move {
-                    c.get(line, Some(options)).await
+                    c.get(read, Some(options)).await
                 })
                 .await?;
-            let Some(kv) = got.kvs().first() else {
+            let holders = holding(&line, got.kvs());
+            let Some(first) = holders.first() else {
                 return Ok(None);
             };
-            let own_key = kv
-                .key_str()
-                .map_err(|_| BackendError::new("etcd: a key in the lock's line is not UTF-8"))?;
             let mut info = LockInfo::new(key.to_owned());
-            info.holder = kv.value_str().ok().and_then(holder::parse);
-            let delete = owner_delete(own_key, kv.create_revision());
-            let deleted = self
-                .conn
-                .call("delete the holder's key", |mut c| async move {
-                    c.txn(delete).await
-                })
-                .await?;
-            // Not deleted: the holder released it meanwhile (the next holder is not touched).
-            Ok(deleted.succeeded().then_some(info))
+            info.kind = Shape::of_key(&line, first.key_str().unwrap_or_default()).kind();
+            info.holder = first.value_str().ok().and_then(holder::parse);
+            info.holders = 0;
+            for kv in holders {
+                let own_key = kv.key_str().map_err(|_| {
+                    BackendError::new("etcd: a key in the lock's line is not UTF-8")
+                })?;
+                let delete = owner_delete(own_key, kv.create_revision());
+                let deleted = self
+                    .conn
+                    .call("delete the holder's key", |mut c| async move {
+                        c.txn(delete).await
+                    })
+                    .await?;
+                // Not deleted: the holder released it meanwhile (the next holder is not
+                // touched).
+                if deleted.succeeded() {
+                    info.holders += 1;
+                }
+            }
+            Ok((info.holders > 0).then_some(info))
         })
     }
 
@@ -987,20 +1260,29 @@ impl Backend for EtcdBackend {
 
     fn watch<'a>(&'a self, _key: &'a str, token: &'a Token) -> BoxFuture<'a, Option<Watch>> {
         Box::pin(async move {
-            let (line, rev) = {
+            let (line, rev, shape, seen) = {
                 let entries = self.entries();
                 let entry = entries.get(&token.0)?;
-                (entry.line.clone(), entry.rev?)
+                (entry.line.clone(), entry.rev?, entry.shape, entry.seen)
             };
             let notify = Arc::new(Notify::new());
-            let task = tokio::spawn(wait_turn(
-                self.conn.clone(),
-                self.watches.clone(),
-                self.entries.clone(),
-                token.0.clone(),
-                (line, rev),
-                notify.clone(),
-            ));
+            let (conn, hub) = (self.conn.clone(), self.watches.clone());
+            let task = match shape {
+                Shape::Mutex | Shape::Write => tokio::spawn(wait_turn(
+                    conn,
+                    hub,
+                    self.entries.clone(),
+                    token.0.clone(),
+                    (line, rev),
+                    notify.clone(),
+                )),
+                Shape::Read => {
+                    tokio::spawn(wait_for_writers(conn, hub, (line, rev), notify.clone()))
+                }
+                Shape::Permits(_) => {
+                    tokio::spawn(wait_for_deletions(hub, line, seen, notify.clone()))
+                }
+            };
             Some(Watch::new(notify, NextInLine::default(), AbortOnDrop(task)))
         })
     }
@@ -1049,11 +1331,11 @@ impl Backend for EtcdBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            cannot_share: Some("not yet"),
             fair: FairOrder::Native,
             passes: false,
             reliable_wake_up: true,
             cannot_keep: None,
+            cannot_share: None,
         }
     }
 }

@@ -32,6 +32,8 @@ enum Command {
         id: u64,
         key: String,
         start: Option<i64>,
+        /// Every key under `key` (a semaphore's line), not `key` alone.
+        prefix: bool,
     },
     Cancel(u64),
 }
@@ -41,7 +43,8 @@ struct State {
     /// The stream task's inbox, while a stream is open.
     commands: Option<mpsc::UnboundedSender<Command>>,
     next_id: u64,
-    handlers: HashMap<u64, oneshot::Sender<Fired>>,
+    /// Where each watch's end goes: how, and the revision of the response that ended it.
+    handlers: HashMap<u64, oneshot::Sender<(Fired, i64)>>,
 }
 
 /// A locker's watches, on one stream.
@@ -54,7 +57,9 @@ pub(super) struct WatchHub {
 /// the watch on the server.
 pub(super) struct KeyWatch {
     id: u64,
-    fired: oneshot::Receiver<Fired>,
+    fired: oneshot::Receiver<(Fired, i64)>,
+    /// The revision of the response that ended it, once it did.
+    at: i64,
     state: Weak<Mutex<State>>,
 }
 
@@ -72,12 +77,26 @@ impl WatchHub {
 
     /// Watches the deletion of `key` from revision `start` (from now when `None`).
     pub(super) fn deletion(&self, key: String, start: Option<i64>) -> KeyWatch {
+        self.add(key, start, false)
+    }
+
+    /// Watches the deletion of any key under `prefix` from revision `start`.
+    pub(super) fn deletion_under(&self, prefix: String, start: Option<i64>) -> KeyWatch {
+        self.add(prefix, start, true)
+    }
+
+    fn add(&self, key: String, start: Option<i64>, prefix: bool) -> KeyWatch {
         let mut state = lock(&self.state);
         state.next_id += 1;
         let id = state.next_id;
         let (tx, fired) = oneshot::channel();
         state.handlers.insert(id, tx);
-        let command = Command::Add { id, key, start };
+        let command = Command::Add {
+            id,
+            key,
+            start,
+            prefix,
+        };
         let command = match &state.commands {
             Some(commands) => commands.send(command).err().map(|e| e.0),
             None => Some(command),
@@ -91,6 +110,7 @@ impl WatchHub {
         KeyWatch {
             id,
             fired,
+            at: 0,
             state: Arc::downgrade(&self.state),
         }
     }
@@ -99,7 +119,14 @@ impl WatchHub {
 impl KeyWatch {
     /// Waits for the key's deletion (or the stream's failure).
     pub(super) async fn fired(&mut self) -> Fired {
-        (&mut self.fired).await.unwrap_or(Fired::Broken)
+        let (fired, at) = (&mut self.fired).await.unwrap_or((Fired::Broken, 0));
+        self.at = at;
+        fired
+    }
+
+    /// The revision at which it fired (0 before, or when the stream broke).
+    pub(super) fn at(&self) -> i64 {
+        self.at
     }
 }
 
@@ -117,8 +144,13 @@ impl Drop for KeyWatch {
     }
 }
 
-fn options(start: Option<i64>) -> WatchOptions {
+fn options(start: Option<i64>, prefix: bool) -> WatchOptions {
     let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+    let options = if prefix {
+        options.with_prefix()
+    } else {
+        options
+    };
     match start {
         Some(revision) => options.with_start_revision(revision),
         None => options,
@@ -132,12 +164,18 @@ async fn run(
     state: Weak<Mutex<State>>,
     mut inbox: mpsc::UnboundedReceiver<Command>,
 ) {
-    let Some(Command::Add { id, key, start }) = inbox.recv().await else {
+    let Some(Command::Add {
+        id,
+        key,
+        start,
+        prefix,
+    }) = inbox.recv().await
+    else {
         return;
     };
     let opened = conn
         .call("watch lock keys", |mut c| async move {
-            c.watch(key, Some(options(start))).await
+            c.watch(key, Some(options(start, prefix))).await
         })
         .await;
     let Ok(stream) = opened else {
@@ -154,9 +192,9 @@ async fn run(
         tokio::select! {
             command = inbox.recv() => {
                 let sent = match command {
-                    Some(Command::Add { id, key, start }) => {
+                    Some(Command::Add { id, key, start, prefix }) => {
                         creating.push_back(id);
-                        sender.watch(key, Some(options(start))).await
+                        sender.watch(key, Some(options(start, prefix))).await
                     }
                     Some(Command::Cancel(id)) => match theirs.remove(&id) {
                         Some(watch_id) => {
@@ -203,7 +241,7 @@ fn dispatch(
         let id = creating.pop_front()?;
         if response.canceled() || watch_id < 0 {
             if let Some(handler) = state.handlers.remove(&id) {
-                let _ = handler.send(Fired::Broken);
+                let _ = handler.send((Fired::Broken, 0));
             }
             return None;
         }
@@ -229,7 +267,14 @@ fn dispatch(
     ours.remove(&watch_id);
     theirs.remove(&id);
     if let Some(handler) = state.handlers.remove(&id) {
-        let _ = handler.send(fired);
+        // The last event's: a watch started after it misses nothing that came later.
+        let at = response
+            .events()
+            .iter()
+            .filter_map(|e| e.kv().map(etcd_client::KeyValue::mod_revision))
+            .max()
+            .unwrap_or(0);
+        let _ = handler.send((fired, at));
     }
     (fired == Fired::Deleted).then_some(watch_id)
 }
@@ -242,6 +287,6 @@ fn fail_all(state: &Weak<Mutex<State>>) {
     let mut state = lock(&state);
     state.commands = None;
     for (_, handler) in state.handlers.drain() {
-        let _ = handler.send(Fired::Broken);
+        let _ = handler.send((Fired::Broken, 0));
     }
 }
