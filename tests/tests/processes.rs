@@ -1,15 +1,22 @@
 //! Several processes, on every engine: `dlock-worker` processes, each with its own connections,
 //! exclude each other (a non-atomic counter kept on the same engine loses no update, and the
 //! fences of the holds increase), and a holder frozen past its lease is fenced off (the stale
-//! release). The embedded engine has no second process; its table's exclusion is the
-//! semantic suite's.
+//! release); semaphores admit at most their permits and read/write locks keep writers alone,
+//! across processes, and a killed holder's permit returns when its lease ends. The embedded
+//! engine has no second process; its table's exclusion is the semantic suite's.
 
 use std::{process::Command, time::Duration};
 
 use dlock_runtime::LockOptions;
 use dlock_tests::{Engine, FrozenHolder, store::Store, unique_key};
 
-dlock_tests::engine_suite!(processes_exclude_each_other, a_frozen_holder_is_fenced_off);
+dlock_tests::engine_suite!(
+    processes_exclude_each_other,
+    a_frozen_holder_is_fenced_off,
+    processes_share_a_semaphore,
+    processes_read_together_and_write_alone,
+    a_killed_holders_permit_returns,
+);
 
 /// A `dlock-worker` locking on `engine`'s URL and keeping its data at its data URL, with none of
 /// this process's `DLOCK_*` variables.
@@ -126,4 +133,163 @@ async fn a_frozen_holder_is_fenced_off(engine: Engine) {
         "the stale release deleted the new lock"
     );
     second.release().await.unwrap();
+}
+
+/// The holds a worker printed (`hold <start µs> <end µs> <fence>`): spans inside its holds,
+/// by the clock the processes share.
+#[derive(Clone, Copy, Debug)]
+struct Hold {
+    start: u128,
+    end: u128,
+    fence: u64,
+    write: bool,
+}
+
+/// Runs the workers (`mode`, `arg`) together on `key` and gathers their holds.
+async fn holds_of(engine: &Engine, key: &str, workers: &[(&str, &str)]) -> Vec<Hold> {
+    let children: Vec<_> = workers
+        .iter()
+        .map(|(mode, arg)| {
+            let child = worker(engine, key, arg, mode)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("start dlock-worker");
+            (*mode == "write", child)
+        })
+        .collect();
+    let mut holds = Vec::new();
+    for (write, child) in children {
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(out.status.success(), "a worker failed: {out:?}");
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            if let ["hold", start, end, fence] = fields[..] {
+                holds.push(Hold {
+                    start: start.parse().unwrap(),
+                    end: end.parse().unwrap(),
+                    fence: fence.parse().unwrap(),
+                    write,
+                });
+            }
+        }
+    }
+    holds
+}
+
+/// The most holds whose spans overlap at one instant.
+fn most_at_once(holds: &[Hold]) -> usize {
+    let mut edges: Vec<(u128, i32)> = holds
+        .iter()
+        .flat_map(|h| [(h.start, 1), (h.end, -1)])
+        .collect();
+    // Ends before starts at the same instant: touching spans do not overlap.
+    edges.sort_unstable();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, step) in edges {
+        now += step;
+        most = most.max(now);
+    }
+    usize::try_from(most).unwrap_or(0)
+}
+
+fn shares(engine: &Engine) -> bool {
+    engine
+        .url()
+        .is_some_and(|url| !url.starts_with("redis+redlock"))
+}
+
+/// 4 processes take permits of one 2-permit semaphore 15 times each: never more than 2 hold at
+/// once, and every permit has a fence of its own.
+async fn processes_share_a_semaphore(engine: Engine) {
+    if !shares(&engine) {
+        return;
+    }
+    let key = unique_key("procs-permits");
+    let holds = holds_of(&engine, &key, &[("permits", "2:15"); 4]).await;
+    assert_eq!(holds.len(), 60);
+    let most = most_at_once(&holds);
+    assert!(most <= 2, "{most} processes held 2 permits at once");
+    let mut fences: Vec<u64> = holds.iter().map(|h| h.fence).collect();
+    fences.sort_unstable();
+    fences.dedup();
+    assert_eq!(fences.len(), holds.len(), "two permits had one fence");
+}
+
+/// 2 writer and 3 reader processes on one read/write lock: a writer's span overlaps no other
+/// hold, and writers' fences increase in the order they held.
+async fn processes_read_together_and_write_alone(engine: Engine) {
+    if !shares(&engine) {
+        return;
+    }
+    let key = unique_key("procs-rw");
+    let workers = [
+        ("write", "8"),
+        ("read", "10"),
+        ("read", "10"),
+        ("write", "8"),
+        ("read", "10"),
+    ];
+    let mut holds = holds_of(&engine, &key, &workers).await;
+    assert_eq!(holds.len(), 46);
+    for w in holds.iter().filter(|h| h.write) {
+        let beside = holds
+            .iter()
+            .filter(|h| !std::ptr::eq(*h, w) && h.start < w.end && w.start < h.end)
+            .count();
+        assert_eq!(beside, 0, "a writer held beside another hold: {w:?}");
+    }
+    holds.retain(|h| h.write);
+    holds.sort_by_key(|h| h.start);
+    assert!(
+        holds.windows(2).all(|w| w[0].fence < w[1].fence),
+        "writers' fences out of order: {holds:?}"
+    );
+}
+
+/// A process holding the only permit is killed (no release): the permit returns when its lease
+/// (on etcd and ZooKeeper its session) ends, with a higher fence.
+async fn a_killed_holders_permit_returns(engine: Engine) {
+    if !shares(&engine) {
+        return;
+    }
+    let key = unique_key("procs-killed");
+    let mut holder = worker(&engine, &key, "1500", "kill-holder")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start dlock-worker");
+    let stdout = holder.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).map(|_| line)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let fence: u64 = line
+        .trim()
+        .strip_prefix("acquired ")
+        .unwrap_or_else(|| panic!("the holder said {line:?}"))
+        .parse()
+        .unwrap();
+    holder.kill().unwrap();
+    let _ = holder.wait();
+    let killed = std::time::Instant::now();
+    let locker = engine.locker();
+    let busy = locker
+        .acquire_permit(&key, 1, LockOptions::new().timeout(Duration::ZERO))
+        .await;
+    assert!(
+        busy.is_err_and(|e| e.is_timeout()),
+        "a killed holder's permit was free at once"
+    );
+    let next = locker
+        .acquire_permit(&key, 1, LockOptions::new().timeout(Duration::from_secs(30)))
+        .await
+        .expect("the permit returns when the killed holder's lease ends");
+    assert!(next.fencing_token() > fence);
+    assert!(killed.elapsed() < Duration::from_secs(30));
+    next.release().await.unwrap();
 }

@@ -15,6 +15,12 @@
 //!   counter 4 times under the lock (default or fair mode); every fourth task gives up
 //!   somewhere in its second wait. Two such workers start together (a gate on Redis). Prints
 //!   `done <increments made>`.
+//! - `permits` (`ARG` `<permits>:<iterations>`), `read` / `write` (`ARG` iterations): takes a
+//!   permit of the semaphore `KEY`, or a read or write hold of the read/write lock `KEY`, holds
+//!   it 20ms, releases, that many times, printing `hold <start µs> <end µs> <fence>` for each
+//!   (a span inside the hold, by the system clock the processes share).
+//! - `kill-holder` (`ARG` the lease in ms, as `pause-holder` takes it): takes the only permit of
+//!   the semaphore `KEY`, prints `acquired <fence>` and waits to be killed.
 //! - `pause-holder` (`ARG` the lease in ms: the `expire`, and on ZooKeeper and etcd the
 //!   session's timeout or TTL, their lease): takes the lock, prints `acquired <fence>`, waits for a line on
 //!   stdin (the test freezes it meanwhile), then waits up to 10s for the loss to be known, tries
@@ -37,6 +43,10 @@ enum Mode {
     Hot,
     HotFair,
     PauseHolder,
+    Permits,
+    Read,
+    Write,
+    KillHolder,
 }
 
 /// A worker process of the dlock tests, on any engine.
@@ -69,7 +79,7 @@ async fn run(args: &Args) -> Result<(), Error> {
     let store = Store::open(&data).await?;
     let key = args.key.as_str();
     let mut builder = LockerBuilder::from_env()?.url(args.url.as_str());
-    if args.mode == Mode::PauseHolder {
+    if matches!(args.mode, Mode::PauseHolder | Mode::KillHolder) {
         let lease = Duration::from_millis(args.arg.parse()?);
         builder = builder.expire(lease).zk_session_timeout(lease);
         if args.url.starts_with("etcd") {
@@ -85,6 +95,13 @@ async fn run(args: &Args) -> Result<(), Error> {
         if args.url.contains("+redlock") {
             // RedLock refuses a request timeout above a fifth of the lease.
             builder = builder.request_timeout(lease / 5);
+        }
+        if args.mode == Mode::KillHolder {
+            let locker = builder.build()?;
+            let guard = locker.acquire_permit(key, 1, LockOptions::new()).await?;
+            println!("acquired {}", guard.fencing_token());
+            tokio::time::sleep(Duration::from_secs(120)).await;
+            return Ok(());
         }
         return pause_holder(&builder.build()?, key, &store).await;
     }
@@ -123,7 +140,21 @@ async fn run(args: &Args) -> Result<(), Error> {
             let fair = args.mode == Mode::HotFair;
             hot(&locker, key, &store, args.arg.parse()?, fair).await?;
         }
-        Mode::PauseHolder => unreachable!("handled above"),
+        Mode::Permits | Mode::Read | Mode::Write => {
+            let (options, iterations) = match args.mode {
+                Mode::Permits => {
+                    let (permits, iterations) = args
+                        .arg
+                        .split_once(':')
+                        .ok_or("`permits` takes <permits>:<iterations>")?;
+                    (wait.permits(permits.parse()?), iterations.parse()?)
+                }
+                Mode::Read => (wait.read(), args.arg.parse()?),
+                _ => (wait.write(), args.arg.parse()?),
+            };
+            shared_holds(&locker, key, &options, iterations).await?;
+        }
+        Mode::PauseHolder | Mode::KillHolder => unreachable!("handled above"),
     }
     locker.close().await?;
     Ok(())
@@ -181,6 +212,30 @@ async fn hot(
         made += task.await??;
     }
     println!("done {made}");
+    Ok(())
+}
+
+/// Takes `key` with `options` (a permit, a read or a write hold) `iterations` times, holding
+/// it 20ms; prints each hold's span and fence.
+async fn shared_holds(
+    locker: &Locker,
+    key: &str,
+    options: &LockOptions,
+    iterations: u32,
+) -> Result<(), Error> {
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros())
+    };
+    for _ in 0..iterations {
+        let guard = locker.acquire(key, options.clone()).await?;
+        let start = now()?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let end = now()?;
+        println!("hold {start} {end} {}", guard.fencing_token());
+        guard.release().await?;
+    }
     Ok(())
 }
 
