@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use dlock_runtime::LockInfo;
+use dlock_runtime::{LockInfo, LockKind};
 use serde_json::{Value, json};
 
 /// Text or JSON.
@@ -27,6 +27,7 @@ impl Output {
         }
         let header = [
             "KEY",
+            "KIND",
             "OWNER",
             "HOST",
             "PID",
@@ -35,12 +36,13 @@ impl Output {
             "REMAINING",
             "WAITERS",
         ];
-        let rows: Vec<[String; 8]> = held
+        let rows: Vec<[String; 9]> = held
             .iter()
             .map(|info| {
                 let holder = info.holder.as_ref();
                 [
                     shown(&info.key),
+                    kind_short(info),
                     holder.map_or_else(dash, |h| shown(&h.owner)),
                     holder.map_or_else(dash, |h| shown(&h.host)),
                     holder.map_or_else(dash, |h| h.pid.to_string()),
@@ -78,6 +80,9 @@ impl Output {
             (false, None) => println!("{key} is free"),
             (false, Some(info)) => {
                 println!("{key} is held by {}", holder_text(info));
+                if !info.kind.is_mutex() {
+                    println!("  kind       {}", kind_long(info));
+                }
                 if let Some(fence) = info.fence {
                     println!("  fence      {fence}");
                 }
@@ -115,6 +120,39 @@ impl Output {
                 }
             }
         }
+    }
+}
+
+/// A lock's kind in the listing: `mutex`, `sem 2/3` (permits taken of the count), `read x2`
+/// (readers), `write`.
+fn kind_short(info: &LockInfo) -> String {
+    match info.kind {
+        LockKind::Semaphore { permits, .. } => format!("sem {}/{permits}", info.holders),
+        LockKind::Read => format!("read x{}", info.holders),
+        LockKind::Write => "write".to_owned(),
+        _ => "mutex".to_owned(),
+    }
+}
+
+/// A shared lock's kind in words, with how many hold it.
+fn kind_long(info: &LockInfo) -> String {
+    match info.kind {
+        LockKind::Semaphore { permits, .. } => {
+            format!("semaphore of {permits} permits, {} taken", info.holders)
+        }
+        LockKind::Read => format!("read/write lock, held by {} readers", info.holders),
+        LockKind::Write => "read/write lock, held by a writer".to_owned(),
+        kind => kind.to_string(),
+    }
+}
+
+/// The kind's name in JSON: `mutex`, `semaphore`, `read`, `write`.
+fn kind_name(kind: LockKind) -> &'static str {
+    match kind {
+        LockKind::Semaphore { .. } => "semaphore",
+        LockKind::Read => "read",
+        LockKind::Write => "write",
+        _ => "mutex",
     }
 }
 
@@ -156,6 +194,12 @@ fn info_json(info: &LockInfo) -> Value {
     json!({
         "key": info.key,
         "held": true,
+        "kind": kind_name(info.kind),
+        "permits": match info.kind {
+            LockKind::Semaphore { permits, .. } => Some(permits),
+            _ => None,
+        },
+        "holders": info.holders,
         "holder": info.holder.as_ref().map(|h| json!({
             "owner": h.owner,
             "host": h.host,

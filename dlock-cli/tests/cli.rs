@@ -131,6 +131,39 @@ async fn show_ls_ping_and_wait_tell_what_is_held(env: Engine) {
         "wait returns once it is free"
     );
 
+    // A semaphore and a read lock show their kind and holders (RedLock holds neither).
+    if !env.url().unwrap().starts_with("redis+redlock") {
+        let key = unique_key("cli-permits");
+        let p1 = owner
+            .acquire_permit(&key, 3, LockOptions::new())
+            .await
+            .unwrap();
+        let p2 = owner
+            .acquire_permit(&key, 3, LockOptions::new())
+            .await
+            .unwrap();
+        let (code, out, err) = output(&env, &["--json", "show", &key]).await;
+        assert_eq!(code, 0, "{err}");
+        let shown = json(&out);
+        assert_eq!(
+            (&shown["kind"], &shown["permits"], &shown["holders"]),
+            (&json("\"semaphore\""), &json("3"), &json("2")),
+            "{out}"
+        );
+        let (_, out, _) = output(&env, &["show", &key]).await;
+        assert!(out.contains("semaphore of 3 permits, 2 taken"), "{out}");
+        let under = key.rsplit_once(':').unwrap().0;
+        let (_, out, _) = output(&env, &["ls", under]).await;
+        assert!(out.contains("sem 2/3"), "{out}");
+        p1.release().await.unwrap();
+        p2.release().await.unwrap();
+        let key = unique_key("cli-read");
+        let reader = owner.acquire_read(&key, LockOptions::new()).await.unwrap();
+        let (_, out, _) = output(&env, &["--json", "show", &key]).await;
+        assert_eq!(json(&out)["kind"], "read", "{out}");
+        reader.release().await.unwrap();
+    }
+
     let (code, _, err) = output(&env, &["show", ""]).await;
     assert_eq!(code, 65, "an empty key: {err}");
     let password_free = err.to_lowercase();
