@@ -26,6 +26,9 @@
 //!   another), the share of hand-offs to another client; dlock in the default mode, fair mode
 //!   (where the engine has it) and with notifications off.
 //! - **W4** (Redis engines): 4 processes × 1 to 256 waiters on ONE key, default and fair.
+//! - **W5** (every engine but RedLock): the kinds of lock beside the mutex: one client on fresh
+//!   keys as a mutex, a permit, a read and a write hold; 8 clients on one key as a mutex, a
+//!   semaphore of 4, a read/write lock with 1 writer in 4 (× against the mutex's row).
 //!
 //! Every variant runs `--rounds` times (5 by default) taking turns with the others, so that a
 //! drift of the machine hits them alike; each figure is the median round. All loops are bounded
@@ -41,6 +44,7 @@ use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 
 mod engines;
 mod harness;
+mod kinds;
 mod report;
 mod w4;
 mod workloads;
@@ -112,7 +116,7 @@ struct Cli {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     rounds: Option<u64>,
     /// Only these workloads.
-    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4"])]
+    #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "w5"])]
     only: Option<Vec<String>>,
     /// Write every row as a JSON line to this file.
     #[arg(long, value_name = "FILE")]
@@ -324,8 +328,10 @@ async fn bench(
             .filter(|&(_, fair)| !fair || setup.engine != Engine::RedLock)
             .collect()
     };
+    let w5_runs = setup.engine != Engine::RedLock && args.runs("w5");
     let steps = args.rounds
         * (usize::from(args.runs("w1"))
+            + usize::from(w5_runs)
             + usize::from(args.runs("w2")) * w2_sets.iter().map(|(_, s)| s.len()).sum::<usize>()
             + usize::from(args.runs("w3")) * w3_set.len()
             + usize::from(args.runs("w4")) * w4_runs.len());
@@ -343,6 +349,7 @@ async fn bench(
         .collect();
     let mut w3s: Vec<Rounds> = vec![Vec::new(); w3_set.len()];
     let mut w4s: Vec<Rounds> = vec![Vec::new(); w4_runs.len()];
+    let mut w5s: Vec<Rounds> = Vec::new();
     for round in 0..args.rounds {
         let step = |what: String| progress.set_message(format!("round {}: {what}", round + 1));
         if args.runs("w1") {
@@ -368,6 +375,15 @@ async fn bench(
             w3s[i].push(workloads::w3(setup, *contender, sizes, round * 100 + i).await?);
             progress.inc(1);
         }
+        if w5_runs {
+            step("W5 kinds".to_owned());
+            let rows = kinds::w5(setup, sizes, round).await?;
+            w5s.resize(rows.len(), Vec::new());
+            for (i, row) in rows.into_iter().enumerate() {
+                w5s[i].push((row, Vec::new()));
+            }
+            progress.inc(1);
+        }
         for (i, &(waiters, fair)) in w4_runs.iter().enumerate().filter(|_| args.runs("w4")) {
             step(format!(
                 "W4 {waiters} waiters{}",
@@ -381,7 +397,7 @@ async fn bench(
     progress.finish_and_clear();
     let mut rows = Vec::new();
     let mut series = Vec::new();
-    for group in std::iter::once(w1s).chain(w2s).chain([w3s]) {
+    for group in std::iter::once(w1s).chain(w2s).chain([w3s, w5s]) {
         for rounds in group.into_iter().filter(|r| !r.is_empty()) {
             let (row, waits) = median(rounds);
             if !waits.is_empty() {
