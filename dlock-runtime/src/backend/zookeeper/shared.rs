@@ -129,6 +129,7 @@ impl ZooKeeperBackend {
         permits: u32,
     ) -> Result<Place, BackendError> {
         let leases = format!("{}/{LEASES}", known.root);
+        let mut checked = known.checked;
         // The leases' container may be removed (empty) or made by another between the read
         // and the transaction: a few rounds, then an error.
         for _ in 0..4 {
@@ -155,7 +156,7 @@ impl ZooKeeperBackend {
             let Some(mine) = line.iter().position(|(c, _, _)| *c == node) else {
                 return Ok(Place::Gone);
             };
-            if !known.checked {
+            if !checked {
                 // The first look after its node was made: a mutex or read/write lock there
                 // refuses it (and one made later finds this node in `locks`, and refuses).
                 if let Some((mark, _)) = root.iter().find_map(|c| layout::parse(c)) {
@@ -164,6 +165,7 @@ impl ZooKeeperBackend {
                 if let Some(entry) = self.entries().get_mut(&token.0) {
                     entry.checked = true;
                 }
+                checked = true;
             }
             if let Some((ahead, _, _)) = mine.checked_sub(1).map(|i| line[i]) {
                 return Ok(Place::Behind(WaitOn::Node(format!(
@@ -295,8 +297,13 @@ impl ZooKeeperBackend {
                 let mut zxid = None;
                 for result in &results {
                     match result {
-                        MultiWriteResult::Create { path, .. } if path.len() > leases.len() + 1 => {
-                            lease = path.rsplit('/').next().map(str::to_owned);
+                        // The lease (not `leases`, when the transaction made it too).
+                        MultiWriteResult::Create { path, .. } => {
+                            if let Some(name) =
+                                path.strip_prefix(leases).and_then(|p| p.strip_prefix('/'))
+                            {
+                                lease = Some(name.to_owned());
+                            }
                         }
                         MultiWriteResult::SetData { stat } => zxid = Some(stat.mzxid),
                         _ => {}
