@@ -319,8 +319,10 @@ impl Engine {
     /// What the engine holds for the full lock key `full_key` (a key without `/`, `%` or glob
     /// characters, as [`unique_key`](crate::unique_key) makes), read with the engine's own
     /// tools, one line per entry: Redis keys that name it on every data node (`redis-cli
-    /// --scan`: the lock and fair mode's queue), etcd keys in its line (`etcdctl`), ZooKeeper nodes in its line, PostgreSQL rows of the lock and of its
-    /// queue (`psql`). Nothing for the embedded engine, whose table lives in the process.
+    /// --scan`: the lock and fair mode's queue), etcd keys in its line (`etcdctl`), ZooKeeper
+    /// nodes in its line (and in a semaphore's `locks` and `leases`), PostgreSQL rows of the
+    /// lock and of its queue (`psql`). Nothing for the embedded engine, whose table lives in
+    /// the process.
     ///
     /// # Panics
     /// When the engine's tool cannot be run.
@@ -371,11 +373,29 @@ impl Engine {
             let path = format!("/{full_key}");
             // A server that lags the leader catches up first.
             client.sync(&path).await.expect("zookeeper sync");
-            return match client.list_children(&path).await {
-                Ok(children) => children.into_iter().map(|c| format!("node {c}")).collect(),
-                Err(zookeeper_client::Error::NoNode) => Vec::new(),
-                Err(e) => panic!("list the children of {path}: {e}"),
+            let children = |path: String| {
+                let client = client.clone();
+                async move {
+                    match client.list_children(&path).await {
+                        Ok(children) => children,
+                        Err(zookeeper_client::Error::NoNode) => Vec::new(),
+                        Err(e) => panic!("list the children of {path}: {e}"),
+                    }
+                }
             };
+            // A semaphore's nodes are in its `locks` and `leases` (Curator's layout); those
+            // containers themselves, empty, are removed by the server later.
+            let mut nodes = Vec::new();
+            for child in children(path.clone()).await {
+                if child == "locks" || child == "leases" {
+                    for node in children(format!("{path}/{child}")).await {
+                        nodes.push(format!("node {child}/{node}"));
+                    }
+                } else {
+                    nodes.push(format!("node {child}"));
+                }
+            }
+            return nodes;
         }
         panic!("no tool to read this engine's entries")
     }

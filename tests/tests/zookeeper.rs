@@ -1,7 +1,8 @@
-//! The ZooKeeper engine beyond the shared suite: the node layout (Curator's, checked with a raw
-//! client and against `zookeeper-client`'s own Curator-compatible lock), keys as data, cancelled
-//! waiters, a create whose reply was lost, 4 OS processes, and faults: the leader killed, a
-//! holder frozen past its session, a restart, every server down.
+//! The ZooKeeper engine beyond the shared suites: the node layout (Curator's, checked with a raw
+//! client and against `zookeeper-client`'s own Curator-compatible lock; Curator's semaphore and
+//! read/write nodes made by hand), keys as data, cancelled waiters, a create (and a permit's
+//! grant) whose reply was lost, 4 OS processes, and faults: the leader killed, a holder frozen
+//! past its session, a restart, every server down.
 //!
 //! One standalone server is shared by the tests that do not break it; each fault test starts the
 //! deployment it breaks.
@@ -11,10 +12,10 @@ use std::{
     time::Duration,
 };
 
-use dlock_runtime::{LockOptions, Locker};
+use dlock_runtime::{LockKind, LockOptions, Locker};
 use dlock_tests::{proxy::Proxy, unique_key, zookeeper::ZkEnsemble};
 use tokio::time::Instant;
-use zookeeper_client::{Acls, Client, LockPrefix};
+use zookeeper_client::{Acls, Client, CreateMode, LockPrefix};
 
 /// The standalone server of this binary, shared by the tests running at once.
 fn server() -> std::sync::Arc<ZkEnsemble> {
@@ -389,6 +390,299 @@ async fn a_create_whose_reply_was_lost_is_found_and_used() {
         "the given-up waiter left its node: {nodes:?}"
     );
     held.release().await.unwrap();
+}
+
+/// Curator's semaphore (`InterProcessSemaphoreV2`) and read/write lock
+/// (`InterProcessReadWriteLock`), their nodes made by hand with a raw client as a Curator client
+/// makes them: dlock counts Curator's leases, waits behind a Curator acquirer in the
+/// semaphore's internal line, and waits for Curator's writers and readers as for its own; its
+/// own nodes are named as Curator names them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphores_and_rw_locks_are_curators() {
+    let zk = server();
+    let client = raw(&zk).await;
+    let acls = Acls::anyone_all();
+    let sequential = CreateMode::EphemeralSequential.with_acls(acls);
+    let container = CreateMode::Container.with_acls(acls);
+    let now = || LockOptions::new().timeout(Duration::ZERO);
+    let (a, b) = (locker(&zk.url()), locker(&zk.url()));
+
+    // Two permits of three held by Curator clients: their leases in `leases`, whose data
+    // Curator leaves empty.
+    let key = unique_key("curator-permits");
+    let (leases, locks) = (
+        format!("/dlock:{key}/leases"),
+        format!("/dlock:{key}/locks"),
+    );
+    client.mkdir(&leases, &container).await.unwrap();
+    let mut theirs = Vec::new();
+    for uuid in [
+        "8e2f0c9a-1b2c-4d5e-8f90-123456789abc",
+        "0b6a4e0e-3f0a-4c11-9d2e-abcdefabcdef",
+    ] {
+        let name = format!("_c_{uuid}-lease-");
+        let (_, seq) = client
+            .create(&format!("{leases}/{name}"), b"10.0.0.7", &sequential)
+            .await
+            .unwrap();
+        theirs.push(format!("{name}{seq}"));
+    }
+    // The third permit is dlock's; a fourth waits.
+    let mine = a.acquire_permit(&key, 3, now()).await.unwrap();
+    let full = b.acquire_permit(&key, 3, now()).await;
+    assert!(full.is_err_and(|e| e.is_timeout()), "a fourth of 3 permits");
+    let held = client.list_children(&leases).await.unwrap();
+    assert_eq!(held.len(), 3, "{held:?}");
+    let lease = held.iter().find(|l| !theirs.contains(l)).unwrap();
+    // `_c_<uuid>-lease-<10 digits>`, ephemeral, the holder's record its data, its `czxid` the
+    // fence; the node in the internal line went with the grant.
+    let (protected, seq) = lease.rsplit_once("-lease-").unwrap();
+    assert!(
+        protected.starts_with("_c_") && protected.len() == 3 + 36,
+        "{lease}"
+    );
+    assert!(
+        seq.len() == 10 && seq.bytes().all(|b| b.is_ascii_digit()),
+        "{lease}"
+    );
+    let (data, stat) = client.get_data(&format!("{leases}/{lease}")).await.unwrap();
+    assert_ne!(stat.ephemeral_owner, 0, "not ephemeral");
+    let record = String::from_utf8(data).unwrap();
+    assert!(
+        record.contains(&format!("pid={}", std::process::id())),
+        "{record}"
+    );
+    assert_eq!(mine.fencing_token(), u64::try_from(stat.czxid).unwrap());
+    assert!(client.list_children(&locks).await.unwrap().is_empty());
+    // An operator counts Curator's leases with dlock's; Curator records no count, so the count
+    // said is the one held, and its (empty) record stays while its leases are held.
+    let info = b.inspect(&key).await.unwrap().expect("held");
+    assert_eq!((info.kind, info.holders), (LockKind::semaphore(3), 3));
+    assert!(client.get_data(&leases).await.unwrap().0.is_empty());
+    // A mutex on Curator's semaphore is refused.
+    let mutex = b.acquire(&key, now()).await;
+    assert!(
+        mutex.is_err_and(|e| e.is_conflict()),
+        "a mutex on a semaphore"
+    );
+
+    // A Curator acquirer first in the internal line (it holds the internal mutex while it
+    // counts): dlock waits behind it though a permit is free.
+    let returned = theirs.pop().unwrap();
+    client
+        .delete(&format!("{leases}/{returned}"), None)
+        .await
+        .unwrap();
+    let name = "_c_5d1e2f3a-4b5c-4d6e-8f70-0123456789ab-lock-";
+    let (_, seq) = client
+        .create(&format!("{locks}/{name}"), b"", &sequential)
+        .await
+        .unwrap();
+    let waiting = {
+        let (b, key) = (b.clone(), key.clone());
+        tokio::spawn(async move {
+            b.acquire_permit(&key, 3, LockOptions::new().timeout(Duration::from_secs(10)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "dlock passed Curator's acquirer in the internal line"
+    );
+    assert_eq!(client.list_children(&locks).await.unwrap().len(), 2);
+    client
+        .delete(&format!("{locks}/{name}{seq}"), None)
+        .await
+        .unwrap();
+    let second = waiting
+        .await
+        .unwrap()
+        .expect("the permit after Curator's acquirer");
+    assert!(second.fencing_token() > mine.fencing_token());
+    second.release().await.unwrap();
+    mine.release().await.unwrap();
+    assert_eq!(client.list_children(&leases).await.unwrap(), theirs);
+    assert!(client.list_children(&locks).await.unwrap().is_empty());
+    client
+        .delete(&format!("{leases}/{}", theirs[0]), None)
+        .await
+        .unwrap();
+
+    // Read/write: a Curator writer holds (its `__WRIT__` node first); dlock's readers wait.
+    let key = unique_key("curator-rw");
+    let dir = format!("/dlock:{key}");
+    client.mkdir(&dir, &container).await.unwrap();
+    let writer = "_c_1a2b3c4d-0000-4000-8000-00000000000a-__WRIT__";
+    let (_, seq) = client
+        .create(&format!("{dir}/{writer}"), b"", &sequential)
+        .await
+        .unwrap();
+    let read = a.acquire_read(&key, now()).await;
+    assert!(read.is_err_and(|e| e.is_timeout()), "a read beside a write");
+    let reading = {
+        let (a, key) = (a.clone(), key.clone());
+        tokio::spawn(async move {
+            a.acquire_read(&key, LockOptions::new().timeout(Duration::from_secs(10)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!reading.is_finished(), "dlock read beside Curator's writer");
+    client
+        .delete(&format!("{dir}/{writer}{seq}"), None)
+        .await
+        .unwrap();
+    let reader = reading.await.unwrap().expect("the read after the write");
+    let nodes = line(&client, &key).await;
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    let (protected, seq) = nodes[0].rsplit_once("-__READ__").unwrap();
+    assert!(
+        protected.starts_with("_c_") && protected.len() == 3 + 36 && seq.len() == 10,
+        "{nodes:?}"
+    );
+    // A Curator reader beside dlock's; a dlock writer waits for both.
+    let their_reader = "_c_1a2b3c4d-0000-4000-8000-00000000000b-__READ__";
+    let (_, seq) = client
+        .create(&format!("{dir}/{their_reader}"), b"", &sequential)
+        .await
+        .unwrap();
+    let write = b.acquire_write(&key, now()).await;
+    assert!(write.is_err_and(|e| e.is_timeout()), "a write beside reads");
+    reader.release().await.unwrap();
+    let write = b.acquire_write(&key, now()).await;
+    assert!(
+        write.is_err_and(|e| e.is_timeout()),
+        "a write beside Curator's read"
+    );
+    client
+        .delete(&format!("{dir}/{their_reader}{seq}"), None)
+        .await
+        .unwrap();
+    let writer = b.acquire_write(&key, now()).await.unwrap();
+    let nodes = line(&client, &key).await;
+    assert!(
+        nodes.len() == 1 && nodes[0].contains("-__WRIT__"),
+        "{nodes:?}"
+    );
+    writer.release().await.unwrap();
+    assert!(line_settles(&client, &key, 0).await.is_empty());
+}
+
+/// The reply to a permit's grant (the transaction that makes its lease) is lost, the
+/// transaction carried out: the retries find the lease by its uuid and hold with it, with a
+/// new fence, never a second lease. A wait that gives up while that reply is lost leaves
+/// neither its lease nor its node in the internal line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_whose_grant_reply_was_lost_is_found_and_used() {
+    let zk = server();
+    let client = raw(&zk).await;
+    let proxy = Proxy::start(zk.port(0));
+    let through = Locker::builder()
+        .url(format!("zk://127.0.0.1:{}", proxy.port()))
+        .timeout(Duration::from_secs(10))
+        .request_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    // The session is up before the cut.
+    dlock_tests::acquire_and_release(&through, &unique_key("warm")).await;
+    let key = unique_key("lost-grant");
+    // `line` reads the children of `/dlock:<key>`: these are the semaphore's.
+    let (leases, locks) = (format!("{key}/leases"), format!("{key}/locks"));
+    // The grant's transaction is the request that names the lease.
+    proxy.cut_replies_on(b"-lease-");
+    let acquiring = {
+        let (through, key) = (through.clone(), key.clone());
+        tokio::spawn(async move { through.acquire_permit(&key, 2, LockOptions::new()).await })
+    };
+    // Past the transaction's request timeout, and a retry's.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(proxy.replies_cut(), "the grant was never sent");
+    let made = line(&client, &leases).await;
+    assert_eq!(made.len(), 1, "{made:?}");
+    proxy.heal();
+    let permit = acquiring
+        .await
+        .unwrap()
+        .expect("the retries found their lease");
+    assert_eq!(line(&client, &leases).await, made, "a second lease");
+    assert!(line(&client, &locks).await.is_empty());
+    let (_, stat) = client
+        .get_data(&format!("/dlock:{leases}/{}", made[0]))
+        .await
+        .unwrap();
+    assert!(stat.mzxid > stat.czxid, "the lease was not re-written");
+    assert_eq!(permit.fencing_token(), u64::try_from(stat.mzxid).unwrap());
+    permit.release().await.unwrap();
+    assert!(line_settles(&client, &leases, 0).await.is_empty());
+
+    // A wait that gives up while its grant's reply is lost.
+    proxy.cut_replies_on(b"-lease-");
+    let err = through
+        .acquire_permit(
+            &key,
+            2,
+            LockOptions::new().timeout(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.is_backend() || err.is_timeout(), "{err:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(line(&client, &leases).await.len(), 1, "no lease was made");
+    proxy.heal();
+    // The give-up's cleanup finds the lease by its uuid and deletes it.
+    assert!(
+        line_settles(&client, &leases, 0).await.is_empty(),
+        "the given-up permit left its lease"
+    );
+    assert!(line_settles(&client, &locks, 0).await.is_empty());
+}
+
+/// Permit and writer waits given up or dropped at any point of their wait (during the create,
+/// the look, the transaction, the watch, the pause) leave no node in the semaphore's internal
+/// line, in its leases, nor in the read/write lock's line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_permit_and_writer_waiters_leave_no_node() {
+    let zk = server();
+    let client = raw(&zk).await;
+    let (holder, waiter) = (locker(&zk.url()), locker(&zk.url()));
+    let (permits, rw) = (
+        unique_key("cancelled-permits"),
+        unique_key("cancelled-writers"),
+    );
+    let permit = holder
+        .acquire_permit(&permits, 1, LockOptions::new())
+        .await
+        .unwrap();
+    let reader = holder.acquire_read(&rw, LockOptions::new()).await.unwrap();
+    let long = || LockOptions::new().timeout(Duration::from_secs(30));
+    for i in 0..40u64 {
+        if i % 2 == 0 {
+            let wait = waiter.acquire_permit(&permits, 1, long());
+            let _ = tokio::time::timeout(Duration::from_millis(i % 13), wait).await;
+            let wait = waiter.acquire_write(&rw, long());
+            let _ = tokio::time::timeout(Duration::from_millis(i % 13), wait).await;
+        } else {
+            let short = || LockOptions::new().timeout(Duration::from_millis(i % 7));
+            let err = waiter
+                .acquire_permit(&permits, 1, short())
+                .await
+                .unwrap_err();
+            assert!(err.is_timeout(), "{err:?}");
+            let err = waiter.acquire_write(&rw, short()).await.unwrap_err();
+            assert!(err.is_timeout(), "{err:?}");
+        }
+    }
+    let (leases, locks) = (format!("{permits}/leases"), format!("{permits}/locks"));
+    let left = line_settles(&client, &locks, 0).await;
+    assert!(left.is_empty(), "cancelled permits left nodes: {left:?}");
+    assert_eq!(line_settles(&client, &leases, 1).await.len(), 1);
+    let left = line_settles(&client, &rw, 1).await;
+    assert_eq!(left.len(), 1, "cancelled writers left nodes: {left:?}");
+    permit.release().await.unwrap();
+    reader.release().await.unwrap();
+    assert!(line_settles(&client, &leases, 0).await.is_empty());
+    assert!(line_settles(&client, &rw, 0).await.is_empty());
 }
 
 /// The leader of a 3-server ensemble is killed while a lock is held and waited for: the hold

@@ -1,5 +1,7 @@
-//! ZooKeeper, with Curator's lock recipe (`InterProcessMutex`): an ephemeral sequential node per
-//! holder or waiter, the lowest one holds, each waiter watches only its predecessor.
+//! ZooKeeper, with Curator's lock recipes: `InterProcessMutex` (an ephemeral sequential node per
+//! holder or waiter, the lowest one holds, each waiter watches only its predecessor),
+//! `InterProcessSemaphoreV2` for semaphores and `InterProcessReadWriteLock` for read/write locks
+//! (`shared.rs`; the node names in `layout.rs`).
 //!
 //! - **Layout**: the lock `<prefix><key>` is the node `/<prefix><key>` (under the URL's chroot),
 //!   a container node the server removes once its last child is gone. The prefix is written as
@@ -10,6 +12,26 @@
 //!   one node: `a` and `a/b` are two independent locks. Its children are Curator's protected
 //!   nodes, `_c_<uuid>-lock-<sequence>`, so Curator (and `zookeeper-client`'s `LockClient` with
 //!   `LockPrefix::new_curator(dir, "lock-")`) and dlock exclude each other on the same path.
+//! - **Semaphore** (`InterProcessSemaphoreV2`): the lock node has two children, `locks` (an
+//!   internal mutex of `_c_<uuid>-lock-<sequence>` nodes) and `leases` (one
+//!   `_c_<uuid>-lease-<sequence>` node per permit held). A permit's acquisition takes its place
+//!   in `locks`; first there, it reads the leases and, when fewer than the permits are held,
+//!   makes its lease and deletes its node in `locks` in one transaction, or else keeps its place
+//!   and sets a children-watch on `leases`. dlock records `permits=N` as the data of `leases`
+//!   (Curator leaves it empty: nothing to check then) and refuses another count while a lease is
+//!   held.
+//! - **Read/write lock** (`InterProcessReadWriteLock`): readers `_c_<uuid>-__READ__<sequence>`
+//!   and writers `_c_<uuid>-__WRIT__<sequence>` directly under the lock node, in one order by
+//!   sequence. A writer holds when its node is first of all, a reader when no writer's is ahead
+//!   of it; a waiter watches the node ahead of it (a reader, the last writer ahead). A waiting
+//!   writer keeps every later reader out, and the line is first come first served.
+//! - **Kinds do not mix**: the first look at the line after an acquisition's node is made
+//!   refuses it (`Attempt::Conflict`, its node deleted) when the key holds another kind: mutex
+//!   nodes ahead of a reader's or writer's, or readers' and writers' ahead of a mutex's (of two
+//!   made at once, the later refuses); nodes in a semaphore's `locks` or `leases`; for a
+//!   permit, any mutex, reader or writer node. Empty `locks` and `leases` containers (a
+//!   semaphore's leftovers, removed by the server later) are no conflict. A mutex's look sends
+//!   nothing more unless such containers are there.
 //! - **Holder**: each node's data is its holder's record (`owner=… host=… pid=…`; the time is
 //!   the node's `ctime`, when it joined the line); Curator writes its client's address there.
 //! - **Protected create**: the uuid is chosen before the create and kept for the acquisition;
@@ -25,13 +47,22 @@
 //!   (before the ensemble can have expired it).
 //! - **Fence**: the parent's `pzxid` (the zxid of the last change to the line) read in the same
 //!   reply that shows the holder's node first. The next holder is first only after this one's
-//!   node is deleted, a later change, so fences strictly increase per key. A retry of an
-//!   acquisition already granted re-writes its node and takes that write's zxid instead.
+//!   node is deleted, a later change, so fences strictly increase per key (concurrent readers
+//!   may share one; a writer's is above every reader's before it). A permit's is the zxid of
+//!   the transaction that made its lease (its `czxid`): permits are granted one at a time, in
+//!   the internal line's order, so theirs strictly increase too. A retry of an acquisition
+//!   already granted re-writes its node (its lease) and takes that write's zxid instead.
 //! - **Waiting**: a waiter sets an exists-watch on the node just before its own (its
 //!   predecessor, as its attempt's look at the line found it) and is woken when that node goes:
 //!   no herd, first come first served by sequence. The attempt it then makes looks at the line
-//!   again and, still behind (the predecessor was a waiter that left), watches the new one.
-//!   Nodes deleted by hand are noticed at the next renewal or release of their holder.
+//!   again and, still behind (the predecessor was a waiter that left), watches the new one. A
+//!   permit's acquisition first in its internal line watches the leases instead. Nodes deleted
+//!   by hand are noticed at the next renewal or release of their holder.
+//! - **Give-up**: a wait that gives up (or is dropped) deletes its node in line, or its lease,
+//!   and what a create (or a grant's transaction) whose reply was lost made, found by its uuid.
+
+mod layout;
+mod shared;
 
 use std::{
     collections::HashMap,
@@ -46,6 +77,8 @@ use tokio::{
     time::Instant,
 };
 use zookeeper_client::{Acls, Client, CreateMode, SessionState};
+
+use self::layout::{LEASE_NAME, LEASES, LOCK_NAME, LOCKS, Mark, READ_NAME, WRITE_NAME};
 
 use super::api::{
     Attempt, Backend, BoxFuture, Built, Capabilities, EngineOption, FairOrder, NextInLine, Request,
@@ -90,9 +123,6 @@ fn parse_session_timeout(value: &str) -> Result<Duration, String> {
         _ => Err("expected a positive duration like `10s`".to_owned()),
     }
 }
-
-/// The name Curator's `InterProcessMutex` gives its nodes after the protected prefix.
-const LOCK_NAME: &str = "lock-";
 
 /// The node path of the full lock key `key` whose first `prefix_len` bytes are the prefix: `/`,
 /// the prefix as is, then the key with `%`, `/` and the characters ZooKeeper refuses encoded.
@@ -182,21 +212,6 @@ fn prefix_error(prefix: &str) -> Option<String> {
         return Some("`/zookeeper` is ZooKeeper's own subtree".to_owned());
     }
     None
-}
-
-/// The sequence number of a child named like Curator's lock nodes, `None` for other children.
-fn sequence_of(child: &str) -> Option<i64> {
-    let (_, seq) = child.rsplit_once(LOCK_NAME)?;
-    (!seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| seq.parse().ok())
-        .flatten()
-}
-
-/// The lock nodes among `children`, in line order.
-fn line_of(mut children: Vec<String>) -> Vec<String> {
-    children.retain(|c| sequence_of(c).is_some());
-    children.sort_by_key(|c| sequence_of(c));
-    children
 }
 
 /// A task aborted when this is dropped (unless detached first).
@@ -363,37 +378,75 @@ fn error(what: &str, e: &zookeeper_client::Error) -> BackendError {
 /// One acquisition's presence in ZooKeeper.
 #[derive(Debug)]
 struct Entry {
-    /// The lock node (the line's parent).
+    /// The lock node.
+    root: String,
+    /// The line its node is in: the lock node, or a semaphore's `locks` (its internal mutex).
     dir: String,
-    /// `_c_<uuid>-lock-`: the protected prefix of its node.
+    /// `_c_<uuid>-lock-` (`-__READ__`, `-__WRIT__`): the protected prefix of its node.
     protected: String,
-    /// Its node's name in the line, once a reply (or a search by uuid) told it.
+    /// Its node's name in the line, once a reply (or a search by uuid) told it. A permit's
+    /// node goes with its grant.
     node: Option<String>,
+    /// A semaphore's lease.
+    lease: Option<LeaseNode>,
     /// The session that created it.
     epoch: u64,
     /// An attempt returned it as held.
     granted: bool,
+    /// A look at the line found its node and no lock of another kind on the key.
+    checked: bool,
     /// While held: the client-side end of the hold (moved on by renewals).
     deadline: Option<watch::Sender<Instant>>,
     /// While held: deletes the node when the deadline passes.
     timer: Option<AbortOnDrop>,
     /// Sent `true` when the engine let the hold go (its `expire` ran out).
     gone: watch::Sender<bool>,
-    /// While it waits: the node just before its own, as the last look at the line found it.
-    predecessor: Option<String>,
-    /// While it waits with a wake-up ([`Backend::watch`]): the wake-up, and the exists-watch on
-    /// the predecessor that rings it.
+    /// While it waits: what it waits for, as the last look at the line found it.
+    waits_on: Option<WaitOn>,
+    /// While it waits with a wake-up ([`Backend::watch`]): the wake-up, and the watch that
+    /// rings it.
     waiting: Option<Waiting>,
 }
 
-/// A waiter's wake-up: an exists-watch on its predecessor, and what it found.
+impl Entry {
+    /// The node that holds, once known: a semaphore's lease, else its node in line.
+    fn held_path(&self) -> Option<String> {
+        match &self.lease {
+            Some(lease) => Some(format!("{}/{LEASES}/{}", self.root, lease.node.as_ref()?)),
+            None => Some(format!("{}/{}", self.dir, self.node.as_ref()?)),
+        }
+    }
+}
+
+/// A semaphore acquisition's lease, `_c_<uuid>-lease-<sequence>` in `leases`.
+#[derive(Debug)]
+struct LeaseNode {
+    /// Its protected prefix, `_c_<uuid>-lease-`.
+    protected: String,
+    /// Its name, once the grant's reply (or a search by uuid) told it.
+    node: Option<String>,
+    /// The transaction that creates it was sent and its reply lost: it may exist.
+    sent: bool,
+}
+
+/// What a waiter waits for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum WaitOn {
+    /// The deletion of this node, the one ahead of its own (an exists-watch).
+    Node(String),
+    /// Fewer than `permits` leases under `path`: a semaphore's first in its internal line (a
+    /// children-watch).
+    Leases { path: String, permits: usize },
+}
+
+/// A waiter's wake-up: a watch on what it waits for, and what it found.
 #[derive(Debug)]
 struct Waiting {
     notify: Arc<Notify>,
-    /// The predecessor the watch is on.
-    on: String,
-    /// The watch fired (the predecessor is gone or changed), failed, or the session ended: the
-    /// next attempt must look at the line.
+    /// What the watch is on (none yet: a placeholder while it is being armed).
+    on: Option<WaitOn>,
+    /// The watch fired (what it is on changed), failed, or the session ended: the next
+    /// attempt must look at the line.
     rang: Arc<std::sync::atomic::AtomicBool>,
     /// The next attempt may answer from the watch alone (once per watch: the attempt the
     /// waiting loop makes right after arming it).
@@ -424,27 +477,40 @@ impl fmt::Debug for ZooKeeperBackend {
 
 /// What an acquisition's entry says of its place in line, for its next attempt.
 struct Known {
-    /// The lock node (the line).
+    /// The lock node.
+    root: String,
+    /// The line its node is in (see [`Entry::dir`]).
     dir: String,
-    /// Its protected prefix, `_c_<uuid>-lock-`.
+    /// Its protected prefix, `_c_<uuid>-lock-` (`-__READ__`, `-__WRIT__`).
     protected: String,
     /// Its node, once known.
     node: Option<String>,
     /// An attempt granted it.
     granted: bool,
+    /// A look found no lock of another kind on the key.
+    checked: bool,
     /// The entry was there before this attempt (a create whose reply was lost may have made a
     /// node).
     was_known: bool,
+}
+
+/// A node to delete: known by its path, or by its protected prefix under `dir` (a create whose
+/// reply was lost).
+enum Target {
+    Node(String),
+    Protected { dir: String, protected: String },
 }
 
 /// What one look at the line found.
 enum Place {
     /// First, with this fence.
     First(u64),
-    /// Behind another node: the one just before it.
-    Behind(String),
+    /// Behind: what to wait for.
+    Behind(WaitOn),
     /// The node is not in the line any more (its session ended, or it was deleted).
     Gone,
+    /// The key is held as another kind of lock: which.
+    Conflict(String),
 }
 
 impl ZooKeeperBackend {
@@ -478,9 +544,9 @@ impl ZooKeeperBackend {
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The acquisition's entry, made when it has none: its lock node (the line), its protected
-    /// prefix, its node once known, and whether an attempt granted it. `None` when its session
-    /// ended (its node went with it): the entry is dropped, to join again.
+    /// The acquisition's entry, made when it has none: its lock node, its line and protected
+    /// prefix (by its kind), its node once known, and whether an attempt granted it. `None`
+    /// when its session ended (its node went with it): the entry is dropped, to join again.
     fn entry_for(
         &self,
         session: &Session,
@@ -489,10 +555,12 @@ impl ZooKeeperBackend {
         let token = request.token;
         let known = self.entries().get(&token.0).map(|e| {
             let known = Known {
+                root: e.root.clone(),
                 dir: e.dir.clone(),
                 protected: e.protected.clone(),
                 node: e.node.clone(),
                 granted: e.granted,
+                checked: e.checked,
                 was_known: true,
             };
             (known, e.epoch)
@@ -504,28 +572,48 @@ impl ZooKeeperBackend {
             self.entries().remove(&token.0);
             return Ok(None);
         }
-        let dir = path_of(self.prefix_len, request.key);
-        let protected = protected_prefix()?;
+        let root = path_of(self.prefix_len, request.key);
+        let (dir, lease) = match request.kind {
+            LockKind::Semaphore { .. } => (
+                format!("{root}/{LOCKS}"),
+                Some(LeaseNode {
+                    protected: layout::protected_prefix(LEASE_NAME)?,
+                    node: None,
+                    sent: false,
+                }),
+            ),
+            _ => (root.clone(), None),
+        };
+        let protected = layout::protected_prefix(match request.kind {
+            LockKind::Read => READ_NAME,
+            LockKind::Write => WRITE_NAME,
+            _ => LOCK_NAME,
+        })?;
         self.entries().insert(
             token.0.clone(),
             Entry {
+                root: root.clone(),
                 dir: dir.clone(),
                 protected: protected.clone(),
                 node: None,
+                lease,
                 epoch: session.epoch,
                 granted: false,
+                checked: false,
                 deadline: None,
                 timer: None,
                 gone: watch::channel(false).0,
-                predecessor: None,
+                waits_on: None,
                 waiting: None,
             },
         );
         Ok(Some(Known {
+            root,
             dir,
             protected,
             node: None,
             granted: false,
+            checked: false,
             was_known: false,
         }))
     }
@@ -536,39 +624,54 @@ impl ZooKeeperBackend {
     async fn node_in_line(
         &self,
         session: &Session,
-        request: &Request<'_>,
-    ) -> Result<Option<(String, String, bool)>, BackendError> {
-        let Some(Known {
-            dir,
-            protected,
-            node,
-            granted,
-            was_known,
-        }) = self.entry_for(session, request)?
-        else {
-            return Ok(None);
-        };
-        if let Some(node) = node {
-            return Ok(Some((dir, node, granted)));
+        token: &Token,
+        known: &Known,
+    ) -> Result<Option<String>, BackendError> {
+        if let Some(node) = &known.node {
+            return Ok(Some(node.clone()));
         }
-        let found = if was_known {
-            self.find(session, &dir, &protected).await?
+        let found = if known.was_known {
+            self.find(session, &known.dir, &known.protected).await?
         } else {
             None
         };
-        let node = match found {
+        match found {
             Some(node) => {
-                if let Some(entry) = self.entries().get_mut(&request.token.0) {
+                if let Some(entry) = self.entries().get_mut(&token.0) {
                     entry.node = Some(node.clone());
                 }
-                node
+                Ok(Some(node))
             }
-            None => match self.enter(session, request.token, &dir, &protected).await? {
-                Some(node) => node,
-                None => return Ok(None),
-            },
+            None => {
+                self.enter(session, token, &known.dir, &known.protected)
+                    .await
+            }
+        }
+    }
+
+    /// One look at where the acquisition stands, its node put in line first when it has none:
+    /// a permit's in its semaphore's internal line and leases, a mutex's, a reader's or a
+    /// writer's in the lock node's line. A grant known already is renewed (a new fence).
+    async fn look(
+        &self,
+        session: &Session,
+        request: &Request<'_>,
+        known: &Known,
+    ) -> Result<Place, BackendError> {
+        let token = request.token;
+        if known.granted && matches!(request.kind, LockKind::Semaphore { .. }) {
+            return self.renew_lease(session, token).await;
+        }
+        let Some(node) = self.node_in_line(session, token, known).await? else {
+            return Ok(Place::Gone);
         };
-        Ok(Some((dir, node, granted)))
+        match request.kind {
+            LockKind::Semaphore { permits } => {
+                self.permit_place(session, token, known, &node, permits)
+                    .await
+            }
+            kind => self.place(session, token, known, &node, kind).await,
+        }
     }
 
     /// Creates the entry's node (or finds the one an earlier create with a lost reply made):
@@ -654,54 +757,18 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// The node first in the line of `dir`, its data and stat, and how many wait behind it;
-    /// `None` when the line is empty.
-    async fn holder_node(
-        &self,
-        session: &Session,
-        dir: &str,
-    ) -> Result<Option<(String, Vec<u8>, zookeeper_client::Stat, usize)>, BackendError> {
-        // A holder that leaves between the listing and the read: look again.
-        for _ in 0..3 {
-            let children = match self
-                .conn
-                .call("read the lock's line", session.client.list_children(dir))
-                .await
-            {
-                Ok(children) => children,
-                Err(Failure::Zk(zookeeper_client::Error::NoNode, _)) => return Ok(None),
-                Err(e) => return Err(e.into_error(&self.conn)),
-            };
-            let line = line_of(children);
-            let Some(first) = line.first() else {
-                return Ok(None);
-            };
-            let path = format!("{dir}/{first}");
-            match self
-                .conn
-                .call("read the holder's node", session.client.get_data(&path))
-                .await
-            {
-                Ok((data, stat)) => {
-                    return Ok(Some((first.clone(), data, stat, line.len() - 1)));
-                }
-                Err(Failure::Zk(zookeeper_client::Error::NoNode, _)) => {}
-                Err(e) => return Err(e.into_error(&self.conn)),
-            }
-        }
-        Err(BackendError::new(
-            "zookeeper: the lock's holder kept changing while it was read",
-        ))
-    }
-
-    /// Where `node` stands in the line of `dir`.
+    /// Where `node` stands in the line of the lock node (a mutex's, a reader's or a writer's):
+    /// first (with the fence), behind (what to watch), gone, or refused (a lock of another kind
+    /// is on the key).
     async fn place(
         &self,
         session: &Session,
-        dir: &str,
+        token: &Token,
+        known: &Known,
         node: &str,
-        regrant: bool,
+        kind: LockKind,
     ) -> Result<Place, BackendError> {
+        let dir = &known.dir;
         let (children, parent) = match self
             .conn
             .call("read the lock's line", session.client.get_children(dir))
@@ -712,30 +779,58 @@ impl ZooKeeperBackend {
             Err(e) if e.zk().is_some_and(ended) => return Ok(Place::Gone),
             Err(e) => return Err(e.into_error(&self.conn)),
         };
-        let line = line_of(children);
-        match line.iter().position(|c| c == node) {
-            None => Ok(Place::Gone),
-            Some(0) if regrant => {
-                // Granted before (and the caller never learnt it): a write of its own for a new
-                // fence, higher than every one handed out so far.
-                let path = format!("{dir}/{node}");
-                match self
-                    .conn
-                    .call(
-                        "renew the fence",
-                        session
-                            .client
-                            .set_data(&path, self.identity.as_str().as_bytes(), None),
-                    )
-                    .await
-                {
-                    Ok(stat) => Ok(Place::First(fence_of(stat.mzxid))),
-                    Err(Failure::Zk(zookeeper_client::Error::NoNode, _)) => Ok(Place::Gone),
-                    Err(e) => Err(e.into_error(&self.conn)),
-                }
+        let mark = Mark::of(kind);
+        // A mutex's line is its kind's nodes; a read/write lock's, its readers' and writers'.
+        let line = layout::line_of(&children, |m| m.is_rw() == mark.is_rw());
+        let Some(mine) = line.iter().position(|(c, _, _)| *c == node) else {
+            return Ok(Place::Gone);
+        };
+        if known.granted {
+            // Granted before (and the caller never learnt it): a write of its own for a new
+            // fence, higher than every one handed out so far.
+            return self.renew_node(session, &format!("{dir}/{node}")).await;
+        }
+        if !known.checked {
+            if let Some(held) = self
+                .other_kind(session, &known.root, &children, mark, line[mine].2)
+                .await?
+            {
+                return Ok(Place::Conflict(held));
             }
-            Some(0) => Ok(Place::First(fence_of(parent.pzxid))),
-            Some(i) => Ok(Place::Behind(line[i - 1].clone())),
+            if let Some(entry) = self.entries().get_mut(&token.0) {
+                entry.checked = true;
+            }
+        }
+        let ahead = &line[..mine];
+        // A writer (and a mutex) waits for every node before it; a reader, for the writers
+        // before it only (Curator's `readLockPredicate`; it watches the last of them).
+        let waits_for = match mark {
+            Mark::Read => ahead.iter().rev().find(|(_, m, _)| *m == Mark::Write),
+            Mark::Lock | Mark::Write => ahead.last(),
+        };
+        Ok(match waits_for {
+            None => Place::First(fence_of(parent.pzxid)),
+            Some((ahead, _, _)) => Place::Behind(WaitOn::Node(format!("{dir}/{ahead}"))),
+        })
+    }
+
+    /// Re-writes a node this acquisition holds for a new fence (that write's zxid, above every
+    /// fence handed out before it).
+    async fn renew_node(&self, session: &Session, path: &str) -> Result<Place, BackendError> {
+        match self
+            .conn
+            .call(
+                "renew the fence",
+                session
+                    .client
+                    .set_data(path, self.identity.as_str().as_bytes(), None),
+            )
+            .await
+        {
+            Ok(stat) => Ok(Place::First(fence_of(stat.mzxid))),
+            Err(Failure::Zk(zookeeper_client::Error::NoNode, _)) => Ok(Place::Gone),
+            Err(e) if e.zk().is_some_and(ended) => Ok(Place::Gone),
+            Err(e) => Err(e.into_error(&self.conn)),
         }
     }
 
@@ -751,16 +846,12 @@ impl ZooKeeperBackend {
             };
         };
         entry.granted = true;
-        entry.predecessor = None;
+        entry.waits_on = None;
         entry.waiting = None;
         let (deadline, until) = watch::channel(sent_at + lease);
         entry.deadline = Some(deadline);
         let gone = entry.gone.subscribe();
-        let path = entry
-            .node
-            .as_ref()
-            .map(|node| format!("{}/{node}", entry.dir))
-            .unwrap_or_default();
+        let path = entry.held_path().unwrap_or_default();
         entry.timer = Some(AbortOnDrop::new(tokio::spawn(expire_at_deadline(
             until,
             session.clone(),
@@ -782,43 +873,58 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// Sets the exists-watch of `token`'s waiting entry on its predecessor (Curator's: the
-    /// waiter watches the node just before its own, and only that one), unless it is on it
-    /// already. The watch rings the entry's wake-up when the predecessor is deleted (or changes,
-    /// or the watch cannot be kept): the next attempt then looks at the line.
-    fn watch_predecessor(&self, token: &Token, session: &Session) {
+    /// Sets the watch of `token`'s waiting entry on what it waits for, unless it is on it
+    /// already: an exists-watch on the node ahead of its own (Curator's: the waiter watches
+    /// that node, and only that one), or a children-watch on a semaphore's leases. The watch
+    /// rings the entry's wake-up when that node is deleted (or changes), when the leases change
+    /// (or are fewer than the permits already), or when the watch cannot be kept: the next
+    /// attempt then looks at the line.
+    fn arm(&self, token: &Token, session: &Session) {
         let mut entries = self.entries();
         let Some(entry) = entries.get_mut(&token.0) else {
             return;
         };
-        let Some(predecessor) = entry.predecessor.clone() else {
+        let Some(on) = entry.waits_on.clone() else {
             return;
         };
         let Some(notify) = entry.waiting.as_ref().map(|w| w.notify.clone()) else {
             return;
         };
         if entry.waiting.as_ref().is_some_and(|w| {
-            w.on == predecessor && !w.rang.load(std::sync::atomic::Ordering::Acquire)
+            w.on.as_ref() == Some(&on) && !w.rang.load(std::sync::atomic::Ordering::Acquire)
         }) {
             return;
         }
         let rang = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let path = format!("{}/{predecessor}", entry.dir);
         let task = tokio::spawn({
-            let (conn, session, rang, notify) = (
+            let (conn, session, rang, notify, on) = (
                 self.conn.clone(),
                 session.clone(),
                 rang.clone(),
                 notify.clone(),
+                on.clone(),
             );
             async move {
-                let watched = conn
-                    .call(
-                        "watch the waiter ahead",
-                        session.client.check_and_watch_stat(&path),
-                    )
-                    .await;
-                if let Ok((Some(_), watcher)) = watched {
+                let watcher = match &on {
+                    WaitOn::Node(path) => conn
+                        .call(
+                            "watch the waiter ahead",
+                            session.client.check_and_watch_stat(path),
+                        )
+                        .await
+                        .ok()
+                        .and_then(|(stat, watcher)| stat.map(|_| watcher)),
+                    WaitOn::Leases { path, permits } => {
+                        conn.call(
+                            "watch the semaphore's leases",
+                            session.client.list_and_watch_children(path),
+                        )
+                        .await
+                        .ok()
+                        .and_then(|(leases, watcher)| (leases.len() >= *permits).then_some(watcher))
+                    }
+                };
+                if let Some(watcher) = watcher {
                     tokio::select! {
                         _ = watcher.changed() => {}
                         () = session.end() => {}
@@ -830,15 +936,15 @@ impl ZooKeeperBackend {
         });
         entry.waiting = Some(Waiting {
             notify,
-            on: predecessor,
+            on: Some(on),
             rang,
             quiet: true,
             _task: AbortOnDrop::new(task),
         });
     }
 
-    /// A waiter whose watch on its predecessor is set and has not rung: still behind, known
-    /// without asking (once per watch).
+    /// A waiter whose watch is set and has not rung: still behind, known without asking (once
+    /// per watch).
     fn still_behind(&self, token: &Token) -> bool {
         let mut entries = self.entries();
         let Some(waiting) = entries.get_mut(&token.0).and_then(|e| e.waiting.as_mut()) else {
@@ -847,6 +953,91 @@ impl ZooKeeperBackend {
         let quiet = waiting.quiet && !waiting.rang.load(std::sync::atomic::Ordering::Acquire);
         waiting.quiet = false;
         quiet
+    }
+
+    /// Deletes what `entry` (out of the table already) has in ZooKeeper: the node that holds,
+    /// or its node in line, and what a create whose reply was lost may have made (found by its
+    /// uuid). `true` when it deleted anything. A deletion that fails is asked again in the
+    /// background until it is done or the session ends: a node left in line would block the
+    /// lock for the session's life.
+    async fn let_go(&self, entry: Entry) -> Result<bool, BackendError> {
+        let live = self.conn.current().clone();
+        let Some(session) = live.filter(|s| s.epoch == entry.epoch && !s.is_ended()) else {
+            // Its session ended: its nodes went with it.
+            return Ok(false);
+        };
+        let mut targets = Vec::new();
+        if let Some(lease) = &entry.lease {
+            let dir = format!("{}/{LEASES}", entry.root);
+            match &lease.node {
+                Some(node) => targets.push(Target::Node(format!("{dir}/{node}"))),
+                None if lease.sent => targets.push(Target::Protected {
+                    dir,
+                    protected: lease.protected.clone(),
+                }),
+                None => {}
+            }
+        }
+        // A permit's node in its semaphore's internal line went with its lease's making.
+        if entry
+            .lease
+            .as_ref()
+            .is_none_or(|lease| lease.node.is_none())
+        {
+            targets.push(match &entry.node {
+                Some(node) => Target::Node(format!("{}/{node}", entry.dir)),
+                None => Target::Protected {
+                    dir: entry.dir.clone(),
+                    protected: entry.protected.clone(),
+                },
+            });
+        }
+        let (mut deleted, mut failed) = (false, None);
+        for target in targets {
+            match self.remove(&session, target).await {
+                Ok(gone) => deleted |= gone,
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        failed.map_or(Ok(deleted), Err)
+    }
+
+    /// Deletes one node of this session: `true` when it was there.
+    async fn remove(&self, session: &Session, target: Target) -> Result<bool, BackendError> {
+        let path = match target {
+            Target::Node(path) => path,
+            // The create's reply was lost: delete what it made, if anything. Asked again in
+            // the background until it is known.
+            Target::Protected { dir, protected } => {
+                match self.find(session, &dir, &protected).await {
+                    Ok(Some(node)) => format!("{dir}/{node}"),
+                    Ok(None) => return Ok(false),
+                    Err(e) => {
+                        let (conn, session) = (self.conn.clone(), session.clone());
+                        tokio::spawn(async move {
+                            find_and_delete(&conn, &session, &dir, &protected).await;
+                        });
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        match self
+            .conn
+            .call("delete the lock node", session.client.delete(&path, None))
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(Failure::Zk(zookeeper_client::Error::NoNode, _)) => Ok(false),
+            Err(e) if e.zk().is_some_and(ended) => Ok(false),
+            Err(e) => {
+                let (conn, session) = (self.conn.clone(), session.clone());
+                tokio::spawn(async move {
+                    delete_until_gone(&conn, &session.client, &session, &path).await;
+                });
+                Err(e.into_error(&self.conn))
+            }
+        }
     }
 }
 
@@ -973,6 +1164,32 @@ fn loss_signal(
     }))
 }
 
+/// Looks for the node of `session` under `dir` whose name starts with `protected` (a create
+/// whose reply was lost made it, or not), and deletes it; asked again until it is known or the
+/// session ends.
+async fn find_and_delete(conn: &Conn, session: &Session, dir: &str, protected: &str) {
+    while !session.is_ended() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let found = conn
+            .call(
+                "look for a node whose create reply was lost",
+                session.client.list_children(dir),
+            )
+            .await;
+        match found {
+            Ok(children) => {
+                if let Some(node) = children.iter().find(|c| c.starts_with(protected)) {
+                    let path = format!("{dir}/{node}");
+                    delete_until_gone(conn, &session.client, session, &path).await;
+                }
+                return;
+            }
+            Err(Failure::Zk(zookeeper_client::Error::NoNode, _)) => return,
+            Err(_) => {}
+        }
+    }
+}
+
 /// Deletes `path` (an ephemeral node of `session`), asking again until it is gone or the
 /// session ends (which deletes it anyway).
 async fn delete_until_gone(conn: &Conn, client: &Client, session: &Session, path: &str) {
@@ -997,19 +1214,6 @@ fn ended(e: &zookeeper_client::Error) -> bool {
 
 fn fence_of(zxid: i64) -> u64 {
     u64::try_from(zxid).unwrap_or(0)
-}
-
-/// `_c_<uuid>-lock-`, the uuid fresh from the OS generator.
-fn protected_prefix() -> Result<String, BackendError> {
-    let hex = Token::generate()?.0;
-    Ok(format!(
-        "_c_{}-{}-{}-{}-{}-{LOCK_NAME}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    ))
 }
 
 /// `zk://h1:p1,h2:p2[/chroot]` as `zookeeper-client`'s connection string.
@@ -1069,20 +1273,19 @@ impl Backend for ZooKeeperBackend {
                         queued: true,
                     });
                 }
-                let Some((dir, node, granted)) = self.node_in_line(&session, &request).await?
-                else {
+                let Some(known) = self.entry_for(&session, &request)? else {
                     // Its session ended, and its node with it: join again, at the end.
                     continue;
                 };
-                match self.place(&session, &dir, &node, granted).await? {
+                match self.look(&session, &request, &known).await? {
                     Place::First(fence) => {
                         return Ok(self.acquired(token, &session, fence, request.lease));
                     }
-                    Place::Behind(predecessor) => {
+                    Place::Behind(on) => {
                         if let Some(entry) = self.entries().get_mut(&token.0) {
-                            entry.predecessor = Some(predecessor);
+                            entry.waits_on = Some(on);
                         }
-                        self.watch_predecessor(token, &session);
+                        self.arm(token, &session);
                         return Ok(Attempt::Held {
                             ttl: None,
                             queued: true,
@@ -1090,6 +1293,18 @@ impl Backend for ZooKeeperBackend {
                     }
                     Place::Gone => {
                         self.entries().remove(&token.0);
+                    }
+                    Place::Conflict(held) => {
+                        // Nothing of this acquisition stays: its node (or nodes) goes now, or
+                        // in the background should that fail.
+                        let entry = self.entries().remove(&token.0);
+                        if let Some(entry) = entry {
+                            let _ = self.let_go(entry).await;
+                        }
+                        return Ok(Attempt::Conflict(format!(
+                            "it is held as a {held}, and this acquisition asks for a {}",
+                            request.kind
+                        )));
                     }
                 }
             }
@@ -1109,71 +1324,7 @@ impl Backend for ZooKeeperBackend {
             let Some(entry) = self.entries().remove(&token.0) else {
                 return Ok(false);
             };
-            let live = self.conn.current().clone();
-            let Some(session) = live.filter(|s| s.epoch == entry.epoch && !s.is_ended()) else {
-                // Its session ended: the node went with it.
-                return Ok(false);
-            };
-            let node = match entry.node {
-                Some(node) => node,
-                // The create's reply was lost: delete what it made, if anything. Asked again in
-                // the background until it is known (a node left in line would block the lock
-                // for the session's life).
-                None => match self.find(&session, &entry.dir, &entry.protected).await {
-                    Ok(Some(node)) => node,
-                    Ok(None) => return Ok(false),
-                    Err(e) => {
-                        let conn = self.conn.clone();
-                        tokio::spawn(async move {
-                            while !session.is_ended() {
-                                tokio::time::sleep(Duration::from_millis(100)).await;
-                                let found = conn
-                                    .call(
-                                        "look for a node whose create reply was lost",
-                                        session.client.list_children(&entry.dir),
-                                    )
-                                    .await;
-                                match found {
-                                    Ok(children) => {
-                                        if let Some(node) = children
-                                            .iter()
-                                            .find(|c| c.starts_with(&entry.protected))
-                                        {
-                                            let path = format!("{}/{node}", entry.dir);
-                                            let client = session.client.clone();
-                                            delete_until_gone(&conn, &client, &session, &path)
-                                                .await;
-                                        }
-                                        return;
-                                    }
-                                    Err(Failure::Zk(zookeeper_client::Error::NoNode, _)) => return,
-                                    Err(_) => {}
-                                }
-                            }
-                        });
-                        return Err(e);
-                    }
-                },
-            };
-            let path = format!("{}/{node}", entry.dir);
-            match self
-                .conn
-                .call("delete the lock node", session.client.delete(&path, None))
-                .await
-            {
-                Ok(()) => Ok(true),
-                Err(Failure::Zk(zookeeper_client::Error::NoNode, _)) => Ok(false),
-                Err(e) if e.zk().is_some_and(ended) => Ok(false),
-                Err(e) => {
-                    // Asked again in the background: a node left in line would block the lock
-                    // until the session ends.
-                    let (conn, client) = (self.conn.clone(), session.client.clone());
-                    tokio::spawn(async move {
-                        delete_until_gone(&conn, &client, &session, &path).await;
-                    });
-                    Err(e.into_error(&self.conn))
-                }
-            }
+            self.let_go(entry).await
         })
     }
 
@@ -1182,14 +1333,14 @@ impl Backend for ZooKeeperBackend {
             let epoch = {
                 let mut entries = self.entries();
                 let entry = entries.get_mut(&token.0)?;
-                entry.predecessor.as_ref()?;
+                entry.waits_on.as_ref()?;
                 let notify = Arc::new(Notify::new());
                 // Armed below; the placeholder task rings at once, so that nothing is missed
                 // should arming fail.
                 let rang = Arc::new(std::sync::atomic::AtomicBool::new(true));
                 entry.waiting = Some(Waiting {
                     notify,
-                    on: String::new(),
+                    on: None,
                     rang,
                     quiet: false,
                     _task: AbortOnDrop(None),
@@ -1201,7 +1352,7 @@ impl Backend for ZooKeeperBackend {
                 .current()
                 .clone()
                 .filter(|s| s.epoch == epoch && !s.is_ended())?;
-            self.watch_predecessor(token, &session);
+            self.arm(token, &session);
             let notify = self
                 .entries()
                 .get(&token.0)?
@@ -1222,10 +1373,10 @@ impl Backend for ZooKeeperBackend {
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
             let sent_at = Instant::now();
-            let Some((path, epoch)) = self.entries().get(&token.0).and_then(|e| {
-                let node = e.node.as_ref().filter(|_| e.granted)?;
-                Some((format!("{}/{node}", e.dir), e.epoch))
-            }) else {
+            let Some((path, epoch)) = (self.entries().get(&token.0))
+                .filter(|e| e.granted)
+                .and_then(|e| Some((e.held_path()?, e.epoch)))
+            else {
                 return Ok(false);
             };
             let live = self.conn.current().clone();
@@ -1253,7 +1404,7 @@ impl Backend for ZooKeeperBackend {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            cannot_share: Some("not yet"),
+            cannot_share: None,
             fair: FairOrder::Native,
             passes: false,
             reliable_wake_up: true,
@@ -1281,13 +1432,12 @@ impl Backend for ZooKeeperBackend {
     ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
         Box::pin(async move {
             let session = self.conn.session().await?;
-            let dir = path_of(self.prefix_len, key);
-            let Some((_, data, stat, waiters)) = self.holder_node(&session, &dir).await? else {
+            let root = path_of(self.prefix_len, key);
+            let Some(holding) = self.holding(&session, &root).await? else {
                 return Ok(None);
             };
-            let mut info = LockInfo::new(key.to_owned());
-            info.holder = read_holder(&data, stat.ctime);
-            info.waiters = Some(waiters);
+            let mut info = holding.info(key);
+            info.waiters = Some(holding.waiters);
             Ok(Some(info))
         })
     }
@@ -1322,26 +1472,29 @@ impl Backend for ZooKeeperBackend {
     ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
         Box::pin(async move {
             let session = self.conn.session().await?;
-            let dir = path_of(self.prefix_len, key);
-            let Some((node, data, stat, _)) = self.holder_node(&session, &dir).await? else {
+            let root = path_of(self.prefix_len, key);
+            let Some(holding) = self.holding(&session, &root).await? else {
                 return Ok(None);
             };
-            let path = format!("{dir}/{node}");
-            match self
-                .conn
-                .call(
-                    "delete the holder's node",
-                    session.client.delete(&path, None),
-                )
-                .await
-            {
-                Ok(()) => {}
-                // Released meanwhile.
-                Err(Failure::Zk(zookeeper_client::Error::NoNode, _)) => return Ok(None),
-                Err(e) => return Err(e.into_error(&self.conn)),
+            // Every hold goes (a semaphore's leases, the readers); waiters stay in line.
+            let mut freed = 0;
+            for path in &holding.paths {
+                match self
+                    .conn
+                    .call("delete a holder's node", session.client.delete(path, None))
+                    .await
+                {
+                    Ok(()) => freed += 1,
+                    // Released meanwhile.
+                    Err(Failure::Zk(zookeeper_client::Error::NoNode, _)) => {}
+                    Err(e) => return Err(e.into_error(&self.conn)),
+                }
             }
-            let mut info = LockInfo::new(key.to_owned());
-            info.holder = read_holder(&data, stat.ctime);
+            if freed == 0 {
+                return Ok(None);
+            }
+            let mut info = holding.info(key);
+            info.holders = freed;
             Ok(Some(info))
         })
     }
@@ -1419,33 +1572,6 @@ mod tests {
         for bad in ["/locks/", "locks//", "./x", "a/../b", "zookeeper/", "a\0"] {
             assert!(prefix_error(bad).is_some(), "{bad}");
         }
-    }
-
-    #[test]
-    fn the_line_is_in_sequence_order() {
-        let line = line_of(vec![
-            "_c_b-lock-0000000010".into(),
-            "other".into(),
-            "_c_a-lock-0000000002".into(),
-            "x-lock-".into(),
-            "_c_c-lock-0000000003".into(),
-        ]);
-        assert_eq!(
-            line,
-            [
-                "_c_a-lock-0000000002",
-                "_c_c-lock-0000000003",
-                "_c_b-lock-0000000010"
-            ]
-        );
-    }
-
-    #[test]
-    fn protected_prefixes_look_like_curators() {
-        let p = protected_prefix().unwrap();
-        assert!(p.starts_with("_c_") && p.ends_with("-lock-"), "{p}");
-        assert_eq!(p.len(), "_c_".len() + 36 + "-lock-".len());
-        assert_ne!(p, protected_prefix().unwrap());
     }
 
     #[test]
