@@ -30,6 +30,30 @@
 //! body with a lease of `expire`, and releases the lock on every path: return, `?`, panic and
 //! cancellation. The [`Locker`] is the programmatic API beneath it.
 //!
+//! # Lock kinds
+//!
+//! Beside the mutex: a counting semaphore (`#[dlock(permits = 3)]`, [`Locker::acquire_permit`])
+//! and a read/write lock (`#[dlock(read)]` / `#[dlock(write)]`, [`Locker::acquire_read`] /
+//! [`Locker::acquire_write`]), each hold with its own lease and fence, on every engine but
+//! RedLock; and the job lock's minimum hold (`hold_at_least`). See [`LockKind`].
+//!
+//! ```
+//! # use dlock_runtime::{dlock, LockError};
+//! #[dlock(key = "export:<tenant>", permits = 3)]
+//! async fn export(tenant: &str) -> Result<(), LockError> { Ok(()) }
+//!
+//! #[dlock(key = "doc:<id>", read)]
+//! async fn show(id: u64) -> Result<(), LockError> { Ok(()) }
+//!
+//! #[dlock(key = "doc:<id>", write)]
+//! async fn edit(id: u64) -> Result<(), LockError> { Ok(()) }
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! # dlock_runtime::set_global(dlock_runtime::Locker::memory()).unwrap();
+//! # export("acme").await.unwrap(); show(7).await.unwrap(); edit(7).await.unwrap();
+//! # }
+//! ```
+//!
 //! # Engines
 //!
 //! The scheme of one URL (`DLOCK_URL`, or [`LockerBuilder::url`]) picks the engine; each is a

@@ -403,7 +403,7 @@ impl EtcdBackend {
             let first = got.kvs().first();
             if let Some(kv) = first
                 && let Some(conflict) =
-                    shape.conflict(Shape::of_key(line, &kv.key_str().unwrap_or_default()))
+                    shape.conflict(Shape::of_key(line, kv.key_str().unwrap_or_default()))
             {
                 return Ok(Place::Conflict(conflict));
             }
