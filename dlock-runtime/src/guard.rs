@@ -388,8 +388,9 @@ impl LockGuard {
 
     /// This acquisition's fencing token: greater than every token issued earlier for the same
     /// key. Pass it to the resource you protect and have it refuse writes with a lower one.
-    /// (A semaphore's permits and a read lock's readers hold the key together: each has its
-    /// own token, in the order they were granted; a writer's is above every earlier hold's.)
+    /// (A semaphore's permits each have a token of their own, in the order they were granted;
+    /// a read lock's readers hold the key together and, on etcd and ZooKeeper, readers let in
+    /// together may share one; a writer's is above every earlier hold's.)
     #[must_use]
     pub fn fencing_token(&self) -> u64 {
         self.hold.fence

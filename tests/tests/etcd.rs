@@ -163,6 +163,49 @@ async fn etcdctl_lock_and_dlock_exclude_each_other() {
     guard.release().await.unwrap();
 }
 
+/// `etcdctl lock` (which looks at no kinds) waiting behind dlock's readers: a reader that comes
+/// after its key is refused with a conflict, never let in beside it once the readers ahead
+/// leave (regression: readers looked only for writers ahead of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_never_joins_an_etcdctl_lock_queued_behind_readers() {
+    let etcd = single();
+    let locker = etcd.locker();
+    let key = unique_key("rw-interop");
+    let name = format!("dlock:{key}");
+    let reader = locker.acquire_read(&key, LockOptions::new()).await.unwrap();
+    let mut ctl = etcd
+        .etcdctl()
+        .args(["lock", &name])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("etcdctl not found: install it with `sudo apt-get install -y etcd-client`");
+    let printed = lines_of(&mut ctl);
+    assert_eq!(
+        line_has(&etcd, &name, 2, Duration::from_secs(5))
+            .await
+            .len(),
+        2
+    );
+    let late = etcd
+        .locker()
+        .acquire_read(&key, LockOptions::new().timeout(Duration::from_secs(2)))
+        .await;
+    assert!(
+        late.as_ref()
+            .is_err_and(dlock_runtime::LockError::is_conflict),
+        "a reader behind etcdctl's key: {late:?}"
+    );
+    assert!(printed.recv_timeout(Duration::from_millis(300)).is_err());
+    reader.release().await.unwrap();
+    let held = printed
+        .recv_timeout(Duration::from_secs(10))
+        .expect("etcdctl lock got the lock after the reader left");
+    assert!(held.starts_with(&format!("{name}/")), "{held}");
+    signal(&ctl, "-INT");
+    let _ = ctl.wait();
+}
+
 /// Keys are data: `a` and `a/b` are two locks (the `/` of a key is escaped in the line's name),
 /// and each line holds only its own lock's keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,27 +2,27 @@
 //! compiling shows up here with rustc's full output, not only as a trybuild mismatch.
 #![allow(dead_code, unreachable_pub, clippy::all, clippy::pedantic)]
 
-#[path = "../ui/pass/async_trait.rs"]
+#[path = "../../dlock-macros/tests/ui/pass/async_trait.rs"]
 mod async_trait_impls;
-#[path = "../ui/pass/client.rs"]
+#[path = "../../dlock-macros/tests/ui/pass/client.rs"]
 mod client;
-#[path = "../ui/pass/crate_path.rs"]
+#[path = "../../dlock-macros/tests/ui/pass/crate_path.rs"]
 mod crate_path;
-#[path = "../ui/pass/free_fns.rs"]
+#[path = "../../dlock-macros/tests/ui/pass/free_fns.rs"]
 mod free_fns;
-#[path = "../ui/pass/generics.rs"]
+#[path = "../../dlock-macros/tests/ui/pass/generics.rs"]
 mod generics;
-#[path = "../ui/pass/methods.rs"]
+#[path = "../../dlock-macros/tests/ui/pass/methods.rs"]
 mod methods;
-#[path = "../ui/pass/on_fail.rs"]
+#[path = "../../dlock-macros/tests/ui/pass/on_fail.rs"]
 mod on_fail;
-#[path = "../ui/pass/patterns.rs"]
+#[path = "../../dlock-macros/tests/ui/pass/patterns.rs"]
 mod patterns;
-#[path = "../ui/pass/send.rs"]
+#[path = "../../dlock-macros/tests/ui/pass/send.rs"]
 mod send;
-#[path = "../ui/pass/shadowing.rs"]
+#[path = "../../dlock-macros/tests/ui/pass/shadowing.rs"]
 mod shadowing;
-#[path = "../ui/pass/trait_impls.rs"]
+#[path = "../../dlock-macros/tests/ui/pass/trait_impls.rs"]
 mod trait_impls;
 
 #[test]

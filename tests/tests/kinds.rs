@@ -26,6 +26,8 @@ dlock_tests::engine_suite!(
     renewed_and_extended_shared_holds,
     the_attribute_takes_permits_read_and_write,
     operator_sees_shared_holds,
+    a_lapsed_shared_lock_is_free_for_any_kind,
+    a_lapsed_mutex_is_lost_where_a_semaphore_now_is,
 );
 
 const NOW: Duration = Duration::ZERO;
@@ -394,6 +396,15 @@ async fn kinds_do_not_mix_on_one_key(env: Env) {
             .await,
         "a read lock on a semaphore",
     );
+    // A fair mutex (which waits in the engine's queue) is told so too.
+    conflict(
+        b.acquire(
+            &key,
+            LockOptions::new().fair().timeout(Duration::from_secs(1)),
+        )
+        .await,
+        "a fair mutex on a semaphore",
+    );
     // The same count is one more permit.
     let second = b
         .acquire_permit(&key, 3, LockOptions::new().timeout(NOW))
@@ -730,4 +741,70 @@ async fn operator_sees_shared_holds(env: Env) {
     assert_eq!((info.kind, info.holders), (LockKind::Write, 1));
     w.release().await.unwrap();
     assert_eq!(operator.inspect(&key).await.unwrap(), None);
+}
+
+/// A reader with a long lease takes and releases the key, one with a short lease is never
+/// released and lapses: nothing is live, though the engine may keep the lock's container until
+/// the longest lease it had (a Redis hash's expiry, PostgreSQL's key row): a mutex, a semaphore
+/// and a writer take the key at once (regression: the mutex was refused with a conflict).
+async fn a_lapsed_shared_lock_is_free_for_any_kind(env: Env) {
+    if refused_on_redlock(&env).await {
+        return;
+    }
+    let locker = env.locker();
+    for (i, next) in [
+        LockOptions::new(),
+        LockOptions::new().permits(2),
+        LockOptions::new().write(),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = unique_key(&format!("lapsed-{i}"));
+        let long = locker
+            .acquire_read(&key, LockOptions::new().expire(Duration::from_secs(60)))
+            .await
+            .unwrap();
+        let short = locker
+            .acquire_read(&key, LockOptions::new().expire(Duration::from_millis(400)))
+            .await
+            .unwrap();
+        long.release().await.unwrap();
+        std::mem::forget(short);
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        let taken = env
+            .locker()
+            .acquire(&key, next.clone().timeout(Duration::from_secs(2)))
+            .await;
+        assert!(
+            taken.is_ok(),
+            "{next:?} after a lapsed read lock: {taken:?}"
+        );
+    }
+}
+
+/// A mutex hold lapses and the key is taken as a semaphore meanwhile: the old holder's renewal
+/// and release say `Lost` (regression: Redis answered with a backend error).
+async fn a_lapsed_mutex_is_lost_where_a_semaphore_now_is(env: Env) {
+    if refused_on_redlock(&env).await {
+        return;
+    }
+    let key = unique_key("lapsed-mutex");
+    let old = env
+        .locker()
+        .acquire(&key, LockOptions::new().expire(Duration::from_millis(300)))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let permit = env
+        .locker()
+        .acquire_permit(&key, 2, LockOptions::new().timeout(Duration::from_secs(2)))
+        .await
+        .expect("the lapsed mutex's key is free");
+    let extended = old.extend(Duration::from_secs(5)).await;
+    assert!(
+        extended.is_err_and(|e| e.is_lost()),
+        "renewal of a lapsed mutex"
+    );
+    permit.release().await.unwrap();
 }

@@ -366,9 +366,18 @@ impl EtcdBackend {
                 Some(_) => Ok(Place::Behind),
                 None => Ok(Place::Gone),
             },
-            // No writer was in line when the reader's key was put.
-            Shape::Read if first_kv(reads.get(1)).is_none() => Ok(Place::First(my_rev)),
-            Shape::Read => Ok(Place::Behind),
+            // Nothing but readers was in line when the reader's key was put.
+            Shape::Read => match newest(reads.get(1), reads.get(2)) {
+                None => Ok(Place::First(my_rev)),
+                Some(kv) => Ok(
+                    match Shape::Read
+                        .conflict(Shape::of_key(line, kv.key_str().unwrap_or_default()))
+                    {
+                        Some(conflict) => Place::Conflict(conflict),
+                        None => Place::Behind,
+                    },
+                ),
+            },
             Shape::Permits(_) => {
                 let within = kvs(reads.first())
                     .iter()
@@ -413,8 +422,12 @@ impl EtcdBackend {
                 _ => Place::Gone,
             });
         }
-        let ahead = match shape {
-            Shape::Permits(permits) => TxnOp::get(
+        let mut ops = vec![
+            TxnOp::get(own_key, Some(GetOptions::new().with_keys_only())),
+            TxnOp::get(line, Some(first_in_line())),
+        ];
+        match shape {
+            Shape::Permits(permits) => ops.push(TxnOp::get(
                 line,
                 Some(
                     GetOptions::new()
@@ -424,14 +437,10 @@ impl EtcdBackend {
                         .with_limit(i64::from(permits))
                         .with_keys_only(),
                 ),
-            ),
-            _ => last_writer_before(line, rev),
-        };
-        let txn = Txn::new().and_then([
-            TxnOp::get(own_key, Some(GetOptions::new().with_keys_only())),
-            TxnOp::get(line, Some(first_in_line())),
-            ahead,
-        ]);
+            )),
+            _ => ops.extend(non_readers_before(line, Some(rev))),
+        }
+        let txn = Txn::new().and_then(ops);
         let got = self
             .conn
             .call("look at the lock's line", |mut c| async move {
@@ -466,8 +475,15 @@ impl EtcdBackend {
                     Ok(Place::Behind)
                 }
             }
-            _ if first_kv(responses.get(2)).is_none() => Ok(Place::First(revision)),
-            _ => Ok(Place::Behind),
+            _ => match newest(responses.get(2), responses.get(3)) {
+                None => Ok(Place::First(revision)),
+                Some(kv) => Ok(
+                    match shape.conflict(Shape::of_key(line, kv.key_str().unwrap_or_default())) {
+                        Some(conflict) => Place::Conflict(conflict),
+                        None => Place::Behind,
+                    },
+                ),
+            },
         }
     }
 
@@ -660,19 +676,10 @@ fn first_in_line() -> GetOptions {
 fn shape_reads(line: &str, shape: Shape) -> Vec<TxnOp> {
     match shape {
         Shape::Mutex | Shape::Write => vec![TxnOp::get(line, Some(first_in_line()))],
-        Shape::Read => vec![
-            TxnOp::get(line, Some(first_in_line())),
-            TxnOp::get(
-                format!("{line}{}", Shape::Write.sub_prefix()),
-                Some(
-                    GetOptions::new()
-                        .with_prefix()
-                        .with_sort(SortTarget::Create, SortOrder::Descend)
-                        .with_limit(1)
-                        .with_keys_only(),
-                ),
-            ),
-        ],
+        Shape::Read => {
+            let [below, above] = non_readers_before(line, None);
+            vec![TxnOp::get(line, Some(first_in_line())), below, above]
+        }
         Shape::Permits(permits) => vec![TxnOp::get(
             line,
             Some(
@@ -686,19 +693,45 @@ fn shape_reads(line: &str, shape: Shape) -> Vec<TxnOp> {
     }
 }
 
-/// The last writer's key in `line` created before revision `rev`.
-fn last_writer_before(line: &str, rev: i64) -> TxnOp {
-    TxnOp::get(
-        format!("{line}{}", Shape::Write.sub_prefix()),
-        Some(
-            GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_max_create_revision(rev - 1)
-                .with_limit(1)
-                .with_keys_only(),
-        ),
-    )
+/// The newest key of `line` that is not a reader's (a writer's, or one of another kind:
+/// `etcdctl lock`'s or an older dlock's, which look at no kinds), created before revision
+/// `before` (all of them, when `None`): a reader waits for it. Two ranges, the keys of the line
+/// below `read/` and above it, newest first.
+fn non_readers_before(line: &str, before: Option<i64>) -> [TxnOp; 2] {
+    let options = |end: String| {
+        let options = GetOptions::new()
+            .with_range(end)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(1)
+            .with_keys_only();
+        match before {
+            Some(rev) => options.with_max_create_revision(rev - 1),
+            None => options,
+        }
+    };
+    let readers = format!("{line}{}", Shape::Read.sub_prefix());
+    // Just past every `read/…` key, and just past the line (its `/` plus one).
+    let after_readers = format!("{}0", &readers[..readers.len() - 1]);
+    let after_line = format!("{}0", &line[..line.len() - 1]);
+    [
+        TxnOp::get(line, Some(options(readers))),
+        TxnOp::get(after_readers.as_str(), Some(options(after_line))),
+    ]
+}
+
+/// The newer of two single-key reads' keys.
+fn newest<'a>(
+    a: Option<&'a TxnOpResponse>,
+    b: Option<&'a TxnOpResponse>,
+) -> Option<&'a etcd_client::KeyValue> {
+    match (first_kv(a), first_kv(b)) {
+        (Some(a), Some(b)) => Some(if a.create_revision() > b.create_revision() {
+            a
+        } else {
+            b
+        }),
+        (a, b) => a.or(b),
+    }
 }
 
 /// The keys a read in a transaction found.
@@ -930,8 +963,9 @@ async fn wait_turn(
     }
 }
 
-/// A reader's wake-up: waits until no writer's key created before `rev` is left in `line`
-/// (etcd's `recipe.RWMutex`), watching the last one's deletion, then notifies.
+/// A reader's wake-up: waits until no key but readers' created before `rev` is left in `line`
+/// (etcd's `recipe.RWMutex`, which waits for writers; here keys of other kinds count too),
+/// watching the newest one's deletion, then notifies.
 async fn wait_for_writers(
     conn: Arc<Conn>,
     hub: Arc<WatchHub>,
@@ -939,29 +973,25 @@ async fn wait_for_writers(
     notify: Arc<Notify>,
 ) {
     loop {
-        let writers = format!("{line}{}", Shape::Write.sub_prefix());
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_max_create_revision(rev - 1)
-            .with_limit(1)
-            .with_keys_only();
+        let txn = Txn::new().and_then(non_readers_before(&line, Some(rev)));
         let found = conn
-            .call("find the writer ahead", |mut c| async move {
-                c.get(writers, Some(options)).await
-            })
+            .call(
+                "find the writer ahead",
+                |mut c| async move { c.txn(txn).await },
+            )
             .await;
         let Ok(got) = found else {
             tokio::time::sleep(Duration::from_millis(200)).await;
             continue;
         };
-        let Some(writer) = got.kvs().first() else {
+        let responses = got.op_responses();
+        let Some(ahead) = newest(responses.first(), responses.get(1)) else {
             notify.notify_waiters();
             return;
         };
-        let writer = String::from_utf8_lossy(writer.key()).into_owned();
+        let ahead = String::from_utf8_lossy(ahead.key()).into_owned();
         let start = header_revision(got.header()) + 1;
-        if hub.deletion(writer, Some(start)).fired().await == Fired::Broken {
+        if hub.deletion(ahead, Some(start)).fired().await == Fired::Broken {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }

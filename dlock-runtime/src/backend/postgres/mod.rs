@@ -173,7 +173,8 @@ SELECT t.fence,
        CASE WHEN t.fence IS NULL THEN
            (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
               FROM dlock_locks WHERE key = $1)
-       END
+       END,
+       CASE WHEN t.fence IS NULL THEN (SELECT token FROM dlock_locks WHERE key = $1) END
   FROM (SELECT (SELECT fence FROM taken) AS fence) t";
 
 /// What `Locker::inspect` reads of a live lock: holder, since, fence, remaining ms, live places
@@ -594,41 +595,40 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
     let statements = &connection.statements;
     match op {
         Op::Acquire(key, token, lease_ms, None, owner) => {
-            let taken = client
-                .query_opt(
-                    &statements.acquire,
-                    &[&key, &token.as_str(), &lease_ms, &owner],
-                )
-                .await?;
-            if let Some(row) = taken {
-                return Ok(Reply::Acquire {
-                    fence: row.try_get(0)?,
-                    ttl_ms: None,
-                });
-            }
-            let Some(held) = client.query_opt(&statements.refused, &[&key]).await? else {
-                return Ok(Reply::Acquire {
-                    fence: None,
-                    ttl_ms: None,
-                });
-            };
-            let token: String = held.try_get(1)?;
-            if !shared::is_mutex_token(&token) {
-                return Ok(Reply::Conflict(format!(
-                    "it is held as {}, and this acquisition asks for a mutex",
-                    if token == "rw" {
-                        "a read/write lock".to_owned()
-                    } else {
-                        format!(
-                            "a semaphore of {} permits",
-                            token.strip_prefix("permits=").unwrap_or("?")
-                        )
-                    }
-                )));
+            // Twice at most: a shared key's row whose holds all lapsed goes in between.
+            for _ in 0..2 {
+                let taken = client
+                    .query_opt(
+                        &statements.acquire,
+                        &[&key, &token.as_str(), &lease_ms, &owner],
+                    )
+                    .await?;
+                if let Some(row) = taken {
+                    return Ok(Reply::Acquire {
+                        fence: row.try_get(0)?,
+                        ttl_ms: None,
+                    });
+                }
+                let Some(held) = client.query_opt(&statements.refused, &[&key]).await? else {
+                    return Ok(Reply::Acquire {
+                        fence: None,
+                        ttl_ms: None,
+                    });
+                };
+                let holder: String = held.try_get(1)?;
+                if shared::is_mutex_token(&holder) {
+                    return Ok(Reply::Acquire {
+                        fence: None,
+                        ttl_ms: held.try_get(0)?,
+                    });
+                }
+                if let Some(conflict) = shared::lapse(client, key, &holder).await? {
+                    return Ok(Reply::Conflict(conflict));
+                }
             }
             Ok(Reply::Acquire {
                 fence: None,
-                ttl_ms: held.try_get(0)?,
+                ttl_ms: None,
             })
         }
         Op::Acquire(key, token, lease_ms, Some(queue), owner) => {
@@ -647,8 +647,23 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                     ],
                 )
                 .await?;
+            let fence: Option<i64> = row.try_get(0)?;
+            if fence.is_none()
+                && let Some(holder) = row.try_get::<_, Option<String>>(2)?
+                && !shared::is_mutex_token(&holder)
+            {
+                // A semaphore or read/write lock: a conflict unless all of it lapsed (then it
+                // goes, and the next attempt finds the key free).
+                return Ok(match shared::lapse(client, key, &holder).await? {
+                    Some(conflict) => Reply::Conflict(conflict),
+                    None => Reply::Acquire {
+                        fence: None,
+                        ttl_ms: Some(0),
+                    },
+                });
+            }
             Ok(Reply::Acquire {
-                fence: row.try_get(0)?,
+                fence,
                 ttl_ms: row.try_get(1)?,
             })
         }

@@ -88,7 +88,9 @@ BEGIN
         UPDATE dlock_locks SET expires_at = greatest(expires_at, ends) WHERE key = p_key;
     END IF;
     UPDATE dlock_locks SET contended = true WHERE key = p_key AND NOT contended;
-    ttl_ms := greatest(0, ceil(extract(epoch FROM soonest - clock_timestamp()) * 1000))::bigint;
+    IF soonest IS NOT NULL THEN
+        ttl_ms := greatest(0, ceil(extract(epoch FROM soonest - clock_timestamp()) * 1000))::bigint;
+    END IF;
 END $$;
 CREATE OR REPLACE FUNCTION dlock_release_shared(p_key text, p_token text, OUT live boolean)
 LANGUAGE plpgsql AS $$
@@ -111,30 +113,49 @@ BEGIN
         PERFORM pg_notify('dlock_release', '--------' ||
             CASE WHEN octet_length(p_key) < 7900 THEN p_key ELSE '' END);
     END IF;
+END $$;
+CREATE OR REPLACE FUNCTION dlock_extend_shared(p_key text, p_token text, p_lease_ms bigint,
+    OUT extended boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    ends timestamptz;
+BEGIN
+    PERFORM 1 FROM dlock_locks WHERE key = p_key AND token !~ '^[0-9a-f]{32}$' FOR UPDATE;
+    IF NOT FOUND THEN
+        extended := false;
+        RETURN;
+    END IF;
+    ends := clock_timestamp() + p_lease_ms * interval '1 millisecond';
+    UPDATE dlock_shared SET expires_at = ends
+     WHERE key = p_key AND token = p_token AND mode <> 'W' AND expires_at > clock_timestamp();
+    extended := FOUND;
+    IF extended THEN
+        UPDATE dlock_locks SET expires_at = greatest(expires_at, ends) WHERE key = p_key;
+    END IF;
 END $$;";
 
 /// Whether the shared kinds' table and functions exist.
 pub(super) const PROBE: &str = "\
 SELECT to_regclass('dlock_shared') IS NOT NULL
    AND to_regprocedure('dlock_acquire_shared(text,text,text,text,integer,bigint,bigint,text)') IS NOT NULL
-   AND to_regprocedure('dlock_release_shared(text,text)') IS NOT NULL";
+   AND to_regprocedure('dlock_release_shared(text,text)') IS NOT NULL
+   AND to_regprocedure('dlock_extend_shared(text,text,bigint)') IS NOT NULL";
 
 const ACQUIRE: &str =
     "SELECT fence, ttl_ms, conflict FROM dlock_acquire_shared($1, $2, $3, $4, $5, $6, $7, $8)";
 
 const RELEASE: &str = "SELECT live FROM dlock_release_shared($1, $2)";
 
-/// Reset a hold's lease while it lasts, and keep the key's row at least as long.
-const EXTEND: &str = "\
-WITH extended AS (
-    UPDATE dlock_shared SET expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond'
-     WHERE key = $1 AND token = $2 AND mode <> 'W' AND expires_at > clock_timestamp()
-    RETURNING expires_at
-), key_row AS (
-    UPDATE dlock_locks SET expires_at = greatest(expires_at, (SELECT expires_at FROM extended))
-     WHERE key = $1 AND token !~ '^[0-9a-f]{32}$' AND EXISTS (SELECT 1 FROM extended)
-)
-SELECT EXISTS (SELECT 1 FROM extended)";
+/// Reset a hold's lease while it lasts, and keep the key's row at least as long (the key's row
+/// locked first, as acquisitions lock it).
+const EXTEND: &str = "SELECT extended FROM dlock_extend_shared($1, $2, $3)";
+
+/// Drops what lapsed of a shared key whose row a mutex found, and the row with it when nothing
+/// is live any more (then [`KEY_ROW`] finds none, or a mutex's).
+pub(super) const LAPSE: &str = "SELECT live FROM dlock_release_shared($1, '')";
+
+/// The token of a key's row: a mutex holder's, or a shared key's kind.
+pub(super) const KEY_ROW: &str = "SELECT token FROM dlock_locks WHERE key = $1";
 
 /// The live holds of a shared key, oldest first, with the key's kind and its waiting writers.
 pub(super) const INSPECT: &str = "\
@@ -312,6 +333,32 @@ pub(super) fn info(key: &str, rows: &[Row]) -> Result<Option<LockInfo>, tokio_po
     info.fence = fence;
     info.remaining = remaining;
     Ok(Some(info))
+}
+
+/// A mutex acquisition refused by a shared key's row (`kind`, its token): what lapsed in it
+/// goes, with the row when nothing is live; `None` when the key may be free now (ask again),
+/// else the conflict.
+pub(super) async fn lapse(
+    client: &Client,
+    key: &str,
+    kind: &str,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    client.query_one(LAPSE, &[&key]).await?;
+    let row = client.query_opt(KEY_ROW, &[&key]).await?;
+    let token = row.map(|row| row.try_get::<_, String>(0)).transpose()?;
+    Ok(token.filter(|t| !is_mutex_token(t)).map(|_| {
+        format!(
+            "it is held as {}, and this acquisition asks for a mutex",
+            if kind == "rw" {
+                "a read/write lock".to_owned()
+            } else {
+                format!(
+                    "a semaphore of {} permits",
+                    kind.strip_prefix("permits=").unwrap_or("?")
+                )
+            }
+        )
+    }))
 }
 
 /// Whether a `dlock_locks` token is a mutex holder's (32 hex digits) rather than a shared

@@ -20,7 +20,11 @@ local s = scan(lock, now, mode == 'r')
 local kind = redis.call('HGET', lock, 'kind')
 if kind and kind ~= ARGV[5] then
   if s.holds > 0 or #s.waiting > 0 then
-    return 'it is held as ' .. kind
+    local permits = string.match(kind, '^permits=(%d+)$')
+    if permits then
+      return 'it is held as a semaphore of ' .. permits .. ' permits'
+    end
+    return 'it is held as a read/write lock'
   end
   redis.call('DEL', lock)
   s = { holds = 0, writer = false, soonest = nil, waiting = {} }

@@ -120,6 +120,7 @@ static FORCE: OnceLock<Script> = OnceLock::new();
 static ACQUIRE_SHARED: OnceLock<Script> = OnceLock::new();
 static RELEASE_SHARED: OnceLock<Script> = OnceLock::new();
 static EXTEND_SHARED: OnceLock<Script> = OnceLock::new();
+static LAPSE_SHARED: OnceLock<Script> = OnceLock::new();
 
 fn acquire_script() -> &'static Script {
     ACQUIRE.get_or_init(|| {
@@ -180,6 +181,14 @@ fn release_shared_script() -> &'static Script {
         Script::new(concat!(
             include_str!("shared.lua"),
             include_str!("release_shared.lua")
+        ))
+    })
+}
+fn lapse_shared_script() -> &'static Script {
+    LAPSE_SHARED.get_or_init(|| {
+        Script::new(concat!(
+            include_str!("shared.lua"),
+            include_str!("lapse_shared.lua")
         ))
     })
 }
@@ -983,37 +992,62 @@ impl RedisBackend {
         })
     }
 
-    /// A mutex acquisition the server refused: a conflict when the key is a semaphore or
-    /// read/write lock (a hash, which the mutex's scripts read as the wrong type), else the
-    /// error.
-    async fn mutex_refused(&self, key: &str, error: BackendError) -> Result<Attempt, BackendError> {
-        let wrong_type = std::error::Error::source(&error)
-            .and_then(|e| e.downcast_ref::<redis::RedisError>())
-            .is_some_and(|e| e.code() == Some("WRONGTYPE"));
-        if !wrong_type {
-            return Err(error);
+    /// A mutex attempt (acquire.lua, or acquire_queued.lua from a place in the key's queue).
+    async fn acquire_mutex(&self, request: Request<'_>) -> Result<Attempt, BackendError> {
+        let Request {
+            key,
+            token,
+            lease,
+            queue,
+            ..
+        } = request;
+        let mut call = match queue {
+            None => Call::new(acquire_script(), 2),
+            Some(_) => Call::new(acquire_queued_script(), 4),
+        };
+        call.arg(key);
+        if queue.is_some() {
+            call.arg(companion(&self.fair_prefix, key, "queue"))
+                .arg(companion(&self.fair_prefix, key, "waiters"));
         }
-        let mut cmd = redis::cmd("TYPE");
-        cmd.arg(key);
-        let kind: Result<String, _> = tokio::time::timeout(self.request_timeout, async {
-            match self.connection().await? {
-                Conn::Single(mut c) => cmd.query_async(&mut c).await,
-                #[cfg(feature = "redis-cluster")]
-                Conn::Cluster(mut c) => cmd.query_async(&mut c).await,
+        call.arg(self.fence_key(key))
+            .arg(lock_value(token, &self.identity))
+            .arg(lease_millis(lease));
+        if let Some(queued) = queue {
+            call.arg(lease_millis(queued.liveness))
+                .arg(queued.place.as_str())
+                .arg(if queued.keep { "1" } else { "0" })
+                .arg(if queued.strict { "1" } else { "0" });
+        }
+        call.arg(now_micros());
+        // lock.lua: > 0 ours, with that fence; < 0 held for another (-1 - reply) ms;
+        // 0 free, but another fair waiter is first in line.
+        let reply: i64 = self.call("acquire", call).await?;
+        Ok(match u64::try_from(reply) {
+            Ok(0) => Attempt::Held {
+                ttl: None,
+                queued: true,
+            },
+            Ok(fence) => {
+                if self.wait_replicas > 0 {
+                    self.replicated(key, LockKind::Mutex, token).await?;
+                }
+                Attempt::acquired(fence)
             }
-            .map_err(|e| classify("TYPE", e))
+            Err(_) => Attempt::Held {
+                ttl: Some(Duration::from_millis(reply.unsigned_abs() - 1)),
+                queued: queue.is_some(),
+            },
         })
-        .await
-        .unwrap_or_else(|_| Err(BackendError::new("Redis TYPE got no reply")));
-        match kind {
-            Ok(kind) if kind == "hash" => Ok(Attempt::Conflict(
-                "it is held as a semaphore or a read/write lock, and this acquisition asks for \
-                 a mutex"
-                    .to_owned(),
-            )),
-            _ => Err(error),
-        }
     }
+}
+
+/// Whether the server refused a request because the key holds another type (a mutex's
+/// script meeting a semaphore's or read/write lock's hash).
+fn wrong_type(error: &BackendError) -> bool {
+    std::error::Error::source(error)
+        .and_then(|e| e.downcast_ref::<redis::RedisError>())
+        .is_some_and(|e| e.code() == Some("WRONGTYPE"))
 }
 
 impl Backend for RedisBackend {
@@ -1026,54 +1060,24 @@ impl Backend for RedisBackend {
             if !request.kind.is_mutex() {
                 return self.acquire_shared(request).await;
             }
-            let Request {
-                key,
-                token,
-                lease,
-                queue,
-                ..
-            } = request;
-            let mut call = match queue {
-                None => Call::new(acquire_script(), 2),
-                Some(_) => Call::new(acquire_queued_script(), 4),
-            };
-            call.arg(key);
-            if queue.is_some() {
-                call.arg(companion(&self.fair_prefix, key, "queue"))
-                    .arg(companion(&self.fair_prefix, key, "waiters"));
-            }
-            call.arg(self.fence_key(key))
-                .arg(lock_value(token, &self.identity))
-                .arg(lease_millis(lease));
-            if let Some(queued) = queue {
-                call.arg(lease_millis(queued.liveness))
-                    .arg(queued.place.as_str())
-                    .arg(if queued.keep { "1" } else { "0" })
-                    .arg(if queued.strict { "1" } else { "0" });
-            }
-            call.arg(now_micros());
-            // lock.lua: > 0 ours, with that fence; < 0 held for another (-1 - reply) ms;
-            // 0 free, but another fair waiter is first in line.
-            let reply: i64 = match self.call("acquire", call).await {
-                Ok(reply) => reply,
-                Err(error) => return self.mutex_refused(key, error).await,
-            };
-            Ok(match u64::try_from(reply) {
-                Ok(0) => Attempt::Held {
-                    ttl: None,
-                    queued: true,
-                },
-                Ok(fence) => {
-                    if self.wait_replicas > 0 {
-                        self.replicated(key, LockKind::Mutex, token).await?;
+            match self.acquire_mutex(request).await {
+                Err(error) if wrong_type(&error) => {
+                    // A semaphore or read/write lock is there: a conflict, unless nothing in it
+                    // is live any more (then it goes, and this attempt is made again).
+                    let mut call = Call::new(lapse_shared_script(), 1);
+                    call.arg(request.key);
+                    let gone: i64 = self.call("acquire", call).await?;
+                    if gone == 1 {
+                        return self.acquire_mutex(request).await;
                     }
-                    Attempt::acquired(fence)
+                    Ok(Attempt::Conflict(
+                        "it is held as a semaphore or a read/write lock, and this acquisition \
+                         asks for a mutex"
+                            .to_owned(),
+                    ))
                 }
-                Err(_) => Attempt::Held {
-                    ttl: Some(Duration::from_millis(reply.unsigned_abs() - 1)),
-                    queued: queue.is_some(),
-                },
-            })
+                attempt => attempt,
+            }
         })
     }
 

@@ -8,7 +8,9 @@
 -- A deletion is published on the channel named like the lock key; the message is the first 8 hex
 -- digits of the place first in line (only its waiters wake), or empty (anyone). Never a whole
 -- token or place.
-if string.sub(redis.call('GET', KEYS[1]) or '', 1, 32) ~= ARGV[1] then
+-- A key that became a semaphore or read/write lock (a hash) is not this hold's either.
+local held = redis.pcall('GET', KEYS[1])
+if type(held) ~= 'string' or string.sub(held, 1, 32) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
