@@ -28,6 +28,7 @@ dlock_tests::engine_suite!(
     operator_sees_shared_holds,
     a_lapsed_shared_lock_is_free_for_any_kind,
     a_lapsed_mutex_is_lost_where_a_semaphore_now_is,
+    a_shared_body_stops_when_its_lease_runs_out,
 );
 
 const NOW: Duration = Duration::ZERO;
@@ -490,6 +491,7 @@ async fn given_up_and_cancelled_waiters_leave_nothing(env: Env) {
     );
     drop(next_reader);
     reader.release().await.unwrap();
+    let rw_key = key;
 
     // A permit waiter that times out, and one dropped, take no permit.
     let key = unique_key("ghost-permit");
@@ -516,8 +518,10 @@ async fn given_up_and_cancelled_waiters_leave_nothing(env: Env) {
         .expect("the only permit is free");
     next.release().await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let left = env.leftovers(&format!("dlock:{key}")).await;
-    assert!(left.is_empty(), "left in the engine: {left:?}");
+    for key in [rw_key, key] {
+        let left = env.leftovers(&format!("dlock:{key}")).await;
+        assert!(left.is_empty(), "left in the engine for {key}: {left:?}");
+    }
 }
 
 async fn a_lapsed_permit_returns(env: Env) {
@@ -576,7 +580,7 @@ async fn renewed_and_extended_shared_holds(env: Env) {
         .acquire_read(&unique_key("renewed-r"), LockOptions::new().expire_auto())
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
     assert!(permit.is_held() && reader.is_held(), "renewal keeps them");
     // The same locker (the embedded engine's locker with its own lease has a table of its
     // own): each acquisition is a holder of its own.
@@ -751,36 +755,55 @@ async fn a_lapsed_shared_lock_is_free_for_any_kind(env: Env) {
     if refused_on_redlock(&env).await {
         return;
     }
-    let locker = env.locker();
-    for (i, next) in [
+    // The three at once: each waits out a lapse.
+    let cases = [
         LockOptions::new(),
         LockOptions::new().permits(2),
         LockOptions::new().write(),
     ]
     .into_iter()
     .enumerate()
-    {
-        let key = unique_key(&format!("lapsed-{i}"));
-        let long = locker
-            .acquire_read(&key, LockOptions::new().expire(Duration::from_secs(60)))
-            .await
-            .unwrap();
-        let short = locker
-            .acquire_read(&key, LockOptions::new().expire(Duration::from_millis(400)))
-            .await
-            .unwrap();
-        long.release().await.unwrap();
-        std::mem::forget(short);
-        tokio::time::sleep(Duration::from_millis(900)).await;
-        let taken = env
-            .locker()
-            .acquire(&key, next.clone().timeout(Duration::from_secs(2)))
-            .await;
-        assert!(
-            taken.is_ok(),
-            "{next:?} after a lapsed read lock: {taken:?}"
-        );
-    }
+    .map(|(i, next)| {
+        let (locker, other) = (env.locker(), env.locker());
+        async move {
+            let key = unique_key(&format!("lapsed-{i}"));
+            let long = locker
+                .acquire_read(&key, LockOptions::new().expire(Duration::from_secs(60)))
+                .await
+                .unwrap();
+            let short = locker
+                .acquire_read(&key, LockOptions::new().expire(Duration::from_millis(400)))
+                .await
+                .unwrap();
+            long.release().await.unwrap();
+            std::mem::forget(short);
+            tokio::time::sleep(Duration::from_millis(900)).await;
+            let taken = other
+                .acquire(&key, next.clone().timeout(Duration::from_secs(2)))
+                .await;
+            assert!(
+                taken.is_ok(),
+                "{next:?} after a lapsed read lock: {taken:?}"
+            );
+        }
+    });
+    futures_join_all(cases).await;
+}
+
+/// Runs `futures` together on this task.
+async fn futures_join_all<F: std::future::Future<Output = ()>>(
+    futures: impl IntoIterator<Item = F>,
+) {
+    let mut pending: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    std::future::poll_fn(|cx| {
+        pending.retain_mut(|f| f.as_mut().poll(cx).is_pending());
+        if pending.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
 }
 
 /// A mutex hold lapses and the key is taken as a semaphore meanwhile: the old holder's renewal
@@ -807,4 +830,39 @@ async fn a_lapsed_mutex_is_lost_where_a_semaphore_now_is(env: Env) {
         "renewal of a lapsed mutex"
     );
     permit.release().await.unwrap();
+}
+
+/// A permit's and a reader's body whose fixed lease runs out is stopped and the call returns
+/// `Lost`, as a mutex's is; the permit is free again after.
+async fn a_shared_body_stops_when_its_lease_runs_out(env: Env) {
+    if refused_on_redlock(&env).await {
+        return;
+    }
+    #[dlock(key = "<key>", permits = 2, expire = "400ms", client = locker)]
+    async fn export(locker: &Locker, key: &str, ran: &AtomicBool) -> Result<(), LockError> {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        ran.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+    #[dlock(key = "<key>", read, expire = "400ms", client = locker)]
+    async fn show(locker: &Locker, key: &str, ran: &AtomicBool) -> Result<(), LockError> {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        ran.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+    let locker = env.locker();
+    let (key, ran) = (unique_key("stopped-permit"), AtomicBool::new(false));
+    let started = tokio::time::Instant::now();
+    let error = export(&locker, &key, &ran).await.unwrap_err();
+    assert!(error.is_lost(), "{error}");
+    assert!(!ran.load(Ordering::SeqCst), "the body ran past its lease");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let key = unique_key("stopped-read");
+    let error = show(&locker, &key, &ran).await.unwrap_err();
+    assert!(error.is_lost(), "{error}");
+    assert!(!ran.load(Ordering::SeqCst), "the body ran past its lease");
+    let writer = locker
+        .acquire_write(&key, LockOptions::new().timeout(Duration::from_secs(2)))
+        .await;
+    assert!(writer.is_ok(), "the stopped reader let go: {writer:?}");
 }
