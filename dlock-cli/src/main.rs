@@ -5,7 +5,9 @@
 //! dlock ls [PREFIX]              the held locks: holder, since, fence, remaining lease, waiters
 //! dlock show KEY                 who holds KEY
 //! dlock run KEY -- CMD ARGS…     runs CMD under the lock (renewed lease, DLOCK_FENCE, stopped
-//!                                when the lock is lost), exits with its status
+//!                                when the lock is lost), exits with its status; with
+//!                                --permits N, --read or --write under a semaphore's permit or a
+//!                                read/write lock, with --hold-at-least D as a job lock
 //! dlock wait KEY                 returns once KEY is free
 //! dlock release KEY --force      frees KEY whoever holds it, and says who did
 //! ```
@@ -16,7 +18,7 @@
 use std::{process::ExitCode, time::Duration};
 
 use clap::{Parser, Subcommand};
-use dlock_runtime::{LockError, Locker, LockerBuilder};
+use dlock_runtime::{LockError, LockOptions, Locker, LockerBuilder};
 
 mod output;
 mod run;
@@ -31,8 +33,12 @@ mod exit {
     pub(crate) const TIMEOUT: u8 = 75;
     /// `run`: the lock was lost while the command ran; the command was stopped.
     pub(crate) const LOST: u8 = 76;
-    /// The configuration (`DLOCK_*`) is invalid.
+    /// The configuration (`DLOCK_*`, or `run`'s kind on an engine that cannot hold it) is
+    /// invalid.
     pub(crate) const CONFIG: u8 = 78;
+    /// `run`: the key is held as another kind of lock (a mutex, a semaphore of another permit
+    /// count, a read/write lock).
+    pub(crate) const CONFLICT: u8 = 79;
     /// `run`: the command could not be started.
     pub(crate) const NOT_STARTED: u8 = 127;
 }
@@ -49,8 +55,8 @@ mod exit {
     after_help = "Exit status: 0 on success (`run`: the command's own status, 128+N when a \
         signal N ended it); 65 invalid key; 69 the engine did not answer or refused; 75 not \
         acquired (run) or not free (wait) within --timeout; 76 the lock was lost while the \
-        command ran (it was stopped); 78 invalid configuration; 127 the command could not be \
-        started; 2 usage."
+        command ran (it was stopped); 78 invalid configuration; 79 the key is held as another \
+        kind of lock (run); 127 the command could not be started; 2 usage."
 )]
 struct Cli {
     /// Print one JSON document instead of text.
@@ -91,6 +97,21 @@ enum Command {
         /// How long a command stopped by a lost lock has between SIGTERM and SIGKILL.
         #[arg(long, value_parser = duration, default_value = "10s")]
         grace: Duration,
+        /// Take one of N permits of the counting semaphore KEY instead of the mutex: at most N
+        /// commands run at once (every holder must give the same N).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..), group = "kind")]
+        permits: Option<u32>,
+        /// Take KEY for reading: readers run together, never beside a writer.
+        #[arg(long, group = "kind")]
+        read: bool,
+        /// Take KEY for writing: alone, with no reader; a waiting writer holds back new readers.
+        #[arg(long, group = "kind")]
+        write: bool,
+        /// A job lock: KEY stays taken until at least this long after it was acquired, even
+        /// when the command ends sooner (another instance's run of the same schedule finds it
+        /// held and, with `--timeout 0s`, skips). For the mutex only.
+        #[arg(long, value_parser = duration, value_name = "D", conflicts_with = "kind")]
+        hold_at_least: Option<Duration>,
         /// The command and its arguments, after `--`.
         #[arg(last = true, required = true, value_name = "CMD")]
         command: Vec<std::ffi::OsString>,
@@ -155,9 +176,29 @@ impl Cli {
                 key,
                 timeout,
                 grace,
+                permits,
+                read,
+                write,
+                hold_at_least,
                 command,
                 ..
-            } => run::run(&locker, &key, timeout, grace, &command, out).await,
+            } => {
+                let mut options = LockOptions::new().expire_auto();
+                if let Some(timeout) = timeout {
+                    options = options.timeout(timeout);
+                }
+                if let Some(permits) = permits {
+                    options = options.permits(permits);
+                } else if read {
+                    options = options.read();
+                } else if write {
+                    options = options.write();
+                }
+                if let Some(minimum) = hold_at_least {
+                    options = options.hold_at_least(minimum);
+                }
+                run::run(&locker, &key, options, grace, &command, out).await
+            }
             Command::Wait { key, timeout } => wait(&locker, &key, timeout, out).await,
             Command::Release { key, force } => {
                 debug_assert!(force, "clap requires --force");
@@ -194,6 +235,8 @@ fn exit_code(error: &LockError) -> u8 {
         exit::TIMEOUT
     } else if error.is_lost() {
         exit::LOST
+    } else if error.is_conflict() {
+        exit::CONFLICT
     } else {
         exit::ENGINE
     }

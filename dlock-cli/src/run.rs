@@ -10,7 +10,8 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::{exit, fail, output};
 
-/// Takes the lock (renewed while the command runs), runs the command in its own process group
+/// Takes the lock as `options` say (a renewed lease; a mutex, a permit, a read or a write
+/// hold), runs the command in its own process group
 /// with `DLOCK_FENCE` and `DLOCK_KEY`, forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and
 /// SIGUSR2 to that group, and exits with the command's status; releases the lock when it ends.
 /// When the lock is lost, the group gets SIGTERM, then SIGKILL after `grace`, and `dlock` exits
@@ -18,15 +19,11 @@ use crate::{exit, fail, output};
 pub(crate) async fn run(
     locker: &Locker,
     key: &str,
-    timeout: Option<Duration>,
+    options: LockOptions,
     grace: Duration,
     command: &[OsString],
     _out: output::Output,
 ) -> ExitCode {
-    let mut options = LockOptions::new().expire_auto();
-    if let Some(timeout) = timeout {
-        options = options.timeout(timeout);
-    }
     let guard = match locker.acquire(key, options).await {
         Ok(guard) => guard,
         Err(e) => {

@@ -3,7 +3,8 @@
 //! processes never overlap and hand their commands increasing fences; a forced release lets
 //! the next holder in, whose fence makes the resource refuse the old holder's late write, while
 //! the old holder's guard reports the loss; a `dlock run` whose lock is freed by force stops
-//! its command.
+//! its command. `dlock run --permits/--read/--write` admits as the kinds do; `--hold-at-least`
+//! keeps the key taken after the command ended.
 
 use std::{path::PathBuf, process::Stdio, time::Duration};
 
@@ -18,7 +19,9 @@ dlock_tests::engine_suite!(
         runs_never_overlap_and_get_increasing_fences,
         forced_release_fences_out_the_old_holder,
         run_stops_its_command_when_the_lock_is_lost,
-        run_forwards_signals_and_exits_with_the_command_status
+        run_forwards_signals_and_exits_with_the_command_status,
+        run_takes_permits_and_read_write_holds,
+        run_keeps_a_job_lock_for_its_minimum
     ]
 );
 
@@ -374,4 +377,144 @@ async fn run_forwards_signals_and_exits_with_the_command_status(env: Engine) {
         .build()
         .unwrap();
     assert_eq!(watcher.inspect(&key).await.unwrap(), None, "released");
+}
+
+/// `dlock run … -- sh -c 'echo ready; sleep 60'`, once the command runs under the lock.
+async fn running(env: &Engine, args: &[&str]) -> tokio::process::Child {
+    let mut all = args.to_vec();
+    all.extend(["--", "sh", "-c", "echo ready; exec sleep 60"]);
+    let mut run = dlock(env, &all).stdout(Stdio::piped()).spawn().unwrap();
+    let mut ready = String::new();
+    let mut stdout = tokio::io::BufReader::new(run.stdout.take().unwrap());
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut ready),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("dlock {args:?}: the command starts under the lock"))
+    .unwrap();
+    assert_eq!(ready.trim(), "ready", "dlock {args:?}");
+    run
+}
+
+/// Stops a `dlock run` (SIGTERM reaches its command; the lock is released).
+async fn stop(mut run: tokio::process::Child) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(run.id().unwrap()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    tokio::time::timeout(Duration::from_secs(15), run.wait())
+        .await
+        .expect("dlock run ends with its command")
+        .unwrap();
+}
+
+/// Two `dlock run --permits 2` run at once and a third finds no permit (75); another permit
+/// count or the mutex is a conflict (79), as the library's. Two readers run together; a writer
+/// waits for them; a mutex on a read/write key is a conflict. RedLock refuses the kinds (78).
+async fn run_takes_permits_and_read_write_holds(env: Engine) {
+    let key = unique_key("cli-permits");
+    if env.url().is_some_and(|u| u.starts_with("redis+redlock")) {
+        let (code, _, err) = output(&env, &["run", &key, "--permits", "2", "--", "true"]).await;
+        assert_eq!(code, 78, "RedLock cannot count holders: {err}");
+        assert!(err.contains("permits"), "{err}");
+        return;
+    }
+    let first = running(&env, &["run", &key, "--permits", "2"]).await;
+    let second = running(&env, &["run", &key, "--permits", "2"]).await;
+    let (code, _, err) = output(
+        &env,
+        &[
+            "run",
+            &key,
+            "--permits",
+            "2",
+            "--timeout",
+            "300ms",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert_eq!(code, 75, "no third permit: {err}");
+    let (code, _, err) = output(
+        &env,
+        &[
+            "run",
+            &key,
+            "--permits",
+            "3",
+            "--timeout",
+            "5s",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert_eq!(code, 79, "another permit count: {err}");
+    let (code, _, err) = output(&env, &["run", &key, "--timeout", "5s", "--", "true"]).await;
+    assert_eq!(code, 79, "a mutex on a semaphore: {err}");
+    stop(first).await;
+    let (code, _, err) = output(&env, &["run", &key, "--permits", "2", "--", "true"]).await;
+    assert_eq!(code, 0, "a permit came back: {err}");
+    stop(second).await;
+
+    let key = unique_key("cli-rw");
+    let readers = [
+        running(&env, &["run", &key, "--read"]).await,
+        running(&env, &["run", &key, "--read"]).await,
+    ];
+    let (code, _, err) = output(
+        &env,
+        &["run", &key, "--write", "--timeout", "300ms", "--", "true"],
+    )
+    .await;
+    assert_eq!(code, 75, "a writer waits for the readers: {err}");
+    let (code, _, err) = output(&env, &["run", &key, "--timeout", "5s", "--", "true"]).await;
+    assert_eq!(code, 79, "a mutex on a read/write lock: {err}");
+    for reader in readers {
+        stop(reader).await;
+    }
+    let (code, _, err) = output(&env, &["run", &key, "--write", "--", "true"]).await;
+    assert_eq!(code, 0, "the writer once the readers left: {err}");
+    let (code, _, err) = output(&env, &["run", &key, "--read", "--write", "--", "true"]).await;
+    assert_eq!(code, 2, "one kind: {err}");
+}
+
+/// `dlock run --hold-at-least 3s -- true` ends at once and leaves the key taken: a run of the
+/// same job with `--timeout 0s` skips (75); `dlock wait` sees it free after the minimum.
+/// ZooKeeper cannot keep a hold past its session (78).
+async fn run_keeps_a_job_lock_for_its_minimum(env: Engine) {
+    let key = unique_key("cli-job");
+    let started = Instant::now();
+    let (code, _, err) = output(&env, &["run", &key, "--hold-at-least", "3s", "--", "true"]).await;
+    if env.url().is_some_and(|u| u.starts_with("zk")) {
+        assert_eq!(code, 78, "ZooKeeper's holds end with their session: {err}");
+        return;
+    }
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = output(&env, &["run", &key, "--timeout", "0s", "--", "true"]).await;
+    if started.elapsed() < Duration::from_millis(2500) {
+        assert_eq!(code, 75, "the job ran again within its minimum: {err}");
+    }
+    let (code, _, err) = output(&env, &["wait", &key, "--timeout", "30s"]).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(2900),
+        "free before the minimum: {:?}",
+        started.elapsed()
+    );
+    let (code, _, err) = output(
+        &env,
+        &[
+            "run",
+            &key,
+            "--hold-at-least",
+            "3s",
+            "--permits",
+            "2",
+            "--",
+            "true",
+        ],
+    )
+    .await;
+    assert_eq!(code, 2, "a job lock is a mutex: {err}");
 }

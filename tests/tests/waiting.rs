@@ -177,6 +177,52 @@ async fn a_lingering_subscription_covers_the_next_waiter() {
     assert!(woke < Duration::from_secs(1), "woken after {woke:?}");
 }
 
+/// A waiter refused while its place in the key's queue is fresh asks by reading the lock alone:
+/// one that tries every 10-20ms for 2s refreshes its place (a ZADD) only about every quarter of
+/// its liveness, not at every attempt, and the place stays live throughout (the release names
+/// it: the waiter gets the lock at once, not at its next poll).
+#[tokio::test]
+async fn a_waiter_refreshes_its_place_not_at_every_attempt() {
+    let server = RedisServer::start();
+    let holder = server.locker();
+    // Liveness: 4 × 20ms + 4 × 300ms = 1.28s; refreshed when older than 320ms.
+    let waiter = Locker::builder()
+        .redis_url(server.url())
+        .retry(Duration::from_millis(10), Duration::from_millis(20))
+        .request_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let key = unique_key("light");
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let (zadds, attempts) = (server.calls("zadd"), server.calls("evalsha"));
+    let waiting = spawn_waiter(&waiter, &key);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (zadds, attempts) = (
+        server.calls("zadd") - zadds,
+        server.calls("evalsha") - attempts,
+    );
+    assert!(attempts >= 20, "the waiter tried {attempts} times in 2s");
+    assert!(
+        zadds >= 1 && zadds * 3 <= attempts,
+        "{zadds} place refreshes for {attempts} attempts"
+    );
+    let mut redis = server.client().get_connection().unwrap();
+    let places: Vec<(String, f64)> = redis
+        .zrange_withscores(format!("dlock:__fair:{{dlock:{key}}}:waiters"), 0, -1)
+        .unwrap();
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut redis).unwrap();
+    #[allow(clippy::cast_precision_loss)]
+    let now_ms = (secs * 1000 + micros / 1000) as f64;
+    assert!(
+        places.len() == 1 && places[0].1 > now_ms,
+        "the waiter's place is live: {places:?} at {now_ms}"
+    );
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let woke = waiting.await.unwrap() - released_at;
+    assert!(woke < Duration::from_secs(1), "woken after {woke:?}");
+}
+
 fn fair_waiter(server: &RedisServer, key: &str, name: &str) -> Child {
     Command::new(env!("CARGO_BIN_EXE_dlock-worker"))
         .args([&server.url(), key, name, "fair-waiter"])

@@ -177,6 +177,12 @@ pub(crate) struct Queued<'a> {
     /// Take the lock only when the place is first in the queue (fair mode). Otherwise take it
     /// whenever it is free: the queue then only says whom a release wakes.
     pub(crate) strict: bool,
+    /// Join the queue, or refresh the place's deadline there, even when the key is held.
+    /// `false` when this place is in the queue and was refreshed less than a quarter of
+    /// `liveness` ago: an engine may then answer a held key by reading the lock alone (a woken
+    /// waiter refused because the releasing process took the key again costs the server one
+    /// read, not the queue's bookkeeping). A free key is always taken through the queue.
+    pub(crate) refresh: bool,
 }
 
 /// One lock service. Every engine (Redis, Cluster, Sentinel, the embedded table, and those to

@@ -43,6 +43,10 @@ pub(super) struct Line {
     /// The place may be in the engine's queue: set before every request that may queue it, and
     /// cleared only by a grant that gave it up.
     pub(super) queued: AtomicBool,
+    /// When a request that the engine answered last put the place in its queue or refreshed
+    /// its deadline there (sent then, or earlier); `None` after a grant that gave the place
+    /// up, and before the first.
+    pub(super) refreshed: std::sync::Mutex<Option<tokio::time::Instant>>,
     /// How the last waiter left: [`NOT_HANDED_ON`] (it gave up, or nobody left yet), or holding
     /// the lock, when it had heard this many release wake-ups plus one (see [`Turn::handed_on`]).
     pub(super) handed_on: AtomicU64,
@@ -162,6 +166,7 @@ impl Lines {
                         turns: tokio::sync::Semaphore::new(1),
                         place: Token::generate()?,
                         queued: AtomicBool::new(false),
+                        refreshed: std::sync::Mutex::new(None),
                         handed_on: AtomicU64::new(NOT_HANDED_ON),
                         members: AtomicUsize::new(0),
                         baton: std::sync::Mutex::new(None),
@@ -232,6 +237,27 @@ pub(super) struct Turn<'a> {
     pub(super) leaving_holder: Option<Option<u64>>,
     /// It left the line already ([`depart`](Self::depart)).
     departed: bool,
+}
+
+impl Line {
+    fn refreshed_at(&self) -> std::sync::MutexGuard<'_, Option<tokio::time::Instant>> {
+        self.refreshed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether the place is in the engine's queue with a deadline refreshed less than
+    /// `within` ago (then an attempt need not refresh it: see `Queued::refresh`).
+    pub(super) fn refreshed_within(&self, within: std::time::Duration) -> bool {
+        self.queued.load(Ordering::Acquire)
+            && self.refreshed_at().is_some_and(|at| at.elapsed() < within)
+    }
+
+    /// The engine answered a request sent at `sent_at` that queued the place or refreshed it
+    /// (`Some`), or granted the lock and gave the place up (`None`).
+    pub(super) fn set_refreshed(&self, sent_at: Option<tokio::time::Instant>) {
+        *self.refreshed_at() = sent_at;
+    }
 }
 
 impl Turn<'_> {

@@ -256,6 +256,7 @@ impl<'a> Wait<'a> {
                 liveness,
                 keep: t.others_waiting(),
                 strict: self.options.fair,
+                refresh: !t.line.refreshed_within(liveness / 4),
             });
         if let (Some(t), Some(_)) = (&self.turn, queue) {
             t.line
@@ -263,6 +264,7 @@ impl<'a> Wait<'a> {
                 .store(true, std::sync::atomic::Ordering::Release);
         }
         let (in_queue, gives_up_place) = (queue.is_some(), queue.is_some_and(|q| !q.keep));
+        let refreshes = queue.is_some_and(|q| q.refresh);
         let request = Request {
             key: &self.orphan.key,
             token: &self.orphan.token,
@@ -288,6 +290,10 @@ impl<'a> Wait<'a> {
                         t.line
                             .queued
                             .store(false, std::sync::atomic::Ordering::Release);
+                        t.line.set_refreshed(None);
+                    } else if in_queue {
+                        // Kept: moved to the back of the queue with a fresh deadline.
+                        t.line.set_refreshed(Some(sent_at));
                     }
                 }
                 let lease = self.lease.granted(granted);
@@ -303,6 +309,12 @@ impl<'a> Wait<'a> {
                 // place in line of this token (an engine with a line) goes with the wait.
                 self.orphan.armed = was_armed || (queued && !in_queue);
                 self.last_error = None;
+                if refreshes
+                    && queued
+                    && let Some(t) = &self.turn
+                {
+                    t.line.set_refreshed(Some(sent_at));
+                }
                 self.refused(ttl).await
             }
             Ok(Attempt::Conflict(reason)) => {

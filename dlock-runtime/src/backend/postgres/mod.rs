@@ -121,12 +121,14 @@ const NO_ONE: &str = "--------";
 /// and key, ordered by `place`, a number from the fence sequence). `$4`: how long a place lives
 /// without another attempt (ms); `$5` the place; `$6` on success keep the place, moved to the
 /// back of the queue (more waiters of this process wait behind); `$7` strict (fair mode): take
-/// the lock only when no live place is ahead of this one, else whenever it is free.
+/// the lock only when no live place is ahead of this one, else whenever it is free; `$9` join
+/// the queue or refresh the place when refused (false: the place is there, refreshed lately,
+/// and a refusal writes no row of `dlock_waiters`).
 ///
 /// Taken: the place leaves the queue (or moves to its back), lapsed places are dropped, and the
 /// lock is marked contended when any place remains, so its release (whoever makes it) wakes the
-/// next. Refused: the place joins the queue or is refreshed, and the lock is marked contended,
-/// as [`ACQUIRE`] does.
+/// next. Refused: the place joins the queue or is refreshed (with `$9`), and the lock is marked
+/// contended, as [`ACQUIRE`] does.
 const ACQUIRE_QUEUED: &str = "\
 WITH mine AS (
     SELECT place FROM dlock_waiters WHERE key = $1 AND token = $5
@@ -161,7 +163,7 @@ WITH mine AS (
     INSERT INTO dlock_waiters AS w (key, token, place, gone_at)
     SELECT $1, $5, nextval('dlock_fence'),
            clock_timestamp() + $4::bigint * interval '1 millisecond'
-     WHERE NOT EXISTS (SELECT 1 FROM taken) OR $6::boolean
+     WHERE CASE WHEN EXISTS (SELECT 1 FROM taken) THEN $6::boolean ELSE $9::boolean END
     ON CONFLICT (key, token) DO UPDATE
         SET gone_at = EXCLUDED.gone_at,
             place = CASE WHEN EXISTS (SELECT 1 FROM taken) THEN EXCLUDED.place ELSE w.place END
@@ -644,6 +646,7 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                         &queue.keep,
                         &queue.strict,
                         &owner,
+                        &queue.refresh,
                     ],
                 )
                 .await?;

@@ -7,9 +7,16 @@
 -- ARGV[1] the lock's value (token and holder's record), ARGV[2] lease in ms, ARGV[3] how long a place stays without another attempt,
 -- ARGV[4] the place, ARGV[5] '1': on success keep the place (moved to the back of the queue),
 -- ARGV[6] '1': strict (fair mode): take the lock only when the place is first in the queue;
--- '0': take it whenever it is free (the queue then only says whom a release wakes); ARGV[7] the
--- client's clock in µs (for the fence).
+-- '0': take it whenever it is free (the queue then only says whom a release wakes); ARGV[7] '0':
+-- the place is in the queue, refreshed lately by this process, so a held key is answered by
+-- reading it alone (a woken waiter that the releasing process beat to the key costs 3 commands,
+-- not the 9 of the queue's bookkeeping); '1': join the queue or refresh the place either way;
+-- ARGV[8] the client's clock in µs (for the fence).
 -- Replies as lock.lua says.
+local held = redis.call('GET', KEYS[1])
+if held and ARGV[7] == '0' then
+  return already_mine(KEYS[1], KEYS[4], held, ARGV[1], ARGV[2]) or refused(KEYS[1], ARGV[2])
+end
 local now_parts = redis.call('TIME')
 local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
 local live = tonumber(ARGV[3])
@@ -23,7 +30,6 @@ while true do
   redis.call('LPOP', KEYS[2])
   redis.call('ZREM', KEYS[3], head)
 end
-local held = redis.call('GET', KEYS[1])
 local mine = already_mine(KEYS[1], KEYS[4], held, ARGV[1], ARGV[2])
 if mine then
   return mine

@@ -1017,7 +1017,8 @@ impl RedisBackend {
             call.arg(lease_millis(queued.liveness))
                 .arg(queued.place.as_str())
                 .arg(if queued.keep { "1" } else { "0" })
-                .arg(if queued.strict { "1" } else { "0" });
+                .arg(if queued.strict { "1" } else { "0" })
+                .arg(if queued.refresh { "1" } else { "0" });
         }
         call.arg(now_micros());
         // lock.lua: > 0 ours, with that fence; < 0 held for another (-1 - reply) ms;
