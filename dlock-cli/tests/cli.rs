@@ -290,12 +290,17 @@ async fn forced_release_fences_out_the_old_holder(env: Engine) {
     assert!(out.contains("was free"), "{out}");
 }
 
+/// A `dlock run` whose lock is freed by force stops its command's whole process group (the
+/// shell and the `sleep` it started) and exits 76.
 async fn run_stops_its_command_when_the_lock_is_lost(env: Engine) {
     let key = unique_key("cli-lost");
+    let dir = temp_dir("lost");
+    let pid_file = dir.join("pid");
+    let script = format!("sleep 60 & echo $! > '{}'; wait", pid_file.display());
     let mut run = dlock(
         &env,
         &[
-            "run", &key, "--expire", "10s", "--grace", "2s", "--", "sleep", "60",
+            "run", &key, "--expire", "10s", "--grace", "2s", "--", "sh", "-c", &script,
         ],
     )
     .stderr(Stdio::piped())
@@ -325,6 +330,30 @@ async fn run_stops_its_command_when_the_lock_is_lost(env: Engine) {
         .expect("dlock run stops its command once the lock is lost")
         .unwrap();
     assert_eq!(status.code(), Some(76), "the lost lock's exit status");
+    let grandchild: i32 = std::fs::read_to_string(&pid_file)
+        .expect("the shell started its sleep")
+        .trim()
+        .parse()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(grandchild) {
+        assert!(
+            Instant::now() < deadline,
+            "the command's child {grandchild} outlived the lost lock"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Whether process `pid` runs (a zombie waiting for its reaper does not).
+fn alive(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+        && std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            // The state follows the parenthesised command name.
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+        })
 }
 
 /// `dlock run` exits with its command's status and releases the lock; a SIGTERM sent to `dlock`

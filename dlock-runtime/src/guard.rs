@@ -524,11 +524,7 @@ impl HeldLock for Hold {
             if !self.claim_release() {
                 return Ok(());
             }
-            match self
-                .keep_until
-                .and_then(|until| until.checked_duration_since(Instant::now()))
-                .filter(|rest| !rest.is_zero())
-            {
+            match crate::locker::release::rest_of_minimum(self.keep_until) {
                 // A job lock's minimum hold outlives the locker.
                 Some(rest) => {
                     self.locker

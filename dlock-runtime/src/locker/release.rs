@@ -25,10 +25,7 @@ impl Locker {
         token: &Token,
         keep_until: Option<Instant>,
     ) -> Result<bool, BackendError> {
-        if let Some(rest) = keep_until
-            .and_then(|until| until.checked_duration_since(Instant::now()))
-            .filter(|rest| !rest.is_zero())
-        {
+        if let Some(rest) = rest_of_minimum(keep_until) {
             tracing::debug!(key = %key, ?rest, "lock kept for the rest of its minimum hold");
             return self.backend().keep(key, token, rest).await;
         }
@@ -196,6 +193,14 @@ impl Drop for OrphanCleanup<'_> {
     fn drop(&mut self) {
         self.cleanup_now();
     }
+}
+
+/// What is left of a job lock's minimum hold (`hold_at_least`) that ends at `keep_until`:
+/// while some is, a release keeps the hold in the engine for that long instead.
+pub(crate) fn rest_of_minimum(keep_until: Option<Instant>) -> Option<std::time::Duration> {
+    keep_until
+        .and_then(|until| until.checked_duration_since(Instant::now()))
+        .filter(|rest| !rest.is_zero())
 }
 
 /// Hands a compare-and-delete to `runtime` (the one the lock was taken on), or else to the

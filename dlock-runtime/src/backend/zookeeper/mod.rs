@@ -159,19 +159,7 @@ pub(crate) fn path_of(prefix_len: usize, key: &str) -> String {
 fn key_of_path(prefix_len: usize, path: &str) -> Option<String> {
     let rest = path.strip_prefix('/')?;
     let (prefix, name) = rest.split_at_checked(prefix_len)?;
-    let bytes = name.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            out.push(u8::from_str_radix(name.get(i + 1..i + 3)?, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    Some(format!("{prefix}{}", String::from_utf8(out).ok()?))
+    Some(format!("{prefix}{}", holder::decode(name)?))
 }
 
 /// The holder a node's data records, with its creation time (ms since the epoch).
