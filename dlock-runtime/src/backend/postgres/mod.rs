@@ -127,12 +127,8 @@ const NO_ONE: &str = "--------";
 ///
 /// Taken: the place leaves the queue (or moves to its back), lapsed places are dropped, and the
 /// lock is marked contended when any place remains, so its release (whoever makes it) wakes the
-/// next. Refused (no row): the place joins the queue or is refreshed (with `$9`); then
-/// [`REFUSED`] marks the lock contended, in a statement of its own: this one reads the table as
-/// it was when it began, and a holder that took the key after that (a release and a new
-/// acquisition in between, as when the releasing process asks again at once) is one it could
-/// not mark — and that holder's release would have woken nobody (the waiter slept until its
-/// next poll: W3's hand-off p99 was 17ms with 10–50ms polls, 400ms with 500ms polls).
+/// next. Refused: the place joins the queue or is refreshed (with `$9`), and the lock is marked
+/// contended, as [`ACQUIRE`] does.
 const ACQUIRE_QUEUED: &str = "\
 WITH mine AS (
     SELECT place FROM dlock_waiters WHERE key = $1 AND token = $5
@@ -171,8 +167,17 @@ WITH mine AS (
     ON CONFLICT (key, token) DO UPDATE
         SET gone_at = EXCLUDED.gone_at,
             place = CASE WHEN EXISTS (SELECT 1 FROM taken) THEN EXCLUDED.place ELSE w.place END
+), marked AS (
+    UPDATE dlock_locks SET contended = true
+     WHERE key = $1 AND NOT contended AND NOT EXISTS (SELECT 1 FROM taken)
 )
-SELECT (SELECT fence FROM taken)";
+SELECT t.fence,
+       CASE WHEN t.fence IS NULL THEN
+           (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
+              FROM dlock_locks WHERE key = $1)
+       END,
+       CASE WHEN t.fence IS NULL THEN (SELECT token FROM dlock_locks WHERE key = $1) END
+  FROM (SELECT (SELECT fence FROM taken) AS fence) t";
 
 /// What `Locker::inspect` reads of a live lock: holder, since, fence, remaining ms, live places
 /// in its queue (processes waiting).
@@ -646,24 +651,10 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                 )
                 .await?;
             let fence: Option<i64> = row.try_get(0)?;
-            if fence.is_some() {
-                return Ok(Reply::Acquire {
-                    fence,
-                    ttl_ms: None,
-                });
-            }
-            // Refused: marked contended by a statement that sees the holder of now (see
-            // ACQUIRE_QUEUED), which also says its remaining lease.
-            let Some(held) = client.query_opt(&statements.refused, &[&key]).await? else {
-                // Free: taken by nobody since (try again at once), or its turn is another
-                // place's (fair mode: that place's wake-up comes first).
-                return Ok(Reply::Acquire {
-                    fence: None,
-                    ttl_ms: (!queue.strict).then_some(0),
-                });
-            };
-            let holder: String = held.try_get(1)?;
-            if !shared::is_mutex_token(&holder) {
+            if fence.is_none()
+                && let Some(holder) = row.try_get::<_, Option<String>>(2)?
+                && !shared::is_mutex_token(&holder)
+            {
                 // A semaphore or read/write lock: a conflict unless all of it lapsed (then it
                 // goes, and the next attempt finds the key free).
                 return Ok(match shared::lapse(client, key, &holder).await? {
@@ -675,8 +666,8 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                 });
             }
             Ok(Reply::Acquire {
-                fence: None,
-                ttl_ms: held.try_get(0)?,
+                fence,
+                ttl_ms: row.try_get(1)?,
             })
         }
         Op::Leave(key, place) => {
