@@ -101,13 +101,21 @@ SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 100
   FROM dlock_locks WHERE key = $1";
 
 /// Delete the row if this token holds it (a lapsed row of ours is cleaned up too, but reported
-/// as not held), and announce the release when someone was refused the key meanwhile, in the
-/// same statement. The payload is the first 8 hex digits of the place first in the key's
-/// queue, or [`NO_ONE`], and the key.
+/// as not held), and announce the release when someone was refused the key meanwhile or a
+/// place waits in its queue, in the same statement. The payload is the first 8 hex digits of
+/// the place first in the key's queue, or [`NO_ONE`], and the key.
+///
+/// The places count, not only the mark: waiters asleep until a release names them make no
+/// attempt during a hold taken by a process that released and asked again at once, so nothing
+/// marks that hold, and a release that went by the mark alone woke nobody — every waiter slept
+/// until its next poll while the key stayed free (W3 with 500ms polls: a third of the rate,
+/// hand-offs at 400ms).
 const RELEASE: &str = "\
 DELETE FROM dlock_locks AS l WHERE l.key = $1 AND l.token = $2
 RETURNING l.expires_at > clock_timestamp() AS live,
-    CASE WHEN l.contended THEN pg_notify('dlock_release', coalesce(
+    CASE WHEN l.contended OR EXISTS (
+            SELECT 1 FROM dlock_waiters w WHERE w.key = l.key AND w.gone_at > clock_timestamp())
+    THEN pg_notify('dlock_release', coalesce(
             (SELECT left(w.token, 8) FROM dlock_waiters w
               WHERE w.key = l.key AND w.gone_at > clock_timestamp() ORDER BY w.place LIMIT 1),
             '--------') ||
@@ -126,9 +134,9 @@ const NO_ONE: &str = "--------";
 /// and a refusal writes no row of `dlock_waiters`).
 ///
 /// Taken: the place leaves the queue (or moves to its back), lapsed places are dropped, and the
-/// lock is marked contended when any place remains, so its release (whoever makes it) wakes the
-/// next. Refused: the place joins the queue or is refreshed (with `$9`), and the lock is marked
-/// contended, as [`ACQUIRE`] does.
+/// lock is marked contended when any place remains. Refused: the place joins the queue or is
+/// refreshed (with `$9`); a live place is what makes the holder's release (whoever makes it)
+/// wake the next (see [`RELEASE`]), so the lock's row is not written.
 const ACQUIRE_QUEUED: &str = "\
 WITH mine AS (
     SELECT place FROM dlock_waiters WHERE key = $1 AND token = $5
@@ -167,9 +175,6 @@ WITH mine AS (
     ON CONFLICT (key, token) DO UPDATE
         SET gone_at = EXCLUDED.gone_at,
             place = CASE WHEN EXISTS (SELECT 1 FROM taken) THEN EXCLUDED.place ELSE w.place END
-), marked AS (
-    UPDATE dlock_locks SET contended = true
-     WHERE key = $1 AND NOT contended AND NOT EXISTS (SELECT 1 FROM taken)
 )
 SELECT t.fence,
        CASE WHEN t.fence IS NULL THEN
