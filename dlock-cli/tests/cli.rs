@@ -365,36 +365,13 @@ async fn run_forwards_signals_and_exits_with_the_command_status(env: Engine) {
     let (code, _, err) = output(&env, &["run", &key, "--", "/nonexistent/command"]).await;
     assert_eq!(code, 127, "{err}");
 
-    let mut run = dlock(
+    let run = running(
         &env,
-        &[
-            "run",
-            &key,
-            "--",
-            "sh",
-            "-c",
-            "trap 'exit 42' TERM; echo ready; sleep 30 & wait",
-        ],
+        &["run", &key],
+        "trap 'exit 42' TERM; echo ready; sleep 30 & wait",
     )
-    .stdout(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let mut ready = String::new();
-    let mut stdout = tokio::io::BufReader::new(run.stdout.take().unwrap());
-    tokio::time::timeout(
-        Duration::from_secs(20),
-        tokio::io::AsyncBufReadExt::read_line(&mut stdout, &mut ready),
-    )
-    .await
-    .expect("the command starts under the lock")
-    .unwrap();
-    assert_eq!(ready.trim(), "ready");
-    let pid = nix::unistd::Pid::from_raw(i32::try_from(run.id().unwrap()).unwrap());
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(15), run.wait())
-        .await
-        .expect("dlock run ends with its command")
-        .unwrap();
+    .await;
+    let status = stop(run).await;
     assert_eq!(
         status.code(),
         Some(42),
@@ -408,10 +385,13 @@ async fn run_forwards_signals_and_exits_with_the_command_status(env: Engine) {
     assert_eq!(watcher.inspect(&key).await.unwrap(), None, "released");
 }
 
-/// `dlock run … -- sh -c 'echo ready; sleep 60'`, once the command runs under the lock.
-async fn running(env: &Engine, args: &[&str]) -> tokio::process::Child {
+/// A command that says it is ready, then sleeps.
+const READY: &str = "echo ready; exec sleep 60";
+
+/// `dlock ARGS… -- sh -c SCRIPT`, once SCRIPT has printed `ready` under the lock.
+async fn running(env: &Engine, args: &[&str], script: &str) -> tokio::process::Child {
     let mut all = args.to_vec();
-    all.extend(["--", "sh", "-c", "echo ready; exec sleep 60"]);
+    all.extend(["--", "sh", "-c", script]);
     let mut run = dlock(env, &all).stdout(Stdio::piped()).spawn().unwrap();
     let mut ready = String::new();
     let mut stdout = tokio::io::BufReader::new(run.stdout.take().unwrap());
@@ -426,14 +406,14 @@ async fn running(env: &Engine, args: &[&str]) -> tokio::process::Child {
     run
 }
 
-/// Stops a `dlock run` (SIGTERM reaches its command; the lock is released).
-async fn stop(mut run: tokio::process::Child) {
+/// Sends SIGTERM to a `dlock run` (it reaches the command); its exit status once it ended.
+async fn stop(mut run: tokio::process::Child) -> std::process::ExitStatus {
     let pid = nix::unistd::Pid::from_raw(i32::try_from(run.id().unwrap()).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     tokio::time::timeout(Duration::from_secs(15), run.wait())
         .await
         .expect("dlock run ends with its command")
-        .unwrap();
+        .unwrap()
 }
 
 /// Two `dlock run --permits 2` run at once and a third finds no permit (75); another permit
@@ -447,8 +427,8 @@ async fn run_takes_permits_and_read_write_holds(env: Engine) {
         assert!(err.contains("permits"), "{err}");
         return;
     }
-    let first = running(&env, &["run", &key, "--permits", "2"]).await;
-    let second = running(&env, &["run", &key, "--permits", "2"]).await;
+    let first = running(&env, &["run", &key, "--permits", "2"], READY).await;
+    let second = running(&env, &["run", &key, "--permits", "2"], READY).await;
     let (code, _, err) = output(
         &env,
         &[
@@ -488,8 +468,8 @@ async fn run_takes_permits_and_read_write_holds(env: Engine) {
 
     let key = unique_key("cli-rw");
     let readers = [
-        running(&env, &["run", &key, "--read"]).await,
-        running(&env, &["run", &key, "--read"]).await,
+        running(&env, &["run", &key, "--read"], READY).await,
+        running(&env, &["run", &key, "--read"], READY).await,
     ];
     let (code, _, err) = output(
         &env,

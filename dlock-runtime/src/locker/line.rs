@@ -247,10 +247,10 @@ impl Line {
     }
 
     /// Whether the place is in the engine's queue with a deadline refreshed less than
-    /// `within` ago (then an attempt need not refresh it: see `Queued::refresh`).
+    /// `within` ago (then an attempt need not refresh it: see `Queued::refresh`). A grant that
+    /// gave the place up clears the time with `queued`.
     pub(super) fn refreshed_within(&self, within: std::time::Duration) -> bool {
-        self.queued.load(Ordering::Acquire)
-            && self.refreshed_at().is_some_and(|at| at.elapsed() < within)
+        self.refreshed_at().is_some_and(|at| at.elapsed() < within)
     }
 
     /// The engine answered a request sent at `sent_at` that queued the place or refreshed it

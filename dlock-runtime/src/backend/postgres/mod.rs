@@ -113,13 +113,13 @@ SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 100
 const RELEASE: &str = "\
 DELETE FROM dlock_locks AS l WHERE l.key = $1 AND l.token = $2
 RETURNING l.expires_at > clock_timestamp() AS live,
-    CASE WHEN l.contended OR EXISTS (
-            SELECT 1 FROM dlock_waiters w WHERE w.key = l.key AND w.gone_at > clock_timestamp())
-    THEN pg_notify('dlock_release', coalesce(
-            (SELECT left(w.token, 8) FROM dlock_waiters w
-              WHERE w.key = l.key AND w.gone_at > clock_timestamp() ORDER BY w.place LIMIT 1),
-            '--------') ||
-        CASE WHEN octet_length(l.key) < 7900 THEN l.key ELSE '' END) END";
+    (SELECT CASE WHEN l.contended OR n.next IS NOT NULL THEN
+                pg_notify('dlock_release', coalesce(n.next, '--------') ||
+                    CASE WHEN octet_length(l.key) < 7900 THEN l.key ELSE '' END)
+            END
+       FROM (SELECT (SELECT left(w.token, 8) FROM dlock_waiters w
+                      WHERE w.key = l.key AND w.gone_at > clock_timestamp()
+                      ORDER BY w.place LIMIT 1) AS next) n)";
 
 /// What the first 8 characters of a payload are when a release names no fair waiter; otherwise
 /// they are the first 8 hex digits of the token first in line (never a whole token).
@@ -133,8 +133,8 @@ const NO_ONE: &str = "--------";
 /// the queue or refresh the place when refused (false: the place is there, refreshed lately,
 /// and a refusal writes no row of `dlock_waiters`).
 ///
-/// Taken: the place leaves the queue (or moves to its back), lapsed places are dropped, and the
-/// lock is marked contended when any place remains. Refused: the place joins the queue or is
+/// Taken: the place leaves the queue (or moves to its back) and lapsed places are dropped; the
+/// lock's row is not marked (its release looks at the places itself). Refused: the place joins the queue or is
 /// refreshed (with `$9`); a live place is what makes the holder's release (whoever makes it)
 /// wake the next (see [`RELEASE`]), so the lock's row is not written.
 const ACQUIRE_QUEUED: &str = "\
@@ -151,14 +151,12 @@ WITH mine AS (
 ), taken AS (
     INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended, owner, acquired_at)
     SELECT $1, $2, nextval('dlock_fence'),
-           clock_timestamp() + $3::bigint * interval '1 millisecond',
-           $6::boolean OR EXISTS (SELECT 1 FROM dlock_waiters
-                                   WHERE key = $1 AND token <> $5 AND gone_at > clock_timestamp()),
+           clock_timestamp() + $3::bigint * interval '1 millisecond', false,
            $8, clock_timestamp()
      WHERE NOT (SELECT yes FROM ahead)
     ON CONFLICT (key) DO UPDATE
         SET token = EXCLUDED.token, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at,
-            contended = EXCLUDED.contended OR (l.contended AND l.token = EXCLUDED.token),
+            contended = l.contended AND l.token = EXCLUDED.token,
             owner = EXCLUDED.owner, acquired_at = EXCLUDED.acquired_at
         WHERE l.expires_at <= clock_timestamp() OR l.token = EXCLUDED.token
     RETURNING fence

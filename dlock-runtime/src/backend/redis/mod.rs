@@ -1515,19 +1515,18 @@ mod tests {
         let mut former = vec![String::new(); 16384];
         let (mut n, mut missing): (u32, usize) = (0, 16384);
         while missing > 0 {
-            let tag = (0..)
-                .scan(n, |rest, _| {
-                    (*rest > 0 || n == 0).then(|| {
-                        let d = char::from_digit(*rest % 36, 36).unwrap();
-                        *rest /= 36;
-                        d
-                    })
-                })
-                .take(if n == 0 { 1 } else { 8 })
-                .collect::<Vec<char>>()
-                .into_iter()
-                .rev()
-                .collect::<String>();
+            // The former `to_base36`, as it was.
+            let tag = {
+                let (mut rest, mut digits) = (n, Vec::new());
+                loop {
+                    digits.push(char::from_digit(rest % 36, 36).unwrap());
+                    rest /= 36;
+                    if rest == 0 {
+                        break;
+                    }
+                }
+                digits.iter().rev().collect::<String>()
+            };
             let s = usize::from(crc16(tag.as_bytes()) % 16384);
             if former[s].is_empty() {
                 former[s] = tag;
