@@ -62,6 +62,32 @@ CREATE TABLE IF NOT EXISTS dlock_waiters (
     PRIMARY KEY (key, token)
 );";
 
+/// The function [`RELEASE`] calls when the hold it ends was marked `contended`, as
+/// `docs/postgres.md` gives it (made with [`SCHEMA`], or on its own for tables made before dlock
+/// had it): it announces the release, naming the live place first in the key's queue, and when
+/// there is one, it leaves the key's row behind as a [`TOMBSTONE`] (not live: the next
+/// acquisition takes it over) so that the mark outlives the hold. The hold after it is then
+/// marked too, whoever takes it, and its release wakes the line in turn: a waiter asleep until a
+/// release names it makes no attempt that could mark that hold itself. When no live place waits,
+/// the row goes, and with it the mark.
+const WAKE_LINE: &str = "\
+CREATE OR REPLACE FUNCTION dlock_wake_line(p_key text, p_fence bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    next text;
+BEGIN
+    SELECT left(w.token, 8) INTO next FROM dlock_waiters w
+     WHERE w.key = p_key AND w.gone_at > clock_timestamp() ORDER BY w.place LIMIT 1;
+    IF next IS NOT NULL THEN
+        INSERT INTO dlock_locks (key, token, fence, expires_at, contended)
+        VALUES (p_key, '00000000000000000000000000000000', p_fence, to_timestamp(0), true)
+        ON CONFLICT (key) DO NOTHING;
+    END IF;
+    PERFORM pg_notify('dlock_release', coalesce(next, '--------') ||
+        CASE WHEN octet_length(p_key) < 7900 THEN p_key ELSE '' END);
+    RETURN true;
+END $$;";
+
 /// The channel every contended release is announced on; the payload is the first 8 hex digits
 /// of the place first in the key's queue (never a whole token), or `--------`, then the lock
 /// key, which is left out for a key too long for a payload (then every waiter looks).
@@ -72,20 +98,27 @@ const CHANNEL: &str = "dlock_release";
 /// index).
 const SCHEMA_LOCK: i64 = 0x646c_6f63_6b00;
 
-/// Insert the row, or take over one whose lease ran out by the server's clock (or that this token
-/// holds already: a retry after a lost reply gets a new fence); the next fence in the same
-/// statement. No row when the key is held: then [`REFUSED`] follows. One plain upsert, as a
-/// lease row written by hand is: the common case costs no more than that.
+/// Insert the row, or take over one whose lease ran out by the server's clock (a [`TOMBSTONE`]
+/// among them), or that this token holds already (a retry after a lost reply gets a new fence);
+/// the next fence in the same statement. The `contended` mark of a row taken over stays (a
+/// tombstone's is what tells this hold's release to wake the line). No row when the key is
+/// held: then [`REFUSED`] follows. One plain upsert, as a lease row written by hand is: the
+/// common case costs no more than that.
 const ACQUIRE: &str = "\
 INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended, owner, acquired_at)
 VALUES ($1, $2, nextval('dlock_fence'),
         clock_timestamp() + $3::bigint * interval '1 millisecond', false, $4, clock_timestamp())
 ON CONFLICT (key) DO UPDATE
     SET token = EXCLUDED.token, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at,
-        contended = l.contended AND l.token = EXCLUDED.token,
         owner = EXCLUDED.owner, acquired_at = EXCLUDED.acquired_at
     WHERE l.expires_at <= clock_timestamp() OR l.token = EXCLUDED.token
 RETURNING fence";
+
+/// The token of a key's row that no hold has: left by a release that woke a line (see
+/// [`WAKE_LINE`]), with a lease that ended in 1970. 32 hex digits, as a mutex holder's token (a
+/// random token is never all zeros), so that everything that reads the row takes it for a
+/// lapsed mutex hold.
+const TOMBSTONE: &str = "00000000000000000000000000000000";
 
 /// After a refused [`ACQUIRE`]: marks the row `contended` (written once per hold, by the first
 /// refused attempt), so that its release announces itself (a release nobody waits for sends no
@@ -101,16 +134,19 @@ SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 100
   FROM dlock_locks WHERE key = $1";
 
 /// Delete the row if this token holds it (a lapsed row of ours is cleaned up too, but reported
-/// as not held), and announce the release when someone was refused the key meanwhile or a
-/// place waits in its queue, in the same statement. The payload is the first 8 hex digits of
-/// the place first in the key's queue, or [`NO_ONE`], and the key.
-///
-/// The places count, not only the mark: waiters asleep until a release names them make no
-/// attempt during a hold taken by a process that released and asked again at once, so nothing
-/// marks that hold, and a release that went by the mark alone woke nobody — every waiter slept
-/// until its next poll while the key stayed free (W3 with 500ms polls: a third of the rate,
-/// hand-offs at 400ms).
+/// as not held), and when a refused attempt marked it `contended` meanwhile, or the hold before
+/// it was (the mark carries over, see [`WAKE_LINE`]), announce the release and keep the mark for
+/// the next hold while a place waits. An unmarked release touches nothing but the row: no
+/// subquery on the queue, whose opening and probing cost a cycle 7% (W1) to 11% (W2).
 const RELEASE: &str = "\
+DELETE FROM dlock_locks AS l WHERE l.key = $1 AND l.token = $2
+RETURNING l.expires_at > clock_timestamp() AS live,
+    CASE WHEN l.contended THEN dlock_wake_line(l.key, l.fence) END";
+
+/// [`RELEASE`] where the function [`WAKE_LINE`] is missing and this user may not make it
+/// (tables made by an owner before dlock had it): the same announcement, decided by a look at
+/// the key's queue in every release.
+const RELEASE_LOOKING: &str = "\
 DELETE FROM dlock_locks AS l WHERE l.key = $1 AND l.token = $2
 RETURNING l.expires_at > clock_timestamp() AS live,
     (SELECT CASE WHEN l.contended OR n.next IS NOT NULL THEN
@@ -133,10 +169,15 @@ const NO_ONE: &str = "--------";
 /// the queue or refresh the place when refused (false: the place is there, refreshed lately,
 /// and a refusal writes no row of `dlock_waiters`).
 ///
-/// Taken: the place leaves the queue (or moves to its back) and lapsed places are dropped; the
-/// lock's row is not marked (its release looks at the places itself). Refused: the place joins the queue or is
-/// refreshed (with `$9`); a live place is what makes the holder's release (whoever makes it)
-/// wake the next (see [`RELEASE`]), so the lock's row is not written.
+/// Taken: the place leaves the queue (or moves to its back), lapsed places are dropped, and the
+/// hold is marked `contended` when another live place waits (or a tombstone's mark carries
+/// over). Refused: the place joins the queue or is refreshed (with `$9`), and the holder's row
+/// is marked `contended` (written once per hold), which is what makes its release, whoever
+/// makes it, wake the next (see [`RELEASE`]). A refusal that finds the row it saw unmarked gone
+/// or changed when it comes to mark it (the hold ended meanwhile, its release looking at the
+/// row before the mark) answers that the holder has 0ms left: the waiter asks again at once
+/// instead of sleeping through a release that announced nothing. The holder's remaining lease
+/// and token are read from a live hold's row only: a tombstone is no holder.
 const ACQUIRE_QUEUED: &str = "\
 WITH mine AS (
     SELECT place FROM dlock_waiters WHERE key = $1 AND token = $5
@@ -151,12 +192,14 @@ WITH mine AS (
 ), taken AS (
     INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended, owner, acquired_at)
     SELECT $1, $2, nextval('dlock_fence'),
-           clock_timestamp() + $3::bigint * interval '1 millisecond', false,
+           clock_timestamp() + $3::bigint * interval '1 millisecond',
+           $6::boolean OR EXISTS (SELECT 1 FROM dlock_waiters
+                                   WHERE key = $1 AND token <> $5 AND gone_at > clock_timestamp()),
            $8, clock_timestamp()
      WHERE NOT (SELECT yes FROM ahead)
     ON CONFLICT (key) DO UPDATE
         SET token = EXCLUDED.token, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at,
-            contended = l.contended AND l.token = EXCLUDED.token,
+            contended = EXCLUDED.contended OR l.contended,
             owner = EXCLUDED.owner, acquired_at = EXCLUDED.acquired_at
         WHERE l.expires_at <= clock_timestamp() OR l.token = EXCLUDED.token
     RETURNING fence
@@ -173,14 +216,24 @@ WITH mine AS (
     ON CONFLICT (key, token) DO UPDATE
         SET gone_at = EXCLUDED.gone_at,
             place = CASE WHEN EXISTS (SELECT 1 FROM taken) THEN EXCLUDED.place ELSE w.place END
+), marked AS (
+    UPDATE dlock_locks SET contended = true
+     WHERE key = $1 AND NOT contended AND NOT EXISTS (SELECT 1 FROM taken)
+    RETURNING 1
+), held AS (
+    SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
+               AS ttl_ms,
+           token, contended
+      FROM dlock_locks WHERE key = $1 AND token <> '00000000000000000000000000000000'
 )
 SELECT t.fence,
        CASE WHEN t.fence IS NULL THEN
-           (SELECT greatest(0, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000))::bigint
-              FROM dlock_locks WHERE key = $1)
+           CASE WHEN h.token IS NULL THEN NULL
+                WHEN h.contended OR EXISTS (SELECT 1 FROM marked) THEN h.ttl_ms
+                ELSE 0 END
        END,
-       CASE WHEN t.fence IS NULL THEN (SELECT token FROM dlock_locks WHERE key = $1) END
-  FROM (SELECT (SELECT fence FROM taken) AS fence) t";
+       CASE WHEN t.fence IS NULL THEN h.token END
+  FROM (SELECT (SELECT fence FROM taken) AS fence) t LEFT JOIN held h ON true";
 
 /// What `Locker::inspect` reads of a live lock: holder, since, fence, remaining ms, live places
 /// in its queue (processes waiting).
@@ -209,17 +262,22 @@ RETURNING l.expires_at > clock_timestamp() AS live, l.owner, l.acquired_at, l.fe
         CASE WHEN octet_length(l.key) < 7900 THEN l.key ELSE '' END)";
 
 /// A place leaves the key's queue (its process has no more waiters), announced, naming the
-/// place then first in line, when it was there.
+/// place then first in line, when it was there; the last live place to leave takes the key's
+/// [`TOMBSTONE`] with it.
 const LEAVE: &str = "\
 WITH left_line AS (
     DELETE FROM dlock_waiters WHERE key = $1 AND token = $2 RETURNING place
+), next AS (
+    SELECT left(token, 8) AS next FROM dlock_waiters
+     WHERE key = $1 AND token <> $2 AND gone_at > clock_timestamp()
+     ORDER BY place LIMIT 1
+), swept AS (
+    DELETE FROM dlock_locks
+     WHERE key = $1 AND token = '00000000000000000000000000000000'
+       AND NOT EXISTS (SELECT 1 FROM next)
 )
 SELECT CASE WHEN EXISTS (SELECT 1 FROM left_line) THEN
-           pg_notify('dlock_release', coalesce(
-               (SELECT left(token, 8) FROM dlock_waiters
-                 WHERE key = $1 AND token <> $2 AND gone_at > clock_timestamp()
-                 ORDER BY place LIMIT 1),
-               '--------') ||
+           pg_notify('dlock_release', coalesce((SELECT next FROM next), '--------') ||
                CASE WHEN octet_length($1::text) < 7900 THEN $1::text ELSE '' END)
        END";
 
@@ -871,7 +929,8 @@ async fn setup(
          SELECT to_regclass('dlock_locks') IS NOT NULL AND to_regclass('dlock_fence') IS NOT NULL \
          AND to_regclass('dlock_waiters') IS NOT NULL \
          AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('dlock_locks') \
-                     AND attname = 'acquired_at' AND NOT attisdropped), ({})",
+                     AND attname = 'acquired_at' AND NOT attisdropped), ({}), \
+         to_regprocedure('dlock_wake_line(text,bigint)') IS NOT NULL",
         shared::PROBE
     );
     let messages = client
@@ -883,11 +942,11 @@ async fn setup(
             matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(column) == Some("t"))
         })
     };
-    let (exists, mut shared_exists) = (probed(0), probed(1));
+    let (exists, mut shared_exists, mut wakes) = (probed(0), probed(1), probed(2));
     if !exists {
         // One implicit transaction: the advisory lock makes concurrent creators take turns.
         let create = format!(
-            "SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {SCHEMA} {}",
+            "SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {SCHEMA} {WAKE_LINE} {}",
             shared::SCHEMA
         );
         if let Err(e) = client.batch_execute(&create).await {
@@ -909,12 +968,16 @@ async fn setup(
             "created the PostgreSQL lock table `dlock_locks` and sequence `dlock_fence`"
         );
         shared_exists = true;
+        wakes = true;
+    }
+    if !wakes {
+        wakes = create_wake_line(client).await?;
     }
     let (acquire, refused, acquire_queued, release, leave, extend) = tokio::join!(
         client.prepare(ACQUIRE),
         client.prepare(REFUSED),
         client.prepare(ACQUIRE_QUEUED),
-        client.prepare(RELEASE),
+        client.prepare(if wakes { RELEASE } else { RELEASE_LOOKING }),
         client.prepare(LEAVE),
         client.prepare(EXTEND)
     );
@@ -949,6 +1012,26 @@ async fn setup(
             classify("prepare", e)
         }
     })
+}
+
+/// The function [`WAKE_LINE`], made for tables made before dlock had it: `false` when this user
+/// may not make it (then releases look at the queue themselves, see [`RELEASE_LOOKING`]).
+async fn create_wake_line(client: &Client) -> Result<bool, BackendError> {
+    let create = format!("SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {WAKE_LINE}");
+    match client.batch_execute(&create).await {
+        Ok(()) => {
+            tracing::info!("created the PostgreSQL function `dlock_wake_line`");
+            Ok(true)
+        }
+        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+            tracing::info!(
+                "the PostgreSQL function `dlock_wake_line` is missing and this user may not \
+                 create it: every release looks at the queue (see docs/postgres.md)"
+            );
+            Ok(false)
+        }
+        Err(e) => Err(classify("schema creation", e)),
+    }
 }
 
 /// The shared kinds' table and functions, made at the first shared acquisition on tables made
@@ -1373,6 +1456,10 @@ mod tests {
         assert!(
             docs.contains(shared::SCHEMA),
             "docs/postgres.md: the shared kinds' table"
+        );
+        assert!(
+            docs.contains(WAKE_LINE),
+            "docs/postgres.md: the function that wakes a line"
         );
     }
 
