@@ -65,8 +65,8 @@ CREATE TABLE IF NOT EXISTS dlock_waiters (
 /// The function [`RELEASE`] calls when the hold it ends was marked `contended`, as
 /// `docs/postgres.md` gives it (made with [`SCHEMA`], or on its own for tables made before dlock
 /// had it): it announces the release, naming the live place first in the key's queue, and when
-/// there is one, it leaves the key's row behind as a [`TOMBSTONE`] (not live: the next
-/// acquisition takes it over) so that the mark outlives the hold. The hold after it is then
+/// there is one, it leaves the key's row behind as a tombstone (token `000…0`, not live: the
+/// next acquisition takes it over) so that the mark outlives the hold. The hold after it is then
 /// marked too, whoever takes it, and its release wakes the line in turn: a waiter asleep until a
 /// release names it makes no attempt that could mark that hold itself. When no live place waits,
 /// the row goes, and with it the mark.
@@ -98,7 +98,7 @@ const CHANNEL: &str = "dlock_release";
 /// index).
 const SCHEMA_LOCK: i64 = 0x646c_6f63_6b00;
 
-/// Insert the row, or take over one whose lease ran out by the server's clock (a [`TOMBSTONE`]
+/// Insert the row, or take over one whose lease ran out by the server's clock (a tombstone
 /// among them), or that this token holds already (a retry after a lost reply gets a new fence);
 /// the next fence in the same statement. The `contended` mark of a row taken over stays (a
 /// tombstone's is what tells this hold's release to wake the line). No row when the key is
@@ -114,10 +114,11 @@ ON CONFLICT (key) DO UPDATE
     WHERE l.expires_at <= clock_timestamp() OR l.token = EXCLUDED.token
 RETURNING fence";
 
-/// The token of a key's row that no hold has: left by a release that woke a line (see
-/// [`WAKE_LINE`]), with a lease that ended in 1970. 32 hex digits, as a mutex holder's token (a
-/// random token is never all zeros), so that everything that reads the row takes it for a
-/// lapsed mutex hold.
+/// The token of a key's row that no hold has (a tombstone): left by a release that woke a line
+/// (see [`WAKE_LINE`]), with a lease that ended in 1970. 32 hex digits, as a mutex holder's
+/// token (a random token is never all zeros), so that everything that reads the row takes it
+/// for a lapsed mutex hold. Written out in the statements; here for the test that checks them.
+#[cfg(test)]
 const TOMBSTONE: &str = "00000000000000000000000000000000";
 
 /// After a refused [`ACQUIRE`]: marks the row `contended` (written once per hold, by the first
@@ -263,7 +264,7 @@ RETURNING l.expires_at > clock_timestamp() AS live, l.owner, l.acquired_at, l.fe
 
 /// A place leaves the key's queue (its process has no more waiters), announced, naming the
 /// place then first in line, when it was there; the last live place to leave takes the key's
-/// [`TOMBSTONE`] with it.
+/// tombstone with it.
 const LEAVE: &str = "\
 WITH left_line AS (
     DELETE FROM dlock_waiters WHERE key = $1 AND token = $2 RETURNING place
@@ -1461,6 +1462,20 @@ mod tests {
             docs.contains(WAKE_LINE),
             "docs/postgres.md: the function that wakes a line"
         );
+    }
+
+    /// The tombstone reads as a lapsed mutex hold everywhere, and the statements that look for
+    /// it spell it the same.
+    #[test]
+    fn the_tombstone_is_a_lapsed_mutex_token() {
+        assert!(shared::is_mutex_token(TOMBSTONE));
+        for (name, text) in [
+            ("WAKE_LINE", WAKE_LINE),
+            ("ACQUIRE_QUEUED", ACQUIRE_QUEUED),
+            ("LEAVE", LEAVE),
+        ] {
+            assert!(text.contains(&format!("'{TOMBSTONE}'")), "{name}");
+        }
     }
 
     #[test]
