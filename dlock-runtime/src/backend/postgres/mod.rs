@@ -74,16 +74,19 @@ const WAKE_LINE: &str = "\
 CREATE OR REPLACE FUNCTION dlock_wake_line(p_key text, p_fence bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
-    next text;
+    named text;
 BEGIN
-    SELECT left(w.token, 8) INTO next FROM dlock_waiters w
-     WHERE w.key = p_key AND w.gone_at > clock_timestamp() ORDER BY w.place LIMIT 1;
-    IF next IS NOT NULL THEN
+    WITH next AS (
+        SELECT left(w.token, 8) AS next FROM dlock_waiters w
+         WHERE w.key = p_key AND w.gone_at > clock_timestamp() ORDER BY w.place LIMIT 1
+    ), kept AS (
         INSERT INTO dlock_locks (key, token, fence, expires_at, contended)
-        VALUES (p_key, '00000000000000000000000000000000', p_fence, to_timestamp(0), true)
-        ON CONFLICT (key) DO NOTHING;
-    END IF;
-    PERFORM pg_notify('dlock_release', coalesce(next, '--------') ||
+        SELECT p_key, '00000000000000000000000000000000', p_fence, to_timestamp(0), true
+          FROM next
+        ON CONFLICT (key) DO NOTHING
+    )
+    SELECT coalesce((SELECT next FROM next), '--------') INTO named;
+    PERFORM pg_notify('dlock_release', named ||
         CASE WHEN octet_length(p_key) < 7900 THEN p_key ELSE '' END);
     RETURN true;
 END $$;";
