@@ -74,7 +74,7 @@ const WAKE_LINE: &str = "\
 CREATE OR REPLACE FUNCTION dlock_wake_line(p_key text, p_fence bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
-    named text;
+    woke boolean;
 BEGIN
     WITH next AS (
         SELECT left(w.token, 8) AS next FROM dlock_waiters w
@@ -85,10 +85,10 @@ BEGIN
           FROM next
         ON CONFLICT (key) DO NOTHING
     )
-    SELECT coalesce((SELECT next FROM next), '--------') INTO named;
-    PERFORM pg_notify('dlock_release', named ||
-        CASE WHEN octet_length(p_key) < 7900 THEN p_key ELSE '' END);
-    RETURN true;
+    SELECT true INTO woke
+      FROM pg_notify('dlock_release', coalesce((SELECT next FROM next), '--------') ||
+               CASE WHEN octet_length(p_key) < 7900 THEN p_key ELSE '' END);
+    RETURN woke;
 END $$;";
 
 /// The channel every contended release is announced on; the payload is the first 8 hex digits
