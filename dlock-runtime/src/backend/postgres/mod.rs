@@ -252,9 +252,10 @@ SELECT owner, acquired_at, fence,
 const LIST: &str = "\
 SELECT key FROM dlock_locks WHERE starts_with(key, $1) AND expires_at > clock_timestamp()";
 
-/// A forced release: the row goes whoever holds it, and the release is announced as
-/// [`RELEASE`] announces it (always: a forced release is rare). `live` says whether it held
-/// anything.
+/// A forced release: the row goes whoever holds it (a tombstone too), and the release is
+/// announced always (a forced release is rare), naming the live place first in line. It leaves
+/// no tombstone: the waiter it wakes either takes the key or is refused by whoever did, which
+/// marks that hold. `live` says whether it held anything.
 const FORCE: &str = "\
 DELETE FROM dlock_locks AS l WHERE l.key = $1
 RETURNING l.expires_at > clock_timestamp() AS live, l.owner, l.acquired_at, l.fence,
