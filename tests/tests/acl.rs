@@ -132,7 +132,8 @@ async fn refused_credentials_fail_at_once() {
 
 /// Without channel permissions: releases succeed (the key is gone), the refused PUBLISH and
 /// SUBSCRIBE are each reported once as a `warn` naming the channel permission, and a waiter
-/// still gets the lock by polling.
+/// still gets the lock by polling. (A release publishes only while a waiter's place is in the
+/// key's queue: the holder's releases with a waiter are refused twice, and said once.)
 #[test]
 fn a_user_without_channels_releases_warns_once_and_polls() {
     let server = RedisServer::start();
@@ -162,28 +163,31 @@ fn a_user_without_channels_releases_warns_once_and_polls() {
             guard.release().await.expect("a release that deleted is Ok");
             assert!(!server.exists(&format!("dlock:{key}")));
         }
-        let guard = holder.acquire(&key, LockOptions::new()).await.unwrap();
-        let waiting = tokio::spawn({
-            let (waiter, key) = (waiter.clone(), key.clone());
-            async move {
-                waiter
-                    .acquire(&key, LockOptions::new().timeout(Duration::from_secs(5)))
-                    .await
-            }
-        });
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        guard.release().await.unwrap();
-        let second = waiting
-            .await
-            .unwrap()
-            .expect("the waiter polled its way in");
-        second.release().await.unwrap();
+        for _ in 0..2 {
+            let guard = holder.acquire(&key, LockOptions::new()).await.unwrap();
+            let waiting = tokio::spawn({
+                let (waiter, key) = (waiter.clone(), key.clone());
+                async move {
+                    waiter
+                        .acquire(&key, LockOptions::new().timeout(Duration::from_secs(5)))
+                        .await
+                }
+            });
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            guard.release().await.unwrap();
+            let second = waiting
+                .await
+                .unwrap()
+                .expect("the waiter polled its way in");
+            second.release().await.unwrap();
+        }
     });
     let log = captured.text();
-    // Once per locker: the holder released five times, the waiter once.
+    // Once per locker: the holder's two releases a waiter waited for were refused; nobody
+    // waited for the others (nothing to publish).
     assert_eq!(
         log.matches("may not PUBLISH").count(),
-        2,
+        1,
         "one warning per locker for the refused notifications:\n{log}"
     );
     assert_eq!(

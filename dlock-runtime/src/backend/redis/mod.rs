@@ -393,6 +393,10 @@ pub(crate) struct RedisBackend {
     notifier: Option<Notifier>,
     /// A release's PUBLISH was refused once already (reported once per locker).
     publish_denied: std::sync::atomic::AtomicBool,
+    /// Every release of a mutex is announced, not only those a place in the key's queue waits
+    /// for: a RedLock master's (RedLock's waiters keep no place; see
+    /// [`announcing_every_release`](Self::announcing_every_release)).
+    announce_always: bool,
     /// `DLOCK_REDIS_WAIT`: replicas that must acknowledge an acquisition; 0 = off.
     wait_replicas: u32,
     /// Who this locker is, recorded in each lock's value.
@@ -460,6 +464,7 @@ impl RedisBackend {
             fence_prefix: format!("{}{FENCE_PREFIX}", settings.key_prefix),
             fair_prefix: format!("{}{FAIR_PREFIX}", settings.key_prefix),
             publish_denied: std::sync::atomic::AtomicBool::new(false),
+            announce_always: false,
             wait_replicas,
             identity: settings.identity.clone(),
             key_prefix: settings.key_prefix.clone(),
@@ -491,6 +496,13 @@ impl RedisBackend {
             .notify
             .then(|| Notifier::cluster(hosts.node_urls(""), settings.request_timeout));
         Ok((Link::Cluster(client), notifier))
+    }
+
+    /// This backend as one of RedLock's masters: its waiters keep no place in the key's queue,
+    /// so a release is announced whether a place waits or not.
+    pub(crate) fn announcing_every_release(mut self) -> Self {
+        self.announce_always = true;
+        self
     }
 
     /// How release.lua announces a release: on a Cluster a shard channel (`SPUBLISH`, heard
@@ -1100,12 +1112,14 @@ impl Backend for RedisBackend {
                 }
                 return Ok(reply & 1 == 1);
             }
-            // The queue, to name the place first in line in the wake-up.
+            // The queue, to name the place first in line in the wake-up; a release with no
+            // place in it announces nothing (but on RedLock).
             let mut call = Call::new(release_script(), 2);
             call.arg(key)
                 .arg(companion(&self.fair_prefix, key, "queue"))
                 .arg(token.as_str())
-                .arg(self.publish_command());
+                .arg(self.publish_command())
+                .arg(if self.announce_always { "1" } else { "0" });
             // release.lua: bit 0 deleted, bit 1 the notification was refused (no channel
             // permission); the release stands either way.
             let reply: i64 = self.call("release", call).await?;

@@ -1,20 +1,26 @@
 -- Compare-and-delete, then wake the waiters.
 -- KEYS[1] lock key, KEYS[2] the queue of waiting places (same cluster slot).
 -- ARGV[1] token; ARGV[2] the command that announces it: PUBLISH, or SPUBLISH on a Cluster (a shard
--- channel, heard on the nodes of the key's slot only).
+-- channel, heard on the nodes of the key's slot only); ARGV[3] '1': announce every release (RedLock,
+-- whose waiters hold no place), '0': only while a place waits in the queue (every waiting process
+-- of a mutex keeps one there before it sleeps, so an empty queue means nobody to wake).
 -- Deletes the key only while it still holds this acquisition's token. Returns 1 if deleted, else 0,
 -- plus 2 when the server refused the notification (a user without permission on the channel): the
 -- notification is a courtesy to waiters, and must never turn a release that deleted into an error.
 -- A deletion is published on the channel named like the lock key; the message is the first 8 hex
 -- digits of the place first in line (only its waiters wake), or empty (anyone). Never a whole
--- token or place.
+-- token or place. A release nobody waits for runs GET, DEL and LINDEX only.
 -- A key that became a semaphore or read/write lock (a hash) is not this hold's either.
 local held = redis.pcall('GET', KEYS[1])
 if type(held) ~= 'string' or string.sub(held, 1, 32) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
-local next = string.sub(redis.call('LINDEX', KEYS[2], 0) or '', 1, 8)
+local head = redis.call('LINDEX', KEYS[2], 0)
+if not head and ARGV[3] ~= '1' then
+  return 1
+end
+local next = string.sub(head or '', 1, 8)
 local published = redis.pcall(ARGV[2], KEYS[1], next)
 if type(published) == 'table' and published.err then
   return 3

@@ -223,7 +223,7 @@ impl RedLockBackend {
                 let node_url = EngineUrl::checked(&node_url, "redis");
                 Ok(Node {
                     addr: format!("{host}:{port}"),
-                    redis: RedisBackend::from_url(&node_url, settings)?,
+                    redis: RedisBackend::from_url(&node_url, settings)?.announcing_every_release(),
                 })
             })
             .collect::<Result<Vec<_>, LockError>>()?;
