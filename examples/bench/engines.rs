@@ -158,7 +158,14 @@ fn redis_family(
         masters,
         requests_are: "commands",
         prefix,
-        spread_prefix,
+        spread: spread_prefix.map(|prefix| {
+            // The floor over the same spread keys: both rows pay for three masters.
+            let floor: Box<dyn Contender> = Box::new(RawRedis {
+                url: url.clone(),
+                prefix,
+            });
+            (prefix, floor)
+        }),
         url,
         _deployment: deployment,
     })
@@ -459,7 +466,7 @@ async fn postgres_at(
         masters: Vec::new(),
         requests_are: "statements",
         prefix: "bench:",
-        spread_prefix: None,
+        spread: None,
         url,
         _deployment: deployment,
     })
@@ -743,7 +750,7 @@ fn zookeeper_at(
         masters: Vec::new(),
         requests_are: "requests",
         prefix: "bench:",
-        spread_prefix: None,
+        spread: None,
         url,
         _deployment: deployment,
     }
@@ -1022,7 +1029,7 @@ mod etcd {
             masters: Vec::new(),
             requests_are: "RPCs",
             prefix: "bench:",
-            spread_prefix: None,
+            spread: None,
             url,
             _deployment: deployment,
         }

@@ -72,8 +72,9 @@ pub(crate) struct Setup {
     pub(crate) requests_are: &'static str,
     /// Every key starts with it (on a Cluster a hash tag: one slot, one master).
     pub(crate) prefix: &'static str,
-    /// Keys spread over several servers, when the engine has them (a Cluster's masters).
-    pub(crate) spread_prefix: Option<&'static str>,
+    /// Keys spread over several servers, when the engine has them (a Cluster's masters): their
+    /// prefix (no hash tag), and the floor on such keys.
+    pub(crate) spread: Option<(&'static str, Box<dyn Contender>)>,
     /// The throwaway deployment, stopped when this is dropped.
     pub(crate) _deployment: Option<Box<dyn std::any::Any + Send + Sync>>,
 }

@@ -301,7 +301,8 @@ async fn bench(
     w3_set.extend(setup.others.iter().map(AsRef::as_ref));
     w3_set.extend(contended_dlock.iter().map(AsRef::as_ref));
     // W2 on one server (on a Cluster: one master), and once more over the Cluster's masters.
-    let spread = setup.spread_prefix.map(|prefix| setup.dlock(prefix, false));
+    let spread =
+        (setup.spread.as_ref()).map(|(prefix, floor)| (floor.as_ref(), setup.dlock(prefix, false)));
     let mut w2_sets: Vec<(String, Vec<&dyn Contender>)> = vec![(
         if spread.is_some() {
             "W2 16 clients, distinct keys, one master".to_owned()
@@ -310,8 +311,8 @@ async fn bench(
         },
         w1_set.clone(),
     )];
-    if let Some(spread) = &spread {
-        let mut set: Vec<&dyn Contender> = vec![setup.floor.as_ref()];
+    if let Some((floor, spread)) = &spread {
+        let mut set: Vec<&dyn Contender> = vec![*floor];
         set.extend(spread.iter().map(AsRef::as_ref));
         w2_sets.push((
             "W2 16 clients, distinct keys over 3 masters".to_owned(),
