@@ -215,15 +215,32 @@ async fn run(cli: &Cli, args: &Args) -> Result<bool, Error> {
     };
     let mut all = Vec::new();
     let mut json = String::new();
+    // With several engines, one that fails is reported and the others still run (a long run
+    // keeps what it measured); the run fails at the end.
+    let mut failed = Vec::new();
     for engine in &engines {
         let setup = match engine {
-            Some(engine) => engines::throwaway(*engine)
-                .await
-                .map_err(|e| format!("starting a throwaway {engine}: {e}"))?,
+            Some(engine) => match engines::throwaway(*engine).await {
+                Ok(setup) => setup,
+                Err(e) if engines.len() > 1 => {
+                    eprintln!("bench: starting a throwaway {engine}: {e}; on to the next engine");
+                    failed.push(engine.to_string());
+                    continue;
+                }
+                Err(e) => return Err(format!("starting a throwaway {engine}: {e}").into()),
+            },
             None => from_environment().await?,
         };
         println!("\n## {}: {}\n", setup.engine, setup.about);
-        let (rows, series) = bench(&setup, args).await?;
+        let (rows, series) = match bench(&setup, args).await {
+            Ok(measured) => measured,
+            Err(e) if engines.len() > 1 => {
+                eprintln!("bench: {}: {e}; on to the next engine", setup.engine);
+                failed.push(setup.engine.to_string());
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         println!("{}", report::table(&rows));
         println!(
             "requests/acq: {} the engine served per acquisition (W3: less the body's 2); client \
@@ -245,10 +262,13 @@ async fn run(cli: &Cli, args: &Args) -> Result<bool, Error> {
             json.push_str(&serde_json::to_string(row)?);
             json.push('\n');
         }
+        // Written after every engine, so that a later failure loses nothing measured.
+        if let Some(path) = &cli.json {
+            std::fs::write(path, &json)?;
+        }
         all.extend(rows);
     }
     if let Some(path) = &cli.json {
-        std::fs::write(path, json)?;
         println!("JSON lines written to {path}");
     }
     if engines.len() > 1 {
@@ -256,6 +276,9 @@ async fn run(cli: &Cli, args: &Args) -> Result<bool, Error> {
             "\n## dlock ÷ floor, every engine\n\n{}",
             report::summary(&all)
         );
+    }
+    if !failed.is_empty() {
+        return Err(format!("these engines failed (see above): {}", failed.join(", ")).into());
     }
     Ok(all.iter().all(|r| r.exact != Some(false)))
 }
