@@ -500,6 +500,7 @@ impl RedisBackend {
 
     /// This backend as one of RedLock's masters: its waiters keep no place in the key's queue,
     /// so a release is announced whether a place waits or not.
+    #[cfg(feature = "redlock")]
     pub(crate) fn announcing_every_release(mut self) -> Self {
         self.announce_always = true;
         self
