@@ -37,15 +37,23 @@ pub use server::RedisServer;
 /// How to install `redis-server`, said when it is missing.
 pub const INSTALL_REDIS: &str = "redis-server not found on PATH: install it with `sudo apt-get install -y redis-server` (or run .ci/run, which does)";
 
-/// Waits (up to 10s) until the server on `port`, started as `child`, answers `PING`.
+/// Waits (up to 10s) until the server on `port`, started as `child`, answers, and is `child`
+/// (`INFO server` names its process): a port free when probed may have gone to another server
+/// started at the same moment, whose answer would otherwise pass for this one's.
 ///
 /// # Errors
-/// When the server exits first (the port may be taken) or does not answer in time.
+/// When the server exits first (the port may be taken), another process answers on `port`, or
+/// nothing answers in time.
 pub fn wait_ready(port: u16, child: &mut Child) -> std::io::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if ping(port) {
-            return Ok(());
+        if let Some(pid) = serving_process(port) {
+            if pid == child.id() {
+                return Ok(());
+            }
+            return Err(std::io::Error::other(format!(
+                "port {port} is served by another process (pid {pid}): taken before redis-server bound it"
+            )));
         }
         if let Ok(Some(status)) = child.try_wait() {
             return Err(std::io::Error::other(format!(
@@ -59,6 +67,14 @@ pub fn wait_ready(port: u16, child: &mut Child) -> std::io::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// The process id of the server (or sentinel) answering on 127.0.0.1:`port` now, if one does.
+fn serving_process(port: u16) -> Option<u32> {
+    let info = resp::command_at(port, &["INFO", "server"]).ok()?;
+    resp::info_field(&resp::text(&info)?, "process_id")?
+        .parse()
+        .ok()
 }
 
 /// `true` when a server on 127.0.0.1:`port` answers `PING` now (within a second).
@@ -103,4 +119,35 @@ fn installed(program: &str) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that is not the child being waited for does not pass for it: two servers
+    /// started at once can probe the same free port, and the one that lost the bind must not
+    /// report the winner as itself (a RedLock deployment then listed one master twice).
+    #[test]
+    fn another_process_on_the_port_is_not_the_child_ready() {
+        let server = RedisServer::start();
+        let mut child = Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("run `sleep`");
+        let ready = wait_ready(server.port(), &mut child);
+        child.kill().ok();
+        child.wait().ok();
+        let error = ready.expect_err("another server's answer taken for the child's");
+        assert!(error.to_string().contains("another process"), "{error}");
+        // Its own server, waited for the same way, is ready.
+        let port = free_port();
+        let mut own = command(port, &std::env::temp_dir())
+            .spawn()
+            .expect("run redis-server");
+        let ready = wait_ready(port, &mut own);
+        own.kill().ok();
+        own.wait().ok();
+        ready.expect("its own server is ready");
+    }
 }
