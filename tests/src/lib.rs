@@ -40,6 +40,53 @@ pub async fn acquire_and_release(locker: &Locker, key: &str) {
         .unwrap_or_else(|e| panic!("release `{key}`: {e}"));
 }
 
+/// Four lockers on `url` that poll only once a second take turns on one key with empty bodies,
+/// 25 holds each, each asking again at once after its release (as the benchmark's W3 does):
+/// every hold but the first is taken while the others sleep in line, and many are taken by a
+/// process that just released, which no sleeping waiter was refused by. The key must never sit
+/// free until a poll: each release must wake the line.
+///
+/// # Panics
+/// When a lock call fails, or the key stayed free 400ms or more with waiters asleep.
+pub async fn releases_keep_waking_the_line(url: &str) {
+    let key = unique_key("retaken");
+    let sections = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let locker = Locker::builder()
+                .url(url)
+                .retry(Duration::from_secs(1), Duration::from_secs(1))
+                .timeout(Duration::from_secs(60))
+                .build()
+                .unwrap();
+            let (key, sections) = (key.clone(), sections.clone());
+            tokio::spawn(async move {
+                for _ in 0..25 {
+                    let guard = locker
+                        .acquire(&key, dlock_runtime::LockOptions::new())
+                        .await
+                        .unwrap();
+                    let acquired = tokio::time::Instant::now();
+                    tokio::task::yield_now().await;
+                    let released = tokio::time::Instant::now();
+                    guard.release().await.unwrap();
+                    sections.lock().unwrap().push((acquired, released));
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let mut sections = sections.lock().unwrap().clone();
+    sections.sort();
+    let longest = sections.windows(2).map(|w| w[1].0 - w[0].1).max().unwrap();
+    assert!(
+        longest < Duration::from_millis(400),
+        "the key stayed free for {longest:?} with waiters asleep"
+    );
+}
+
 /// Runs the `dlock-env-check` binary (`exe`: its `CARGO_BIN_EXE_dlock-env-check`) with none of
 /// this process's `DLOCK_*`, `REDIS_URL` or `SSL_CERT*` variables, but `env` and, when given,
 /// `SSL_CERT_FILE=ca` (how rustls' native roots learn of a private CA); returns what it printed.

@@ -208,49 +208,12 @@ async fn served(db: &tokio_postgres::Client, key: &str) -> Vec<String> {
     .collect()
 }
 
-/// Five processes queue one after another behind a holder; they get the lock in that order,
-/// and the line is empty afterwards. Releases name the next in line.
-/// Four lockers that poll only once a second take turns on one key with empty bodies, each
-/// asking again at once after its release (as W3 does): the key never stays free until a poll.
 /// A hold taken by a process that released and asked again at once is one no sleeping waiter
 /// was refused by; its release must still wake the place first in line (it did not: the key
 /// sat free for up to a poll while every waiter slept).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_the_line_after_a_hold_nobody_was_refused_by() {
-    let server = pg::shared_server();
-    let key = unique_key("retaken");
-    let sections = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let tasks: Vec<_> = (0..4)
-        .map(|_| {
-            let locker = Locker::builder()
-                .url(server.url())
-                .retry(Duration::from_secs(1), Duration::from_secs(1))
-                .timeout(Duration::from_secs(60))
-                .build()
-                .unwrap();
-            let (key, sections) = (key.clone(), sections.clone());
-            tokio::spawn(async move {
-                for _ in 0..25 {
-                    let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
-                    let acquired = Instant::now();
-                    tokio::task::yield_now().await;
-                    let released = Instant::now();
-                    guard.release().await.unwrap();
-                    sections.lock().unwrap().push((acquired, released));
-                }
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.unwrap();
-    }
-    let mut sections = sections.lock().unwrap().clone();
-    sections.sort();
-    let longest = sections.windows(2).map(|w| w[1].0 - w[0].1).max().unwrap();
-    assert!(
-        longest < Duration::from_millis(400),
-        "the key stayed free for {longest:?} with waiters asleep"
-    );
+    dlock_tests::releases_keep_waking_the_line(&pg::shared_server().url()).await;
 }
 
 #[tokio::test]
