@@ -219,24 +219,12 @@ async fn run(cli: &Cli, args: &Args) -> Result<bool, Error> {
     // keeps what it measured); the run fails at the end.
     let mut failed = Vec::new();
     for engine in &engines {
-        let setup = match engine {
-            Some(engine) => match engines::throwaway(*engine).await {
-                Ok(setup) => setup,
-                Err(e) if engines.len() > 1 => {
-                    eprintln!("bench: starting a throwaway {engine}: {e}; on to the next engine");
-                    failed.push(engine.to_string());
-                    continue;
-                }
-                Err(e) => return Err(format!("starting a throwaway {engine}: {e}").into()),
-            },
-            None => from_environment().await?,
-        };
-        println!("\n## {}: {}\n", setup.engine, setup.about);
-        let (rows, series) = match bench(&setup, args).await {
+        let (setup, rows, series) = match measure(*engine, args).await {
             Ok(measured) => measured,
             Err(e) if engines.len() > 1 => {
-                eprintln!("bench: {}: {e}; on to the next engine", setup.engine);
-                failed.push(setup.engine.to_string());
+                let name = engine.map_or_else(|| "DLOCK_URL".to_owned(), |e| e.to_string());
+                eprintln!("bench: {name}: {e}; on to the next engine");
+                failed.push(name);
                 continue;
             }
             Err(e) => return Err(e),
@@ -281,6 +269,23 @@ async fn run(cli: &Cli, args: &Args) -> Result<bool, Error> {
         return Err(format!("these engines failed (see above): {}", failed.join(", ")).into());
     }
     Ok(all.iter().all(|r| r.exact != Some(false)))
+}
+
+/// One engine's run: its throwaway deployment (or the one the environment names), then every
+/// workload on it; the deployment is returned with the rows, as it must outlive their report.
+async fn measure(
+    engine: Option<Engine>,
+    args: &Args,
+) -> Result<(Setup, Vec<Row>, Vec<(String, Vec<Duration>)>), Error> {
+    let setup = match engine {
+        Some(engine) => engines::throwaway(engine)
+            .await
+            .map_err(|e| format!("starting a throwaway {engine}: {e}"))?,
+        None => from_environment().await?,
+    };
+    println!("\n## {}: {}\n", setup.engine, setup.about);
+    let (rows, series) = bench(&setup, args).await?;
+    Ok((setup, rows, series))
 }
 
 /// The deployment the environment names, without `--engine`: `DLOCK_URL` (any engine), or
