@@ -761,8 +761,8 @@ fn persistent() -> zookeeper_client::CreateOptions<'static> {
 }
 
 /// The floor on ZooKeeper: the lock recipe by hand with the same round trips as dlock's (an
-/// ephemeral sequential node under a container, the line listed, a watch on the predecessor;
-/// a delete to release), without Curator's protected names.
+/// ephemeral sequential node under a container, `/bench-floor/<key>`, the line listed, a watch
+/// on the predecessor; a delete to release), without Curator's protected names.
 struct ZkByHand {
     hosts: String,
 }
@@ -796,9 +796,10 @@ impl ZkByHandClient {
         {
             Ok((_, sequence)) => format!("{dir}/lock-{sequence}"),
             Err(zookeeper_client::Error::NoNode) => {
+                // The lock node and its parent, containers (as dlock makes them).
                 let container = CreateMode::Container.with_acls(Acls::anyone_all());
-                match self.zk.create(dir, b"", &container).await {
-                    Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+                match self.zk.mkdir(dir, &container).await {
+                    Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
                     Err(e) => return Err(e.into()),
                 }
                 let (_, sequence) = self
@@ -832,7 +833,9 @@ impl ZkByHandClient {
 impl Client for ZkByHandClient {
     fn hold<'a>(&'a mut self, key: &'a str, body: Body<'a>) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
-            let path = self.take(&format!("/bench-floor-{key}")).await?;
+            // Under one parent, as dlock's (`/bench:/<key>`): ZooKeeper keeps metrics per
+            // top-level node for good, and fresh keys at the root fill the servers' heaps.
+            let path = self.take(&format!("/bench-floor/{key}")).await?;
             body.await?;
             self.zk.delete(&path, None).await?;
             Ok(())
@@ -867,7 +870,7 @@ impl Client for ZkRecipeClient {
     fn hold<'a>(&'a mut self, key: &'a str, body: Body<'a>) -> BoxFuture<'a, Result<(), Error>> {
         use zookeeper_client::{Acls, CreateMode, LockPrefix};
         Box::pin(async move {
-            let dir = format!("/bench-recipe-{key}");
+            let dir = format!("/bench-recipe/{key}");
             let prefix = LockPrefix::new_curator(&dir, "lock-")?;
             let options = zookeeper_client::LockOptions::new(Acls::anyone_all())
                 .with_ancestor_options(CreateMode::Container.with_acls(Acls::anyone_all()))?;

@@ -44,7 +44,7 @@ async fn raw(zk: &ZkEnsemble) -> Client {
 
 /// The children of the lock node of `key` (default prefix), none when it does not exist.
 async fn line(zk: &Client, key: &str) -> Vec<String> {
-    match zk.list_children(&format!("/dlock:{key}")).await {
+    match zk.list_children(&format!("/dlock:/{key}")).await {
         Ok(children) => children,
         Err(zookeeper_client::Error::NoNode) => Vec::new(),
         Err(e) => panic!("list the line of {key}: {e}"),
@@ -84,21 +84,29 @@ async fn nodes_are_curators_and_exclude_its_recipe() {
         "{node}"
     );
     let stat = client
-        .check_stat(&format!("/dlock:{key}/{node}"))
+        .check_stat(&format!("/dlock:/{key}/{node}"))
         .await
         .unwrap()
         .unwrap();
     assert_ne!(stat.ephemeral_owner, 0, "not ephemeral");
     // The lock node is a container: it goes once its line is empty.
     let parent = client
-        .check_stat(&format!("/dlock:{key}"))
+        .check_stat(&format!("/dlock:/{key}"))
         .await
         .unwrap()
         .unwrap();
     assert_eq!(parent.ephemeral_owner, 0);
+    // Every lock is a child of the prefix's node: ZooKeeper keeps metrics per top-level node
+    // and never drops them, so a key must not make one.
+    let top = client.list_children("/").await.unwrap();
+    assert!(top.iter().any(|n| n == "dlock:"), "{top:?}");
+    assert!(
+        !top.iter().any(|n| n.starts_with("dlock:") && n != "dlock:"),
+        "a lock node at the root: {top:?}"
+    );
 
     // The client's own Curator-compatible recipe waits behind dlock's holder…
-    let dir = format!("/dlock:{key}");
+    let dir = format!("/dlock:/{key}");
     let theirs = {
         let (client, dir) = (client.clone(), dir.clone());
         tokio::spawn(async move {
@@ -257,7 +265,7 @@ async fn the_chroot_scopes_the_locks() {
     let key = unique_key("rooted");
     let guard = scoped.acquire(&key, LockOptions::new()).await.unwrap();
     let nodes = client
-        .list_children(&format!("{app}/dlock:{key}"))
+        .list_children(&format!("{app}/dlock:/{key}"))
         .await
         .unwrap();
     assert_eq!(nodes.len(), 1, "{nodes:?}");
@@ -421,8 +429,8 @@ async fn semaphores_and_rw_locks_are_curators() {
     // Curator leaves empty.
     let key = unique_key("curator-permits");
     let (leases, locks) = (
-        format!("/dlock:{key}/leases"),
-        format!("/dlock:{key}/locks"),
+        format!("/dlock:/{key}/leases"),
+        format!("/dlock:/{key}/locks"),
     );
     client.mkdir(&leases, &container).await.unwrap();
     let mut theirs = Vec::new();
@@ -521,7 +529,7 @@ async fn semaphores_and_rw_locks_are_curators() {
 
     // Read/write: a Curator writer holds (its `__WRIT__` node first); dlock's readers wait.
     let key = unique_key("curator-rw");
-    let dir = format!("/dlock:{key}");
+    let dir = format!("/dlock:/{key}");
     client.mkdir(&dir, &container).await.unwrap();
     let writer = "_c_1a2b3c4d-0000-4000-8000-00000000000a-__WRIT__";
     let (_, seq) = client
@@ -597,7 +605,7 @@ async fn a_permit_whose_grant_reply_was_lost_is_found_and_used() {
     // The session is up before the cut.
     dlock_tests::acquire_and_release(&through, &unique_key("warm")).await;
     let key = unique_key("lost-grant");
-    // `line` reads the children of `/dlock:<key>`: these are the semaphore's.
+    // `line` reads the children of `/dlock:/<key>`: these are the semaphore's.
     let (leases, locks) = (format!("{key}/leases"), format!("{key}/locks"));
     // The grant's transaction is the request that names the lease.
     proxy.cut_replies_on(b"-lease-");
@@ -618,7 +626,7 @@ async fn a_permit_whose_grant_reply_was_lost_is_found_and_used() {
     assert_eq!(line(&client, &leases).await, made, "a second lease");
     assert!(line(&client, &locks).await.is_empty());
     let (_, stat) = client
-        .get_data(&format!("/dlock:{leases}/{}", made[0]))
+        .get_data(&format!("/dlock:/{leases}/{}", made[0]))
         .await
         .unwrap();
     assert!(stat.mzxid > stat.czxid, "the lease was not re-written");

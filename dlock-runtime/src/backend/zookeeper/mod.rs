@@ -3,10 +3,12 @@
 //! `InterProcessSemaphoreV2` for semaphores and `InterProcessReadWriteLock` for read/write locks
 //! (`shared.rs`; the node names in `layout.rs`).
 //!
-//! - **Layout**: the lock `<prefix><key>` is the node `/<prefix><key>` (under the URL's chroot),
-//!   a container node the server removes once its last child is gone. The prefix is written as
-//!   is (a `/` in it makes parent nodes: `DLOCK_KEY_PREFIX=locks/` gives `/locks/<key>`, as a
-//!   Curator user would write it); in the key, `%`, `/`, and the characters ZooKeeper refuses in
+//! - **Layout**: the lock `<prefix><key>` is the node `/<prefix>/<key>` (under the URL's chroot),
+//!   a container node the server removes once its last child is gone. The prefix is the path
+//!   of the locks' parent node (`dlock:` gives `/dlock:/<key>`; `DLOCK_KEY_PREFIX=locks/` gives
+//!   `/locks/<key>`, as a Curator user would write it; parents are containers too), so that the
+//!   servers keep one set of per-namespace metrics, not one per key ever locked (see
+//!   [`path_of`]); in the key, `%`, `/`, and the characters ZooKeeper refuses in
 //!   a path (NUL, control characters, …) are written `%XX` (their UTF-8 bytes), and a last
 //!   segment that would read `.` or `..` has its dots written `%2E`, so a key is always exactly
 //!   one node: `a` and `a/b` are two independent locks. Its children are Curator's protected
@@ -125,7 +127,13 @@ fn parse_session_timeout(value: &str) -> Result<Duration, String> {
 }
 
 /// The node path of the full lock key `key` whose first `prefix_len` bytes are the prefix: `/`,
-/// the prefix as is, then the key with `%`, `/` and the characters ZooKeeper refuses encoded.
+/// the prefix (the parent node of every lock: a `/` follows it unless it ends with one), then
+/// the key with `%`, `/` and the characters ZooKeeper refuses encoded. An empty prefix puts the
+/// lock at the root.
+///
+/// Every lock under one parent matters to the servers: ZooKeeper (≥ 3.6) keeps read and write
+/// metrics per top-level node (`read_per_namespace`, `write_per_namespace`) and never drops
+/// them, so locks at the root would cost every server memory for each key ever locked.
 pub(crate) fn path_of(prefix_len: usize, key: &str) -> String {
     let split = prefix_len.min(key.len());
     let (prefix, name) = key.split_at(if key.is_char_boundary(split) {
@@ -136,6 +144,9 @@ pub(crate) fn path_of(prefix_len: usize, key: &str) -> String {
     let mut path = String::with_capacity(key.len() + 8);
     path.push('/');
     path.push_str(prefix);
+    if !prefix.is_empty() && !prefix.ends_with('/') {
+        path.push('/');
+    }
     let mut buf = [0u8; 4];
     for c in name.chars() {
         if c == '%' || c == '/' || refused_char(c) {
@@ -159,6 +170,11 @@ pub(crate) fn path_of(prefix_len: usize, key: &str) -> String {
 fn key_of_path(prefix_len: usize, path: &str) -> Option<String> {
     let rest = path.strip_prefix('/')?;
     let (prefix, name) = rest.split_at_checked(prefix_len)?;
+    let name = if prefix.is_empty() || prefix.ends_with('/') {
+        name
+    } else {
+        name.strip_prefix('/')?
+    };
     Some(format!("{prefix}{}", holder::decode(name)?))
 }
 
@@ -177,26 +193,29 @@ fn refused_char(c: char) -> bool {
     matches!(u32::from(c), 0x0000..=0x001f | 0x007f..=0x009f | 0xd800..=0xf8ff | 0xfff0..)
 }
 
-/// Why `prefix` cannot start a node path: empty, `.` or `..` segments, refused characters, or
-/// ZooKeeper's own `/zookeeper` subtree.
+/// Why `prefix` cannot name the parent node of the locks: empty, `.` or `..` segments, refused
+/// characters, or ZooKeeper's own `/zookeeper` subtree. An empty prefix is allowed (locks at
+/// the root).
 fn prefix_error(prefix: &str) -> Option<String> {
-    let segments: Vec<&str> = prefix.split('/').collect();
-    // The last part is joined with the key; the ones before it are parent nodes.
-    let parents = &segments[..segments.len() - 1];
-    if parents
+    if prefix.is_empty() {
+        return None;
+    }
+    let parent = prefix.strip_suffix('/').unwrap_or(prefix);
+    let segments: Vec<&str> = parent.split('/').collect();
+    if segments
         .iter()
         .any(|s| s.is_empty() || *s == "." || *s == "..")
     {
         return Some(
-            "a `/` in the prefix makes parent nodes, which may not be empty, `.` or `..` (write \
-             `locks/`, not `/locks/` or `locks//`)"
+            "the prefix is the path of the locks' parent node, whose segments may not be \
+             empty, `.` or `..` (write `locks/`, not `/locks/` or `locks//`)"
                 .to_owned(),
         );
     }
     if prefix.chars().any(refused_char) {
         return Some("the prefix holds a character ZooKeeper refuses in a path".to_owned());
     }
-    if segments.len() > 1 && segments[0] == "zookeeper" {
+    if segments[0] == "zookeeper" {
         return Some("`/zookeeper` is ZooKeeper's own subtree".to_owned());
     }
     None
@@ -1534,22 +1553,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn keys_are_one_node_after_the_prefix() {
-        assert_eq!(path_of(6, "dlock:a"), "/dlock:a");
-        assert_eq!(path_of(6, "dlock:a/b"), "/dlock:a%2Fb");
-        assert_eq!(path_of(6, "dlock:a%2Fb"), "/dlock:a%252Fb");
+    fn keys_are_one_node_under_the_prefix() {
+        assert_eq!(path_of(6, "dlock:a"), "/dlock:/a");
+        assert_eq!(path_of(6, "dlock:a/b"), "/dlock:/a%2Fb");
+        assert_eq!(path_of(6, "dlock:a%2Fb"), "/dlock:/a%252Fb");
         assert_eq!(path_of(6, "locks/x/../y"), "/locks/x%2F..%2Fy");
         assert_eq!(path_of(6, "locks/."), "/locks/%2E");
         assert_eq!(path_of(6, "locks/.."), "/locks/%2E%2E");
         assert_eq!(path_of(6, "locks/..."), "/locks/...");
-        assert_eq!(path_of(6, "dlock:a\0b\u{1}\u{7f}"), "/dlock:a%00b%01%7F");
+        assert_eq!(path_of(5, "locks."), "/locks/%2E");
+        assert_eq!(path_of(6, "dlock:a\0b\u{1}\u{7f}"), "/dlock:/a%00b%01%7F");
         assert_eq!(path_of(0, "\u{e000}"), "/%EE%80%80");
-        assert_eq!(path_of(6, "dlock:訂單"), "/dlock:訂單");
+        assert_eq!(path_of(0, "a"), "/a");
+        assert_eq!(path_of(6, "dlock:訂單"), "/dlock:/訂單");
+        assert_eq!(path_of(6, "a/b/c:x"), "/a/b/c:/x");
         // Beyond U+FFFF: a surrogate pair in ZooKeeper's Java strings, which it refuses.
         assert_eq!(
             path_of(6, "dlock:🔒-ключ-鍵"),
-            "/dlock:%F0%9F%94%92-ключ-鍵"
+            "/dlock:/%F0%9F%94%92-ключ-鍵"
         );
+    }
+
+    #[test]
+    fn paths_give_their_keys_back() {
+        for (prefix_len, key) in [
+            (6, "dlock:order:42"),
+            (6, "locks/order:42"),
+            (0, "order:42"),
+            (6, "dlock:a/b%c"),
+        ] {
+            let path = path_of(prefix_len, key);
+            assert_eq!(key_of_path(prefix_len, &path).as_deref(), Some(key), "{path}");
+        }
+        // Another prefix's node (no `/` after the prefix) is not one of ours.
+        assert_eq!(key_of_path(6, "/dlock:order:42"), None);
     }
 
     #[test]
@@ -1557,7 +1594,19 @@ mod tests {
         assert!(prefix_error("dlock:").is_none());
         assert!(prefix_error("locks/").is_none());
         assert!(prefix_error("a/b/c:").is_none());
-        for bad in ["/locks/", "locks//", "./x", "a/../b", "zookeeper/", "a\0"] {
+        assert!(prefix_error("locks").is_none());
+        assert!(prefix_error("").is_none());
+        for bad in [
+            "/locks/",
+            "locks//",
+            "/",
+            "./x",
+            "a/../b",
+            "..",
+            "zookeeper/",
+            "zookeeper",
+            "a\0",
+        ] {
             assert!(prefix_error(bad).is_some(), "{bad}");
         }
     }
