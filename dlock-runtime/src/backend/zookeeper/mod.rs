@@ -1583,7 +1583,11 @@ mod tests {
             (6, "dlock:a/b%c"),
         ] {
             let path = path_of(prefix_len, key);
-            assert_eq!(key_of_path(prefix_len, &path).as_deref(), Some(key), "{path}");
+            assert_eq!(
+                key_of_path(prefix_len, &path).as_deref(),
+                Some(key),
+                "{path}"
+            );
         }
         // Another prefix's node (no `/` after the prefix) is not one of ours.
         assert_eq!(key_of_path(6, "/dlock:order:42"), None);
