@@ -89,7 +89,8 @@ impl LockerBuilder {
         self
     }
 
-    /// Prefix of every lock key. Default: `dlock:`.
+    /// Prefix of every lock key. Default: `dlock:`. On ZooKeeper it is the path of the
+    /// locks' parent node (`/dlock:/order:42`; `locks/` gives `/locks/order:42`).
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.settings.key_prefix = prefix.into();
         self
