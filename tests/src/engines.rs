@@ -370,7 +370,11 @@ impl Engine {
             let client = zookeeper_client::Client::connect(&zookeeper.hosts())
                 .await
                 .expect("connect to ZooKeeper");
-            let path = format!("/{full_key}");
+            // The lock's node, under the default prefix's parent node (`/dlock:/<key>`).
+            let key = full_key
+                .strip_prefix("dlock:")
+                .expect("a key under the default prefix `dlock:`");
+            let path = format!("/dlock:/{key}");
             // A server that lags the leader catches up first.
             client.sync(&path).await.expect("zookeeper sync");
             let children = |path: String| {
