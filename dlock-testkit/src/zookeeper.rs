@@ -26,8 +26,9 @@ pub const TICK_MS: u64 = 100;
 /// # Behavior
 /// - **Start**: `tickTime` of [`TICK_MS`] (sessions from 200ms to 60s), no admin server, the
 ///   four-letter words on (the harness asks `srvr` who leads), container nodes checked every
-///   500ms (and all empty ones removed at each check), and the start returns once every server serves (a quorum formed). Ports taken
-///   between the probe and the bind make it try again, up to 3 times.
+///   500ms (all empty ones removed at each check), and the start returns once every server
+///   serves (a quorum formed). Ports taken between the probe and the bind make it try again,
+///   up to 3 times.
 /// - **Faults**: [`kill`](Self::kill) a server (SIGKILL), [`restart`](Self::restart) it on the
 ///   same ports and data (it rejoins), [`pause`](Self::pause) and [`resume`](Self::resume)
 ///   (SIGSTOP/SIGCONT), [`leader`](Self::leader) to find whom to kill.
