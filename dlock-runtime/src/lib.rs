@@ -83,7 +83,7 @@
 //! | `DLOCK_URL` | the engine and its address (see *Engines*); when set, the next three are not read | — |
 //! | `DLOCK_BACKEND` | `redis` or `memory` (kept for compatibility) | `redis` |
 //! | `DLOCK_REDIS_URL` | a `redis://` URL; `REDIS_URL` when unset (kept for compatibility) | `redis://127.0.0.1:6379` |
-//! | `DLOCK_KEY_PREFIX` | prefix of every lock key | `dlock:` |
+//! | `DLOCK_KEY_PREFIX` | prefix of every lock key (on ZooKeeper the path of the locks' parent node: `/dlock:/order:42`) | `dlock:` |
 //! | `DLOCK_OWNER` | the holder's name recorded with every lock, beside host and process id | host name |
 //! | `DLOCK_TIMEOUT` | default wait | `5s` |
 //! | `DLOCK_EXPIRE` | default lease, and the renewed lease of `expire = "auto"` | `30s` |

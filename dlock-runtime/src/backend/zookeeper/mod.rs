@@ -135,6 +135,19 @@ fn parse_session_timeout(value: &str) -> Result<Duration, String> {
 /// metrics per top-level node (`read_per_namespace`, `write_per_namespace`) and never drops
 /// them, so locks at the root would cost every server memory for each key ever locked.
 pub(crate) fn path_of(prefix_len: usize, key: &str) -> String {
+    let mut path = encoded(prefix_len, key);
+    let last = path.rfind('/').map_or(0, |i| i + 1);
+    if matches!(&path[last..], "." | "..") {
+        let dots = path.len() - last;
+        path.truncate(last);
+        path.push_str(&"%2E".repeat(dots));
+    }
+    path
+}
+
+/// [`path_of`] without its rule for a last segment of dots: the start of the paths of the keys
+/// that begin with `key` (a listing's, where `.` may begin `.x`).
+fn encoded(prefix_len: usize, key: &str) -> String {
     let split = prefix_len.min(key.len());
     let (prefix, name) = key.split_at(if key.is_char_boundary(split) {
         split
@@ -157,13 +170,21 @@ pub(crate) fn path_of(prefix_len: usize, key: &str) -> String {
             path.push(c);
         }
     }
-    let last = path.rfind('/').map_or(0, |i| i + 1);
-    if matches!(&path[last..], "." | "..") {
-        let dots = path.len() - last;
-        path.truncate(last);
-        path.push_str(&"%2E".repeat(dots));
-    }
     path
+}
+
+/// Where the lock nodes of the keys beginning with `prefix` (a full key's beginning) are: the
+/// node to list and what their names begin with.
+fn list_target(prefix_len: usize, prefix: &str) -> (String, String) {
+    let path = encoded(prefix_len, prefix);
+    let (parent, start) = path.rsplit_once('/').unwrap_or(("", &path));
+    let parent = if parent.is_empty() { "/" } else { parent };
+    (parent.to_owned(), start.to_owned())
+}
+
+/// The requests `mkdir` may make for `dir`: one per level.
+fn levels(dir: &str) -> u32 {
+    u32::try_from(dir.matches('/').count()).unwrap_or(u32::MAX)
 }
 
 /// The full lock key of the node path `path` (see [`path_of`]): its name decoded.
@@ -334,7 +355,18 @@ impl Conn {
         what: &str,
         request: impl Future<Output = Result<T, zookeeper_client::Error>>,
     ) -> Result<T, Failure> {
-        match tokio::time::timeout(self.request_timeout, request).await {
+        self.call_n(what, 1, request).await
+    }
+
+    /// A call that makes up to `requests` requests in turn (`mkdir`: one per level), bounded
+    /// by as many request timeouts.
+    async fn call_n<T>(
+        &self,
+        what: &str,
+        requests: u32,
+        request: impl Future<Output = Result<T, zookeeper_client::Error>>,
+    ) -> Result<T, Failure> {
+        match tokio::time::timeout(self.request_timeout * requests.max(1), request).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) => Err(Failure::Zk(e, what.to_owned())),
             Err(_) => Err(Failure::Timeout(what.to_owned())),
@@ -716,7 +748,11 @@ impl ZooKeeperBackend {
                 Err(Failure::Zk(zookeeper_client::Error::NoNode, _)) => {
                     match self
                         .conn
-                        .call("create the lock node", client.mkdir(dir, &container))
+                        .call_n(
+                            "create the lock node",
+                            levels(dir),
+                            client.mkdir(dir, &container),
+                        )
                         .await
                     {
                         Ok(()) => {}
@@ -1452,9 +1488,8 @@ impl Backend for ZooKeeperBackend {
     fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Vec<String>, BackendError>> {
         Box::pin(async move {
             let session = self.conn.session().await?;
-            let path = path_of(self.prefix_len, prefix);
-            let (parent, start) = path.rsplit_once('/').unwrap_or(("", &path));
-            let parent = if parent.is_empty() { "/" } else { parent };
+            let (parent, start) = list_target(self.prefix_len, prefix);
+            let parent = parent.as_str();
             let children = match self
                 .conn
                 .call("list the lock nodes", session.client.list_children(parent))
@@ -1467,7 +1502,7 @@ impl Backend for ZooKeeperBackend {
             let base = if parent == "/" { "" } else { parent };
             Ok(children
                 .into_iter()
-                .filter(|c| c.starts_with(start))
+                .filter(|c| c.starts_with(&start))
                 .filter_map(|c| key_of_path(self.prefix_len, &format!("{base}/{c}")))
                 .collect())
         })
@@ -1591,6 +1626,20 @@ mod tests {
         }
         // Another prefix's node (no `/` after the prefix) is not one of ours.
         assert_eq!(key_of_path(6, "/dlock:order:42"), None);
+    }
+
+    #[test]
+    fn listings_read_the_prefix_node() {
+        let pair = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+        assert_eq!(list_target(6, "dlock:"), pair("/dlock:", ""));
+        assert_eq!(list_target(6, "dlock:order:"), pair("/dlock:", "order:"));
+        // `.` begins `.x`: no `%2E` for a listing's start.
+        assert_eq!(list_target(6, "dlock:."), pair("/dlock:", "."));
+        assert_eq!(list_target(6, "locks/.."), pair("/locks", ".."));
+        assert_eq!(list_target(6, "dlock:a/"), pair("/dlock:", "a%2F"));
+        assert_eq!(list_target(0, ""), pair("/", ""));
+        assert_eq!(list_target(0, "ab"), pair("/", "ab"));
+        assert_eq!(levels("/dlock:/k"), 2);
     }
 
     #[test]
