@@ -157,9 +157,7 @@ fn encoded(prefix_len: usize, key: &str) -> String {
     let mut path = String::with_capacity(key.len() + 8);
     path.push('/');
     path.push_str(prefix);
-    if !prefix.is_empty() && !prefix.ends_with('/') {
-        path.push('/');
-    }
+    path.push_str(after_prefix(prefix));
     let mut buf = [0u8; 4];
     for c in name.chars() {
         if c == '%' || c == '/' || refused_char(c) {
@@ -191,12 +189,18 @@ fn levels(dir: &str) -> u32 {
 fn key_of_path(prefix_len: usize, path: &str) -> Option<String> {
     let rest = path.strip_prefix('/')?;
     let (prefix, name) = rest.split_at_checked(prefix_len)?;
-    let name = if prefix.is_empty() || prefix.ends_with('/') {
-        name
-    } else {
-        name.strip_prefix('/')?
-    };
+    let name = name.strip_prefix(after_prefix(prefix))?;
     Some(format!("{prefix}{}", holder::decode(name)?))
+}
+
+/// What separates the prefix from the key's name in a node path: `/` (the prefix is the locks'
+/// parent node), nothing when the prefix is empty or ends with `/` already.
+fn after_prefix(prefix: &str) -> &'static str {
+    if prefix.is_empty() || prefix.ends_with('/') {
+        ""
+    } else {
+        "/"
+    }
 }
 
 /// The holder a node's data records, with its creation time (ms since the epoch).
