@@ -18,7 +18,7 @@ use dlock_tests::{
     proxy::Proxy,
     signal, unique_key,
 };
-use etcd_client::{Client, GetOptions};
+use etcd_client::{Client, GetOptions, PutOptions};
 use tokio::time::Instant;
 
 /// The one-member etcd of this test binary.
@@ -513,6 +513,33 @@ async fn a_deleted_holder_key_is_lost_at_once() {
         assert!(!guard.is_held());
         assert!(guard.release().await.unwrap_err().is_lost());
     }
+}
+
+/// A hold's key deleted by hand and then put again under the same name on the same lease (what a
+/// first attempt that timed out, applied late, does): the release says `Lost` (the key there is
+/// not the hold's) and deletes it all the same (it is the token's, and would hold the line up
+/// for the session's life).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_put_again_under_the_holds_name_is_lost_and_deleted() {
+    let etcd = single();
+    let locker = etcd.locker();
+    let key = unique_key("put-again");
+    let name = format!("dlock:{key}");
+    let guard = locker
+        .acquire(&key, LockOptions::new().expire(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let keys = line(&etcd, &name).await;
+    assert_eq!(keys.len(), 1);
+    let mut etcd_client = client(&etcd).await;
+    etcd_client.delete(keys[0].as_str(), None).await.unwrap();
+    let put = PutOptions::new().with_lease(lease_of(&keys[0]));
+    etcd_client
+        .put(keys[0].as_str(), "", Some(put))
+        .await
+        .unwrap();
+    assert!(guard.release().await.unwrap_err().is_lost());
+    assert_eq!(line(&etcd, &name).await, Vec::<String>::new());
 }
 
 /// A locker's keys all live on one session lease, granted once: two holds and a waiter of one

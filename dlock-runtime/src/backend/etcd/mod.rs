@@ -41,8 +41,8 @@ use std::{
 };
 
 use etcd_client::{
-    Compare, CompareOp, ConnectOptions, GetOptions, GetResponse, PutOptions, SortOrder, SortTarget,
-    Txn, TxnOp, TxnOpResponse,
+    Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, GetResponse, PutOptions,
+    SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 use tokio::{
     sync::{Notify, watch},
@@ -1086,17 +1086,24 @@ impl Backend for EtcdBackend {
             let (own_key, epoch) = (entry.own_key.clone(), entry.epoch);
             // A waiter, a put whose reply was lost (or never came), or a hold whose session
             // ended held nothing it knew of: its key goes, if it is still there.
-            let held = entry.granted && live;
+            let held = entry.rev.filter(|_| entry.granted && live);
             let key = own_key.clone();
-            // A plain delete, not a transaction comparing the key's create revision first: the
-            // key's name carries this live session's lease ID and a number this locker gives
-            // once, and no attempt of a granted hold puts it again, so while the session lives
-            // a key of that name is this hold's. On etcd 3.4 the transaction cost the servers
-            // more CPU per cycle than the delete (docs/benchmark.md).
+            // A plain delete, not a transaction comparing the key's create revision first (on
+            // etcd 3.4 the transaction cost the servers more CPU per cycle: docs/benchmark.md).
+            // Every key of this name is this token's: it carries the session's lease ID and a
+            // number this locker gives once. Yet one may be another put of this token's than
+            // the hold's (a first attempt that timed out, applied late after the hold's key was
+            // deleted by hand): it goes too, and the hold was still there only if the key
+            // deleted has the hold's create revision.
             let deleted = self
                 .conn
                 .call("delete the lock key", |mut c| async move {
-                    c.delete(key, None).await.map(|r| held && r.deleted() > 0)
+                    let options = DeleteOptions::new().with_prev_key();
+                    c.delete(key, Some(options)).await.map(|r| {
+                        held.is_some_and(|rev| {
+                            r.prev_kvs().iter().any(|kv| kv.create_revision() == rev)
+                        })
+                    })
                 })
                 .await;
             match deleted {
