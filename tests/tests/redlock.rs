@@ -587,7 +587,8 @@ async fn waiters_do_not_race_for_votes() {
     let two = contended(&masters, 2).await;
     let eight = contended(&masters, 8).await;
     assert!(
-        eight < 2.0 * two.max(12.0) && eight < 40.0,
+        // 2.5×: a `.ci/run` under load once read 26.9 against 13.0 (2.07×) with no race.
+        eight < 2.5 * two.max(12.0) && eight < 40.0,
         "scripts per acquisition: {two:.1} with 2 waiters, {eight:.1} with 8"
     );
 }
