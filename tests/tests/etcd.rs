@@ -49,6 +49,13 @@ async fn line(etcd: &EtcdCluster, name: &str) -> Vec<String> {
         .collect()
 }
 
+/// The one key in `name`'s line (a holder's, with nobody waiting).
+async fn only_key(etcd: &EtcdCluster, name: &str) -> String {
+    let mut keys = line(etcd, name).await;
+    assert_eq!(keys.len(), 1, "one key in the line: {keys:?}");
+    keys.remove(0)
+}
+
 /// The session lease a key of the line was put on (`<line><lease in hex>-<n>`).
 fn lease_of(key: &str) -> i64 {
     let name = key.rsplit('/').next().unwrap();
@@ -500,11 +507,10 @@ async fn a_deleted_holder_key_is_lost_at_once() {
             .await
             .unwrap();
         tokio::time::sleep(delay).await;
-        let keys = line(&etcd, &name).await;
-        assert_eq!(keys.len(), 1);
+        let own_key = only_key(&etcd, &name).await;
         client(&etcd)
             .await
-            .delete(keys[0].as_str(), None)
+            .delete(own_key.as_str(), None)
             .await
             .unwrap();
         tokio::time::timeout(Duration::from_secs(5), guard.lost())
@@ -529,13 +535,12 @@ async fn a_key_put_again_under_the_holds_name_is_lost_and_deleted() {
         .acquire(&key, LockOptions::new().expire(Duration::from_secs(30)))
         .await
         .unwrap();
-    let keys = line(&etcd, &name).await;
-    assert_eq!(keys.len(), 1);
+    let own_key = only_key(&etcd, &name).await;
     let mut etcd_client = client(&etcd).await;
-    etcd_client.delete(keys[0].as_str(), None).await.unwrap();
-    let put = PutOptions::new().with_lease(lease_of(&keys[0]));
+    etcd_client.delete(own_key.as_str(), None).await.unwrap();
+    let put = PutOptions::new().with_lease(lease_of(&own_key));
     etcd_client
-        .put(keys[0].as_str(), "", Some(put))
+        .put(own_key.as_str(), "", Some(put))
         .await
         .unwrap();
     assert!(guard.release().await.unwrap_err().is_lost());

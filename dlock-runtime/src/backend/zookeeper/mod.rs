@@ -172,11 +172,11 @@ fn encoded(prefix_len: usize, key: &str) -> String {
 }
 
 /// Where the lock nodes of the keys beginning with `prefix` (a full key's beginning) are: the
-/// node to list and what their names begin with.
+/// path of the node to list (`""` for the root, so that `{parent}/{child}` is a child's path)
+/// and what their names begin with.
 fn list_target(prefix_len: usize, prefix: &str) -> (String, String) {
     let path = encoded(prefix_len, prefix);
     let (parent, start) = path.rsplit_once('/').unwrap_or(("", &path));
-    let parent = if parent.is_empty() { "/" } else { parent };
     (parent.to_owned(), start.to_owned())
 }
 
@@ -1493,21 +1493,20 @@ impl Backend for ZooKeeperBackend {
         Box::pin(async move {
             let session = self.conn.session().await?;
             let (parent, start) = list_target(self.prefix_len, prefix);
-            let parent = parent.as_str();
+            let node = if parent.is_empty() { "/" } else { &parent };
             let children = match self
                 .conn
-                .call("list the lock nodes", session.client.list_children(parent))
+                .call("list the lock nodes", session.client.list_children(node))
                 .await
             {
                 Ok(children) => children,
                 Err(Failure::Zk(zookeeper_client::Error::NoNode, _)) => return Ok(Vec::new()),
                 Err(e) => return Err(e.into_error(&self.conn)),
             };
-            let base = if parent == "/" { "" } else { parent };
             Ok(children
                 .into_iter()
                 .filter(|c| c.starts_with(&start))
-                .filter_map(|c| key_of_path(self.prefix_len, &format!("{base}/{c}")))
+                .filter_map(|c| key_of_path(self.prefix_len, &format!("{parent}/{c}")))
                 .collect())
         })
     }
@@ -1641,8 +1640,8 @@ mod tests {
         assert_eq!(list_target(6, "dlock:."), pair("/dlock:", "."));
         assert_eq!(list_target(6, "locks/.."), pair("/locks", ".."));
         assert_eq!(list_target(6, "dlock:a/"), pair("/dlock:", "a%2F"));
-        assert_eq!(list_target(0, ""), pair("/", ""));
-        assert_eq!(list_target(0, "ab"), pair("/", "ab"));
+        assert_eq!(list_target(0, ""), pair("", ""));
+        assert_eq!(list_target(0, "ab"), pair("", "ab"));
         assert_eq!(levels("/dlock:/k"), 2);
     }
 
