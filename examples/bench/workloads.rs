@@ -207,6 +207,8 @@ pub(crate) async fn w3(
         clients.push((client, setup.counter.handle(&counter).await?));
     }
     let before = requests(setup).await;
+    let server_before = setup.stats.cpu().await;
+    let client_before = client_cpu_so_far();
     let started = Instant::now();
     let cap = sizes.time_cap;
     let tasks: Vec<_> = clients
@@ -258,6 +260,17 @@ pub(crate) async fn w3(
         t.await??;
     }
     let elapsed = started.elapsed();
+    let client_cpu = client_cpu_so_far()
+        .zip(client_before)
+        .map(|(a, b)| a.saturating_sub(b));
+    let server_cpu: Vec<Duration> = setup
+        .stats
+        .cpu()
+        .await
+        .into_iter()
+        .zip(server_before)
+        .map(|(after, before)| after.saturating_sub(before))
+        .collect();
     let after = requests(setup).await;
     let sections = std::mem::take(
         &mut *log
@@ -281,6 +294,13 @@ pub(crate) async fn w3(
         exact,
     );
     row.requests_per_acquire = requests_per_acquire;
+    // CPU per critical section, the body's two requests included (as the floor's).
+    let per_section = |d: Duration| {
+        d.as_secs_f64() * 1e6 / f64::from(u32::try_from(row.ops.max(1)).unwrap_or(u32::MAX))
+    };
+    row.server_cpu_us =
+        (!server_cpu.is_empty()).then(|| server_cpu.iter().copied().map(per_section).sum());
+    row.client_cpu_us = client_cpu.map(per_section);
     Ok((row, waits))
 }
 
