@@ -231,8 +231,9 @@ async fn dead_seeds_and_servers_without_cluster_mode_are_errors_within_the_wait(
     assert!(err.is_backend() || err.is_config(), "{err:?}");
 }
 
-/// A release wakes a waiter through the key's shard channel (`SPUBLISH`/`SSUBSCRIBE` on the
-/// node serving its slot), not by polling: with a 3s retry pause, the waiter still gets the lock
+/// A release wakes a waiter through a shard channel of the key's slot (`SPUBLISH`/`SSUBSCRIBE`
+/// on the node serving it; the channel of the waiting process's place in the key's queue), not by
+/// polling: with a 3s retry pause, the waiter still gets the lock
 /// well within a second of the release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_a_waiter_through_a_shard_channel() {
@@ -255,8 +256,17 @@ async fn a_release_wakes_a_waiter_through_a_shard_channel() {
         async move { waiter.acquire(&key, LockOptions::new()).await }
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
+    // The waiting process's place's channel, in the key's slot: `<queue>:<8 hex>`.
+    let pattern = format!("dlock:__fair:{{{lock_key}}}:queue:*");
+    let channels = cluster
+        .command(master, &["PUBSUB", "SHARDCHANNELS", &pattern])
+        .ok();
+    let channel = match channels.as_ref().and_then(resp::items) {
+        Some([Value::BulkString(channel)]) => String::from_utf8(channel.clone()).unwrap(),
+        _ => panic!("expected the waiter's one shard channel: {channels:?}"),
+    };
     let subscribers = cluster
-        .command(master, &["PUBSUB", "SHARDNUMSUB", &lock_key])
+        .command(master, &["PUBSUB", "SHARDNUMSUB", &channel])
         .ok();
     assert!(
         subscribers

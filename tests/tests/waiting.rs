@@ -59,6 +59,68 @@ async fn a_release_wakes_a_redis_waiter_at_once() {
     );
 }
 
+/// A release is heard by the waiting process it names, not by every waiting process: a
+/// process's waiters of a key listen on the channel of their place in the key's queue (the
+/// queue's name, `:`, 8 hex digits), which no other process subscribes to, and nobody listens
+/// on the key's own channel. Four processes (lockers, each with its own pub/sub connection)
+/// wait while a fifth holds; each then gets the lock from a wake-up (the poll is 3s), in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_is_heard_by_the_process_it_names_alone() {
+    let server = RedisServer::start();
+    let key = unique_key("addressed");
+    let holder = server.locker();
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let waiters: Vec<Locker> = (0..4)
+        .map(|_| slow_poller(Some(&server.url()), true))
+        .collect();
+    let tasks: Vec<_> = waiters.iter().map(|w| spawn_waiter(w, &key)).collect();
+    let mut redis = server.client().get_connection().unwrap();
+    let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let channels = loop {
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg("dlock:*")
+            .query(&mut redis)
+            .unwrap();
+        let queued: usize = redis.llen(&queue).unwrap();
+        if (channels.len() >= 4 && queued == 4) || Instant::now() > deadline {
+            break channels;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        !channels.contains(&format!("dlock:{key}")),
+        "waiters listen on the key's own channel: every release reaches every waiting process"
+    );
+    assert_eq!(
+        channels.len(),
+        4,
+        "one channel per waiting process: {channels:?}"
+    );
+    for channel in &channels {
+        assert!(
+            channel.starts_with(&format!("{queue}:")) && channel.len() == queue.len() + 9,
+            "not a place's channel: {channel}"
+        );
+        let (_, listeners): (String, u64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query(&mut redis)
+            .unwrap();
+        assert_eq!(listeners, 1, "{channel} is heard by {listeners} processes");
+    }
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    for task in tasks {
+        let got = task.await.unwrap() - released_at;
+        assert!(
+            got < Duration::from_millis(2500),
+            "a waiter got the lock {got:?} after the first release: a 3s poll, not a wake-up"
+        );
+    }
+}
+
 #[tokio::test]
 async fn without_notifications_the_waiter_polls() {
     // The control for the test above: the same setup with DLOCK_NOTIFY=off waits for its poll.
@@ -154,10 +216,19 @@ async fn a_channel_lingers_after_its_last_waiter_then_goes() {
     let key = unique_key("linger");
     let woke = wake_up_time(&holder, &waiter, &key).await;
     assert!(woke < Duration::from_secs(1), "woken after {woke:?}");
-    let channel = format!("dlock:{key}");
-    assert_eq!(subscribers(&server, &channel), 1, "unsubscribed at once");
+    // The waiting process's channel: its place's in the key's queue.
+    let mut redis = server.client().get_connection().unwrap();
+    let channels: Vec<String> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg(format!("dlock:__fair:{{dlock:{key}}}:queue:*"))
+        .query(&mut redis)
+        .unwrap();
+    let [channel] = channels.as_slice() else {
+        panic!("expected the waiter's one channel, found {channels:?}");
+    };
+    assert_eq!(subscribers(&server, channel), 1, "unsubscribed at once");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while subscribers(&server, &channel) != 0 {
+    while subscribers(&server, channel) != 0 {
         assert!(
             Instant::now() < deadline,
             "still subscribed 10s after the last waiter"
@@ -402,12 +473,13 @@ async fn fair_release_messages_never_carry_a_whole_token() {
     let key = unique_key("fair-messages");
     let channel = format!("dlock:{key}");
     let listener = {
-        let (client, channel) = (server.client(), channel.clone());
+        let client = server.client();
         let (ready, subscribed) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
             let mut connection = client.get_connection().unwrap();
             let mut pubsub = connection.as_pubsub();
-            pubsub.subscribe(&channel).unwrap();
+            // Every channel of the test's server: the key's, and its places' (`…:queue:<8 hex>`).
+            pubsub.psubscribe("dlock:*").unwrap();
             pubsub
                 .set_read_timeout(Some(Duration::from_secs(5)))
                 .unwrap();
@@ -419,7 +491,7 @@ async fn fair_release_messages_never_carry_a_whole_token() {
                 if payload == "end" {
                     break;
                 }
-                payloads.push(payload);
+                payloads.push((message.get_channel_name().to_owned(), payload));
             }
             payloads
         });
@@ -459,11 +531,15 @@ async fn fair_release_messages_never_carry_a_whole_token() {
     let payloads = tokio::task::spawn_blocking(move || listener.join().unwrap())
         .await
         .unwrap();
-    // The first two releases name the waiter next in line; the last, with nobody in line,
-    // announces nothing.
+    // The first two releases name the waiter next in line, on that waiter's place's channel;
+    // the last, with nobody in line, announces nothing.
+    let queue = format!("dlock:__fair:{{{channel}}}:queue");
+    let expected: Vec<(String, String)> = tokens
+        .iter()
+        .map(|t| (format!("{queue}:{}", &t[..8]), t[..8].to_owned()))
+        .collect();
     assert_eq!(
-        payloads,
-        [&tokens[0][..8], &tokens[1][..8]],
+        payloads, expected,
         "one message per release a waiter waited for"
     );
 }

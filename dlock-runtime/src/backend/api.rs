@@ -211,7 +211,10 @@ pub(crate) struct Queued<'a> {
 /// - `watch`: a wake-up for when `token` may have become first (any release of the key, or the
 ///   deletion of `token`'s predecessor on an engine with a line), shared by this client's
 ///   waiters where it can be; `None` when the engine cannot give one now (waiters poll).
-///   `watching`: the same when it needs no I/O.
+///   `place`: the waiter's [`Queued::place`] when it waits from one (a mutex on an engine with
+///   a queue): the releases that name that place are all it needs to hear, and an engine that
+///   can deliver them to that place alone (Redis: a channel per place) spares the other
+///   waiting processes. `watching`: the same when it needs no I/O.
 pub(crate) trait Backend: Send + Sync + 'static {
     fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Attempt, BackendError>>;
 
@@ -230,11 +233,16 @@ pub(crate) trait Backend: Send + Sync + 'static {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn watch<'a>(&'a self, key: &'a str, token: &'a Token) -> BoxFuture<'a, Option<Watch>>;
+    fn watch<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+        place: Option<&'a Token>,
+    ) -> BoxFuture<'a, Option<Watch>>;
 
     /// A wake-up for `key` that is in place already (no I/O), so a waiter armed with it before
     /// its first attempt misses no release; `None` otherwise.
-    fn watching(&self, _key: &str, _token: &Token) -> Option<Watch> {
+    fn watching(&self, _key: &str, _token: &Token, _place: Option<&Token>) -> Option<Watch> {
         None
     }
 
@@ -452,6 +460,14 @@ impl Token {
             hex.push(char::from_digit(u32::from(b & 0xf), 16).unwrap_or('0'));
         }
         Ok(Self(hex))
+    }
+
+    /// This token with its first 8 hex digits taken from `tag`: a locker's places in the
+    /// engines' queues share them, as releases name a place by them (on Redis, on a channel of
+    /// those digits).
+    pub(crate) fn tagged(mut self, tag: &Token) -> Self {
+        self.0.replace_range(..8, &tag.0[..8]);
+        self
     }
 
     #[cfg(any(feature = "__token-lease", test))]

@@ -33,6 +33,10 @@ pub(super) struct Lines {
     background: TaskTracker,
     /// The locker's closing, which ends a wait for a turn.
     closing: CancellationToken,
+    /// Whose first 8 hex digits every place of this locker starts with (see [`Token::tagged`]):
+    /// a release names a place by them, so a process that waits on a key again, a new line with
+    /// a new place, hears its releases on the channel it listened to before.
+    tag: std::sync::OnceLock<Token>,
 }
 
 /// The waiters of one key on one locker.
@@ -133,7 +137,15 @@ impl Lines {
             backend,
             background,
             closing,
+            tag: std::sync::OnceLock::new(),
         }
+    }
+
+    /// A new line's place: random, but for the locker's tag.
+    fn new_place(&self) -> Result<Token, LockError> {
+        let place = Token::generate()?;
+        let tag = self.tag.get_or_init(|| place.clone());
+        Ok(place.tagged(tag))
     }
 
     fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<Line>>> {
@@ -164,7 +176,7 @@ impl Lines {
                 None => {
                     let line = Arc::new(Line {
                         turns: tokio::sync::Semaphore::new(1),
-                        place: Token::generate()?,
+                        place: self.new_place()?,
                         queued: AtomicBool::new(false),
                         refreshed: std::sync::Mutex::new(None),
                         handed_on: AtomicU64::new(NOT_HANDED_ON),

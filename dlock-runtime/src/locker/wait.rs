@@ -173,8 +173,8 @@ impl<'a> Wait<'a> {
             return Ok(false);
         };
         self.handed_on = first.handed_on().filter(|_| self.queue_engine());
-        self.arm_from_line();
         self.turn = Some(first);
+        self.arm_from_line();
         Ok(true)
     }
 
@@ -182,8 +182,13 @@ impl<'a> Wait<'a> {
     /// that, with no I/O.
     fn arm_from_line(&mut self) {
         if !self.watch_asked {
-            self.watch = (self.locker.backend()).watching(&self.orphan.key, &self.orphan.token);
-            self.watch_asked = self.watch.is_some();
+            let watch = (self.locker.backend()).watching(
+                &self.orphan.key,
+                &self.orphan.token,
+                self.place(),
+            );
+            self.watch_asked = watch.is_some();
+            self.watch = watch;
         }
     }
 
@@ -191,10 +196,20 @@ impl<'a> Wait<'a> {
     async fn arm_wake_up(&mut self) {
         self.watch_asked = true;
         let (backend, key, token) = (self.locker.backend(), &self.orphan.key, &self.orphan.token);
-        self.watch = match backend.watching(key, token) {
+        let place = self.place();
+        let watch = match backend.watching(key, token, place) {
             Some(watch) => Some(watch),
-            None => backend.watch(key, token).await,
+            None => backend.watch(key, token, place).await,
         };
+        self.watch = watch;
+    }
+
+    /// The place in the engine's queue this waiter waits from (its line's), if it has one: the
+    /// releases that name it are the ones to hear.
+    fn place(&self) -> Option<&Token> {
+        (self.turn.as_ref())
+            .filter(|_| self.queue_engine())
+            .map(|t| &t.line.place)
     }
 
     /// The offer to take the lock from a holder is withdrawn before anything else; when a holder

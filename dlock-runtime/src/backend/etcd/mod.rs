@@ -1296,7 +1296,12 @@ impl Backend for EtcdBackend {
         })
     }
 
-    fn watch<'a>(&'a self, _key: &'a str, token: &'a Token) -> BoxFuture<'a, Option<Watch>> {
+    fn watch<'a>(
+        &'a self,
+        _key: &'a str,
+        token: &'a Token,
+        _place: Option<&'a Token>,
+    ) -> BoxFuture<'a, Option<Watch>> {
         Box::pin(async move {
             let (line, rev, shape, seen) = {
                 let entries = self.entries();

@@ -380,7 +380,12 @@ impl Backend for MemoryBackend {
         Box::pin(std::future::ready(Ok(freed)))
     }
 
-    fn watch<'a>(&'a self, key: &'a str, _token: &'a Token) -> BoxFuture<'a, Option<Watch>> {
+    fn watch<'a>(
+        &'a self,
+        key: &'a str,
+        _token: &'a Token,
+        _place: Option<&'a Token>,
+    ) -> BoxFuture<'a, Option<Watch>> {
         Box::pin(std::future::ready(Some(self.watchers.register(key))))
     }
 }

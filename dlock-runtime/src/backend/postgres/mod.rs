@@ -1208,14 +1208,22 @@ impl Backend for PostgresBackend {
         })
     }
 
-    fn watching(&self, key: &str, _token: &Token) -> Option<Watch> {
+    fn watching(&self, key: &str, _token: &Token, _place: Option<&Token>) -> Option<Watch> {
         // Release notifications name the key as the table stores it.
         self.notifier
             .as_ref()?
             .watching(&stored_key(self.prefix_len, key))
     }
 
-    fn watch<'a>(&'a self, key: &'a str, _token: &'a Token) -> BoxFuture<'a, Option<Watch>> {
+    fn watch<'a>(
+        &'a self,
+        key: &'a str,
+        _token: &'a Token,
+        _place: Option<&'a Token>,
+    ) -> BoxFuture<'a, Option<Watch>> {
+        // Every waiter of a key listens on its channel: PostgreSQL signals every listening
+        // backend at each notifying commit whatever its channels, so a channel per place
+        // would spare the server nothing.
         Box::pin(async move {
             match &self.notifier {
                 Some(notifier) => notifier.watch(&stored_key(self.prefix_len, key)).await,

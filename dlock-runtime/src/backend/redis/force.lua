@@ -1,6 +1,6 @@
 -- A forced release (after lock.lua and shared.lua): deletes the lock whoever holds it, raises
--- its slot's fencing counter past every fence handed out, and wakes the place first in line, as
--- release.lua does. The holder's next renewal finds the key gone (Lost). Of a semaphore or
+-- its slot's fencing counter past every fence handed out, and wakes the place first in line on its
+-- channel, as release.lua does. The holder's next renewal finds the key gone (Lost). Of a semaphore or
 -- read/write lock (a hash), every hold goes; writers waiting keep their place.
 -- KEYS[1] lock key, KEYS[2] fencing counter, KEYS[3] the queue (same cluster slot).
 -- ARGV[1] PUBLISH or SPUBLISH, ARGV[2] the client's clock in µs (for the fence).
@@ -33,5 +33,9 @@ end
 redis.call('DEL', KEYS[1])
 fence(KEYS[2])
 local next = string.sub(redis.call('LINDEX', KEYS[3], 0) or '', 1, 8)
-redis.pcall(ARGV[1], KEYS[1], next)
+if next ~= '' then
+  redis.pcall(ARGV[1], KEYS[3] .. ':' .. next, next)
+else
+  redis.pcall(ARGV[1], KEYS[1], '')
+end
 return held

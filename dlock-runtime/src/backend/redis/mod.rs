@@ -742,6 +742,15 @@ impl RedisBackend {
 
     /// The fencing counter in the same cluster slot as `key`: one counter per slot, so storage
     /// stays bounded (at most 16384 counters) however many lock names come and go.
+    /// The channel on which releases of `key` wake `place` (release.lua, leave.lua and
+    /// force.lua name it so): the key's queue, `:` and the place's first 8 hex digits, which a
+    /// locker's places share. One waiting process hears the releases that name its place, and
+    /// no other's; the same cluster slot as the key.
+    fn wake_channel(&self, key: &str, place: &Token) -> String {
+        let queue = companion(&self.fair_prefix, key, "queue").to_string();
+        format!("{queue}:{}", &place.as_str()[..8])
+    }
+
     fn fence_key(&self, key: &str) -> impl redis::ToRedisArgs + '_ {
         struct FenceKey<'a>(&'a str, &'static str);
         impl fmt::Display for FenceKey<'_> {
@@ -1269,15 +1278,25 @@ impl Backend for RedisBackend {
         })
     }
 
-    fn watching(&self, key: &str, _token: &Token) -> Option<Watch> {
-        self.notifier.as_ref()?.watching(key)
+    fn watching(&self, key: &str, _token: &Token, place: Option<&Token>) -> Option<Watch> {
+        let notifier = self.notifier.as_ref()?;
+        match place {
+            Some(place) => notifier.watching(&self.wake_channel(key, place)),
+            None => notifier.watching(key),
+        }
     }
 
-    fn watch<'a>(&'a self, key: &'a str, _token: &'a Token) -> BoxFuture<'a, Option<Watch>> {
+    fn watch<'a>(
+        &'a self,
+        key: &'a str,
+        _token: &'a Token,
+        place: Option<&'a Token>,
+    ) -> BoxFuture<'a, Option<Watch>> {
         Box::pin(async move {
-            match &self.notifier {
-                Some(notifier) => notifier.watch(key).await,
-                None => None,
+            let notifier = self.notifier.as_ref()?;
+            match place {
+                Some(place) => notifier.watch(&self.wake_channel(key, place)).await,
+                None => notifier.watch(key).await,
             }
         })
     }

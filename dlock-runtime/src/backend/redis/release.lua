@@ -7,9 +7,12 @@
 -- Deletes the key only while it still holds this acquisition's token. Returns 1 if deleted, else 0,
 -- plus 2 when the server refused the notification (a user without permission on the channel): the
 -- notification is a courtesy to waiters, and must never turn a release that deleted into an error.
--- A deletion is published on the channel named like the lock key; the message is the first 8 hex
--- digits of the place first in line (only its waiters wake), or empty (anyone). Never a whole
--- token or place. A release nobody waits for runs GET, DEL and LINDEX only.
+-- A deletion that a place waits for is published on that place's channel, the queue's name, ':'
+-- and the place's first 8 hex digits (which a process's places share): only the process whose
+-- place is first in line hears it, however many processes wait. The message is those 8 digits.
+-- RedLock's announcement (no place waits) goes on the channel named like the lock key with an
+-- empty message (anyone). Never a whole token or place. A release nobody waits for runs GET, DEL
+-- and LINDEX only.
 -- A key that became a semaphore or read/write lock (a hash) is not this hold's either.
 local held = redis.pcall('GET', KEYS[1])
 if type(held) ~= 'string' or string.sub(held, 1, 32) ~= ARGV[1] then
@@ -21,7 +24,11 @@ if not head and ARGV[3] ~= '1' then
   return 1
 end
 local next = string.sub(head or '', 1, 8)
-local published = redis.pcall(ARGV[2], KEYS[1], next)
+local channel = KEYS[1]
+if next ~= '' then
+  channel = KEYS[2] .. ':' .. next
+end
+local published = redis.pcall(ARGV[2], channel, next)
 if type(published) == 'table' and published.err then
   return 3
 end

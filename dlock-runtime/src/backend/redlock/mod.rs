@@ -620,22 +620,32 @@ impl Backend for RedLockBackend {
         })
     }
 
-    fn watching(&self, key: &str, token: &Token) -> Option<Watch> {
+    fn watching(&self, key: &str, token: &Token, _place: Option<&Token>) -> Option<Watch> {
+        // RedLock's waiters keep no place: every release is announced on the key's channel.
         let watches = self
             .nodes
             .iter()
-            .filter_map(|node| node.redis.watching(key, token))
+            .filter_map(|node| node.redis.watching(key, token, None))
             .collect();
         self.combine(watches)
     }
 
-    fn watch<'a>(&'a self, key: &'a str, token: &'a Token) -> BoxFuture<'a, Option<Watch>> {
+    fn watch<'a>(
+        &'a self,
+        key: &'a str,
+        token: &'a Token,
+        _place: Option<&'a Token>,
+    ) -> BoxFuture<'a, Option<Watch>> {
         Box::pin(async move {
-            let watches = join_all(self.nodes.iter().map(|node| node.redis.watch(key, token)))
-                .await
-                .into_iter()
-                .flatten()
-                .collect();
+            let watches = join_all(
+                self.nodes
+                    .iter()
+                    .map(|node| node.redis.watch(key, token, None)),
+            )
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
             self.combine(watches)
         })
     }

@@ -1375,7 +1375,12 @@ impl Backend for ZooKeeperBackend {
         })
     }
 
-    fn watch<'a>(&'a self, _key: &'a str, token: &'a Token) -> BoxFuture<'a, Option<Watch>> {
+    fn watch<'a>(
+        &'a self,
+        _key: &'a str,
+        token: &'a Token,
+        _place: Option<&'a Token>,
+    ) -> BoxFuture<'a, Option<Watch>> {
         Box::pin(async move {
             let epoch = {
                 let mut entries = self.entries();
