@@ -121,6 +121,76 @@ async fn a_release_is_heard_by_the_process_it_names_alone() {
     }
 }
 
+/// A forced release wakes the waiting process first in line on its place's channel, as a
+/// release does: with a 3s poll, the waiter gets the lock well within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_wakes_the_waiter_first_in_line() {
+    let server = RedisServer::start();
+    let (holder, waiter) = (server.locker(), slow_poller(Some(&server.url()), true));
+    let key = unique_key("forced");
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let waiting = spawn_waiter(&waiter, &key);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let forced_at = Instant::now();
+    assert!(holder.force_release(&key).await.unwrap().is_some());
+    let woke = waiting.await.unwrap() - forced_at;
+    assert!(
+        woke < Duration::from_secs(1),
+        "woken {woke:?} after the forced release: the 3s poll, not a wake-up"
+    );
+    drop(held);
+}
+
+/// A place that leaves the queue (its process gave up waiting) wakes the place then first, on
+/// that one's channel: in fair mode only the first in line may take a free key, so without the
+/// wake-up the next process would sleep out its 5s poll. The key is freed by hand (a `DEL`
+/// publishes nothing), then the first waiter gives up; the second gets the lock at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_place_that_leaves_wakes_the_next_in_line() {
+    let server = RedisServer::start();
+    let key = unique_key("left");
+    let holder = server.locker();
+    let held = holder
+        .acquire(&key, LockOptions::new().fair())
+        .await
+        .unwrap();
+    let slow = || {
+        Locker::builder()
+            .redis_url(server.url())
+            .retry(Duration::from_secs(5), Duration::from_secs(5))
+            .build()
+            .unwrap()
+    };
+    let (first, second) = (slow(), slow());
+    let fair = LockOptions::new().fair().timeout(Duration::from_secs(20));
+    let giving_up = tokio::spawn({
+        let (first, key, fair) = (first.clone(), key.clone(), fair.clone());
+        async move { first.acquire(&key, fair).await }
+    });
+    let mut redis = server.client().get_connection().unwrap();
+    wait_for_queue(&mut redis, &key, 1).await;
+    let waiting = tokio::spawn({
+        let (second, key) = (second.clone(), key.clone());
+        async move {
+            let guard = second.acquire(&key, fair).await.unwrap();
+            let at = Instant::now();
+            guard.release().await.unwrap();
+            at
+        }
+    });
+    wait_for_queue(&mut redis, &key, 2).await;
+    let _: i64 = redis.del(format!("dlock:{key}")).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let left_at = Instant::now();
+    giving_up.abort();
+    let got = waiting.await.unwrap() - left_at;
+    assert!(
+        got < Duration::from_secs(2),
+        "the next in line got the lock {got:?} after the first left: its 5s poll, not a wake-up"
+    );
+    drop(held);
+}
+
 #[tokio::test]
 async fn without_notifications_the_waiter_polls() {
     // The control for the test above: the same setup with DLOCK_NOTIFY=off waits for its poll.
@@ -207,8 +277,8 @@ fn subscribers(server: &RedisServer, channel: &str) -> usize {
     n
 }
 
-/// After its last waiter leaves, a key's channel stays subscribed for a moment (a contended key
-/// is likely contended again), then it is unsubscribed.
+/// After its last waiter leaves, a process's channel for a key (its place's) stays subscribed
+/// for a moment (a contended key is likely contended again), then it is unsubscribed.
 #[tokio::test]
 async fn a_channel_lingers_after_its_last_waiter_then_goes() {
     let server = RedisServer::start();
@@ -237,7 +307,8 @@ async fn a_channel_lingers_after_its_last_waiter_then_goes() {
     }
 }
 
-/// A waiter that finds its key's channel still subscribed arms from it: no SUBSCRIBE, and after
+/// A waiter that finds its process's channel for the key still subscribed (a new wait has a new
+/// place, with the locker's first 8 hex digits: the same channel) arms from it: no SUBSCRIBE, and after
 /// the refusal only the attempt that puts its place in the key's queue (so that the release
 /// names it, and covering a release before the wake-up was armed), until the release wakes it.
 #[tokio::test]

@@ -60,9 +60,10 @@ use line::Lines;
 /// - **Backend errors** while waiting are retried until the deadline; the last one is returned as
 ///   [`LockError::Backend`](crate::LockError::Backend) when the deadline passes. A refusal that asking again cannot cure (a
 ///   permission the server's ACL denies, a lock key holding another type) fails at once.
-/// - **Notifications**: a waiter refused once subscribes to the key's release channel (one
-///   pub/sub connection per locker; a channel stays subscribed 2s after its last waiter) and is
-///   woken by releases; the pause is the fallback.
+/// - **Notifications**: a waiter refused once subscribes to the release channel of its key (on
+///   Redis, of its process's place in the key's queue; one pub/sub connection per locker; a
+///   channel stays subscribed 2s after its last waiter) and is woken by releases; the pause is
+///   the fallback.
 /// - **Hot keys**: waiters of one key on one locker queue in-process (first come, first served)
 ///   and only the first asks the engine. On Redis and the embedded engine that first waiter holds
 ///   the process's place in the key's queue, kept for the waiters behind it: a release names the

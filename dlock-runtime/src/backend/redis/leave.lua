@@ -1,5 +1,6 @@
 -- A place leaves the key's queue (its process has no more waiters), and the place then first is
--- woken, on its channel, as release.lua wakes it (an empty queue: anyone, on the key's channel).
+-- woken, on its channel, as release.lua wakes it; with no place left in the queue nobody is woken
+-- (every waiter of a mutex listens on its place's channel, and RedLock's waiters keep no place).
 -- KEYS[1] lock key, KEYS[2] the queue, KEYS[3] the places' deadlines.
 -- ARGV[1] the place; ARGV[2] PUBLISH or SPUBLISH.
 -- Returns 1 if the place was in the queue, else 0, plus 2 when the notification was refused.
@@ -7,12 +8,12 @@ if redis.call('ZREM', KEYS[3], ARGV[1]) == 0 then
   return 0
 end
 redis.call('LREM', KEYS[2], 1, ARGV[1])
-local next = string.sub(redis.call('LINDEX', KEYS[2], 0) or '', 1, 8)
-local channel = KEYS[1]
-if next ~= '' then
-  channel = KEYS[2] .. ':' .. next
+local head = redis.call('LINDEX', KEYS[2], 0)
+if not head then
+  return 1
 end
-local published = redis.pcall(ARGV[2], channel, next)
+local next = string.sub(head, 1, 8)
+local published = redis.pcall(ARGV[2], KEYS[2] .. ':' .. next, next)
 if type(published) == 'table' and published.err then
   return 3
 end

@@ -516,8 +516,9 @@ impl RedisBackend {
         }
     }
 
-    /// The server refused a release notification (the user has no permission on the key's
-    /// channel): the release itself stood. Reported once per locker; waiters elsewhere poll.
+    /// The server refused a release notification (the user has no permission on the channel:
+    /// the key's, or a waiting place's `<prefix>__fair:{<key>}:queue:<8 hex>`): the release
+    /// itself stood. Reported once per locker; waiters elsewhere poll.
     fn publish_denied(&self, key: &str) {
         if self
             .publish_denied
@@ -527,13 +528,14 @@ impl RedisBackend {
         }
         if self.notifier.is_some() {
             tracing::warn!(
-                channel = %key,
+                key = %key,
                 "the Redis user may not PUBLISH release notifications (ACL channel permission \
-                 `&<prefix>*` missing; or a Cluster before Redis 7, which has no SPUBLISH): \
-                 waiters of other lockers poll instead of being woken"
+                 `&<prefix>*` missing: the channels are the lock keys' and \
+                 `<prefix>__fair:{{<key>}}:queue:<8 hex>`; or a Cluster before Redis 7, which has \
+                 no SPUBLISH): waiters of other lockers poll instead of being woken"
             );
         } else {
-            tracing::debug!(channel = %key, "release notification refused by the server's ACL");
+            tracing::debug!(key = %key, "release notification refused by the server's ACL");
         }
     }
 
@@ -740,8 +742,6 @@ impl RedisBackend {
         self.call("acquire", call).await
     }
 
-    /// The fencing counter in the same cluster slot as `key`: one counter per slot, so storage
-    /// stays bounded (at most 16384 counters) however many lock names come and go.
     /// The channel on which releases of `key` wake `place` (release.lua, leave.lua and
     /// force.lua name it so): the key's queue, `:` and the place's first 8 hex digits, which a
     /// locker's places share. One waiting process hears the releases that name its place, and
@@ -751,6 +751,8 @@ impl RedisBackend {
         format!("{queue}:{}", &place.as_str()[..8])
     }
 
+    /// The fencing counter in the same cluster slot as `key`: one counter per slot, so storage
+    /// stays bounded (at most 16384 counters) however many lock names come and go.
     fn fence_key(&self, key: &str) -> impl redis::ToRedisArgs + '_ {
         struct FenceKey<'a>(&'a str, &'static str);
         impl fmt::Display for FenceKey<'_> {
