@@ -734,6 +734,84 @@ async fn a_release_notifies_only_when_someone_waited() {
     assert_eq!(payload, ours[1]);
 }
 
+/// A release that names a waiting process's place is sent on that place's channel
+/// (`dlock_wake_<8 hex>`, which only that process's listening connection listens on), never on
+/// `dlock_release`, which every listening process is sent. Three processes (lockers, a 3s poll)
+/// wait while a fourth holds; each gets the lock from a wake-up, in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_is_sent_to_the_process_it_names_alone() {
+    let server = pg::shared_server();
+    let key = unique_key("addressed");
+    let stored = format!("dlock:{key}");
+    let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (listener, mut connection) = tokio_postgres::connect(&server.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    listener
+        .batch_execute("LISTEN dlock_release")
+        .await
+        .unwrap();
+    let holder = locker(&server.url());
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let waiter = Locker::builder()
+                .url(server.url())
+                .retry(Duration::from_secs(3), Duration::from_secs(3))
+                .timeout(Duration::from_secs(20))
+                .build()
+                .unwrap();
+            let key = key.clone();
+            tokio::spawn(async move {
+                let guard = waiter.acquire(&key, LockOptions::new()).await.unwrap();
+                let got = Instant::now();
+                guard.release().await.unwrap();
+                got
+            })
+        })
+        .collect();
+    let db = pg::client(&server.url()).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let places: i64 = db
+            .query_one(
+                "SELECT count(*) FROM dlock_waiters WHERE key = $1",
+                &[&stored],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if places == 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{places} places in the queue");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    for task in tasks {
+        let got = task.await.unwrap() - released_at;
+        assert!(
+            got < Duration::from_millis(2500),
+            "a waiter got the lock {got:?} after the first release: a 3s poll, not a wake-up"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    while let Ok(payload) = heard.try_recv() {
+        assert!(
+            !payload.ends_with(&stored) || payload.starts_with("--------"),
+            "a release naming a place went to every listening process: {payload}"
+        );
+    }
+}
+
 /// A hot key: 64 tasks of one locker contend for one key (default and fair mode), each
 /// incrementing a non-atomic counter. No update is lost, and since the waiters of one process
 /// queue in-process behind one place, a release wakes one of them: a few statements per

@@ -86,15 +86,22 @@ BEGIN
         ON CONFLICT (key) DO NOTHING
     )
     SELECT true INTO woke
-      FROM pg_notify('dlock_release', coalesce((SELECT next FROM next), '--------') ||
+      FROM pg_notify(coalesce('dlock_wake_' || (SELECT next FROM next), 'dlock_release'),
+               coalesce((SELECT next FROM next), '--------') ||
                CASE WHEN octet_length(p_key) < 7900 THEN p_key ELSE '' END);
     RETURN woke;
 END $$;";
 
-/// The channel every contended release is announced on; the payload is the first 8 hex digits
-/// of the place first in the key's queue (never a whole token), or `--------`, then the lock
-/// key, which is left out for a key too long for a payload (then every waiter looks).
+/// The channel a contended release is announced on when no place waits in the key's queue (and
+/// a semaphore's or read/write lock's release always); the payload is the first 8 hex digits of
+/// the place first in the key's queue (never a whole token), or `--------`, then the lock key,
+/// which is left out for a key too long for a payload (then every waiter looks).
 const CHANNEL: &str = "dlock_release";
+
+/// A release that names a place is announced on that place's channel, this and the place's
+/// first 8 hex digits (which a locker's places share): only the process of that place listens
+/// there, so the others' connections are not sent it. The payload is as on [`CHANNEL`].
+const WAKE_CHANNEL: &str = "dlock_wake_";
 
 /// An arbitrary constant for `pg_advisory_xact_lock`: lockers creating the schema at the same
 /// moment take turns (concurrent `CREATE TABLE IF NOT EXISTS` can fail on the catalog's unique
@@ -154,7 +161,8 @@ const RELEASE_LOOKING: &str = "\
 DELETE FROM dlock_locks AS l WHERE l.key = $1 AND l.token = $2
 RETURNING l.expires_at > clock_timestamp() AS live,
     (SELECT CASE WHEN l.contended OR n.next IS NOT NULL THEN
-                pg_notify('dlock_release', coalesce(n.next, '--------') ||
+                pg_notify(coalesce('dlock_wake_' || n.next, 'dlock_release'),
+                    coalesce(n.next, '--------') ||
                     CASE WHEN octet_length(l.key) < 7900 THEN l.key ELSE '' END)
             END
        FROM (SELECT (SELECT left(w.token, 8) FROM dlock_waiters w
@@ -260,11 +268,12 @@ const FORCE: &str = "\
 DELETE FROM dlock_locks AS l WHERE l.key = $1
 RETURNING l.expires_at > clock_timestamp() AS live, l.owner, l.acquired_at, l.fence,
     greatest(0, ceil(extract(epoch FROM l.expires_at - clock_timestamp()) * 1000))::bigint,
-    pg_notify('dlock_release', coalesce(
-            (SELECT left(w.token, 8) FROM dlock_waiters w
-              WHERE w.key = l.key AND w.gone_at > clock_timestamp() ORDER BY w.place LIMIT 1),
-            '--------') ||
-        CASE WHEN octet_length(l.key) < 7900 THEN l.key ELSE '' END)";
+    (SELECT pg_notify(coalesce('dlock_wake_' || n.next, 'dlock_release'),
+                coalesce(n.next, '--------') ||
+                    CASE WHEN octet_length(l.key) < 7900 THEN l.key ELSE '' END)
+       FROM (SELECT (SELECT left(w.token, 8) FROM dlock_waiters w
+                      WHERE w.key = l.key AND w.gone_at > clock_timestamp()
+                      ORDER BY w.place LIMIT 1) AS next) n)";
 
 /// A place leaves the key's queue (its process has no more waiters), announced, naming the
 /// place then first in line, when it was there; the last live place to leave takes the key's
@@ -282,7 +291,8 @@ WITH left_line AS (
        AND NOT EXISTS (SELECT 1 FROM next)
 )
 SELECT CASE WHEN EXISTS (SELECT 1 FROM left_line) THEN
-           pg_notify('dlock_release', coalesce((SELECT next FROM next), '--------') ||
+           pg_notify(coalesce('dlock_wake_' || (SELECT next FROM next), 'dlock_release'),
+               coalesce((SELECT next FROM next), '--------') ||
                CASE WHEN octet_length($1::text) < 7900 THEN $1::text ELSE '' END)
        END";
 
@@ -903,7 +913,7 @@ async fn drive<S, T>(
         match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
             Some(Ok(AsyncMessage::Notification(n))) => {
                 if let Some(f) = &on_notification
-                    && n.channel() == CHANNEL
+                    && (n.channel() == CHANNEL || n.channel().starts_with(WAKE_CHANNEL))
                 {
                     f(n.payload());
                 }
@@ -935,7 +945,10 @@ async fn setup(
          AND to_regclass('dlock_waiters') IS NOT NULL \
          AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('dlock_locks') \
                      AND attname = 'acquired_at' AND NOT attisdropped), ({}), \
-         to_regprocedure('dlock_wake_line(text,bigint)') IS NOT NULL",
+         to_regprocedure('dlock_wake_line(text,bigint)') IS NOT NULL, \
+         EXISTS (SELECT 1 FROM pg_proc \
+                  WHERE oid = to_regprocedure('dlock_wake_line(text,bigint)')::oid \
+                    AND prosrc LIKE '%{WAKE_CHANNEL}%')",
         shared::PROBE
     );
     let messages = client
@@ -948,6 +961,8 @@ async fn setup(
         })
     };
     let (exists, mut shared_exists, mut wakes) = (probed(0), probed(1), probed(2));
+    // Made by an earlier dlock, which announced every release on `dlock_release`.
+    let outdated = wakes && !probed(3);
     if !exists {
         // One implicit transaction: the advisory lock makes concurrent creators take turns.
         let create = format!(
@@ -977,6 +992,8 @@ async fn setup(
     }
     if !wakes {
         wakes = create_wake_line(client).await?;
+    } else if outdated {
+        replace_wake_line(client).await?;
     }
     let (acquire, refused, acquire_queued, release, leave, extend) = tokio::join!(
         client.prepare(ACQUIRE),
@@ -1034,6 +1051,31 @@ async fn create_wake_line(client: &Client) -> Result<bool, BackendError> {
                  create it: every release looks at the queue (see docs/postgres.md)"
             );
             Ok(false)
+        }
+        Err(e) => Err(classify("schema creation", e)),
+    }
+}
+
+/// The function [`WAKE_LINE`] of an earlier dlock replaced by this one's (which announces a
+/// release on the channel of the place it names); where this user may not, the earlier one
+/// stays, and its releases still wake waiters (on [`CHANNEL`], heard by every listening
+/// process).
+async fn replace_wake_line(client: &Client) -> Result<(), BackendError> {
+    let create = format!("SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {WAKE_LINE}");
+    match client.batch_execute(&create).await {
+        Ok(()) => {
+            tracing::info!(
+                "replaced the PostgreSQL function `dlock_wake_line` of an earlier dlock"
+            );
+            Ok(())
+        }
+        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+            tracing::info!(
+                "the PostgreSQL function `dlock_wake_line` is an earlier dlock's and this user \
+                 may not replace it: releases wake waiters on the channel every listening \
+                 process hears (run the function's DDL in docs/postgres.md as its owner)"
+            );
+            Ok(())
         }
         Err(e) => Err(classify("schema creation", e)),
     }
@@ -1208,25 +1250,26 @@ impl Backend for PostgresBackend {
         })
     }
 
-    fn watching(&self, key: &str, _token: &Token, _place: Option<&Token>) -> Option<Watch> {
+    fn watching(&self, key: &str, _token: &Token, place: Option<&Token>) -> Option<Watch> {
         // Release notifications name the key as the table stores it.
         self.notifier
             .as_ref()?
-            .watching(&stored_key(self.prefix_len, key))
+            .watching(&stored_key(self.prefix_len, key), place)
     }
 
     fn watch<'a>(
         &'a self,
         key: &'a str,
         _token: &'a Token,
-        _place: Option<&'a Token>,
+        place: Option<&'a Token>,
     ) -> BoxFuture<'a, Option<Watch>> {
-        // Every waiter of a key listens on its channel: PostgreSQL signals every listening
-        // backend at each notifying commit whatever its channels, so a channel per place
-        // would spare the server nothing.
         Box::pin(async move {
             match &self.notifier {
-                Some(notifier) => notifier.watch(&stored_key(self.prefix_len, key)).await,
+                Some(notifier) => {
+                    notifier
+                        .watch(&stored_key(self.prefix_len, key), place)
+                        .await
+                }
                 None => None,
             }
         })
@@ -1279,7 +1322,9 @@ impl Backend for PostgresBackend {
 // Release notifications.
 // ---------------------------------------------------------------------------------------------
 
-/// `LISTEN dlock_release` on a dedicated connection per locker, shared by all its waiters.
+/// `LISTEN dlock_release` on a dedicated connection per locker, shared by all its waiters, and
+/// `LISTEN dlock_wake_<8 hex>`, the channel of the locker's places, from its first waiter with
+/// a place in a queue on.
 ///
 /// One task owns the connection: it connects, listens, checks the connection every few
 /// seconds, and when it drops wakes every waiter (they poll meanwhile) and connects again while
@@ -1295,8 +1340,29 @@ struct Shared {
     request_timeout: Duration,
     /// Wake-ups per key, alive while a waiter holds its watch.
     watchers: Watchers,
-    /// `true` while `LISTEN` is confirmed on a live connection.
-    listening: tokio::sync::watch::Sender<bool>,
+    /// What `LISTEN`s are confirmed on a live connection.
+    listening: tokio::sync::watch::Sender<Listening>,
+    /// The first 8 hex digits of the locker's places, once a waiter waits from one: its
+    /// channel is `dlock_wake_` and these.
+    tag: std::sync::OnceLock<String>,
+    /// Rung when `tag` is set, for a connection that listens already.
+    tag_set: tokio::sync::Notify,
+}
+
+/// The listening connection's state.
+#[derive(Clone, Copy, Default)]
+struct Listening {
+    /// `LISTEN dlock_release` confirmed.
+    up: bool,
+    /// `LISTEN dlock_wake_<tag>` confirmed too.
+    tag: bool,
+}
+
+impl Listening {
+    /// Whether a waiter is covered: with a place, on its place's channel too.
+    fn covers(self, place: bool) -> bool {
+        self.up && (self.tag || !place)
+    }
 }
 
 /// How often the listening connection is checked: a connection that died silently (a frozen
@@ -1334,7 +1400,9 @@ impl Notifier {
                 config,
                 request_timeout,
                 watchers: Watchers::default(),
-                listening: tokio::sync::watch::Sender::new(false),
+                listening: tokio::sync::watch::Sender::new(Listening::default()),
+                tag: std::sync::OnceLock::new(),
+                tag_set: tokio::sync::Notify::new(),
             }),
             task: Mutex::new(None),
         }
@@ -1350,33 +1418,51 @@ impl Notifier {
         if tokio::runtime::Handle::try_current().is_err() {
             return;
         }
-        self.shared.listening.send_replace(false);
+        self.shared.listening.send_replace(Listening::default());
         *task = Some(tokio::spawn(listen(self.shared.clone())));
     }
 
-    /// A wake-up for `key` when `LISTEN` is in place now; no I/O, and nothing started (an
-    /// uncontended locker never opens the listening connection).
-    fn watching(&self, key: &str) -> Option<Watch> {
+    /// Records the tag of the locker's places from `place` (the same for all of them).
+    fn learn_tag(&self, place: Option<&Token>) {
+        if let Some(place) = place
+            && self.shared.tag.set(place.as_str()[..8].to_owned()).is_ok()
+        {
+            self.shared.tag_set.notify_one();
+        }
+    }
+
+    /// A wake-up for `key` when `LISTEN` is in place now (for a waiter from a `place`, on its
+    /// channel too); no I/O, and nothing started (an uncontended locker never opens the
+    /// listening connection).
+    fn watching(&self, key: &str, place: Option<&Token>) -> Option<Watch> {
         let running = self
             .task
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
             .is_some_and(|t| !t.is_finished());
+        self.learn_tag(place);
         // A task gone with its runtime may have left `listening` set.
-        (running && *self.shared.listening.borrow()).then(|| self.shared.register(key))
+        (running && self.shared.listening.borrow().covers(place.is_some()))
+            .then(|| self.shared.register(key))
     }
 
-    /// A wake-up for `key`, once `LISTEN` is in place (waiting at most the request timeout for
-    /// it); `None` when notifications cannot be had now.
-    async fn watch(&self, key: &str) -> Option<Watch> {
+    /// A wake-up for `key`, once `LISTEN` is in place (for a waiter from a `place`, on its
+    /// channel too; waiting at most the request timeout for it); `None` when notifications
+    /// cannot be had now.
+    async fn watch(&self, key: &str, place: Option<&Token>) -> Option<Watch> {
         // Registered first: the task keeps trying to listen while someone waits.
         let watch = self.shared.register(key);
+        self.learn_tag(place);
         self.ensure_running();
         let mut listening = self.shared.listening.subscribe();
-        let up = tokio::time::timeout(self.shared.request_timeout, listening.wait_for(|up| *up))
-            .await
-            .is_ok_and(|r| r.is_ok());
+        let with_place = place.is_some();
+        let up = tokio::time::timeout(
+            self.shared.request_timeout,
+            listening.wait_for(|l| l.covers(with_place)),
+        )
+        .await
+        .is_ok_and(|r| r.is_ok());
         up.then_some(watch)
     }
 }
@@ -1409,20 +1495,42 @@ async fn listen(shared: Arc<Shared>) {
         };
         let connected = tokio::time::timeout(shared.request_timeout * 2, async {
             let (client, driver) = connect(&shared.config, Some(on_notification)).await?;
-            if let Err(e) = client.batch_execute(&format!("LISTEN {CHANNEL}")).await {
+            let tag = shared.tag.get();
+            let mut listen = format!("LISTEN {CHANNEL};");
+            if let Some(tag) = tag {
+                listen.push_str(&format!(" LISTEN {WAKE_CHANNEL}{tag};"));
+            }
+            if let Err(e) = client.batch_execute(&listen).await {
                 driver.abort();
                 return Err(classify("LISTEN", e));
             }
-            Ok((client, driver))
+            Ok((client, driver, tag.is_some()))
         })
         .await;
         match connected {
-            Ok(Ok((client, mut driver))) => {
-                shared.listening.send_replace(true);
+            Ok(Ok((client, mut driver, mut tagged))) => {
+                shared.listening.send_replace(Listening {
+                    up: true,
+                    tag: tagged,
+                });
                 pause = Duration::from_millis(50);
                 loop {
                     tokio::select! {
                         _ = &mut driver => break,
+                        () = shared.tag_set.notified(), if !tagged => {
+                            let Some(tag) = shared.tag.get() else { continue };
+                            let listened = tokio::time::timeout(
+                                shared.request_timeout,
+                                client.batch_execute(&format!("LISTEN {WAKE_CHANNEL}{tag}")),
+                            )
+                            .await
+                            .is_ok_and(|r| r.is_ok());
+                            if !listened {
+                                break;
+                            }
+                            tagged = true;
+                            shared.listening.send_modify(|l| l.tag = true);
+                        }
                         () = tokio::time::sleep(HEARTBEAT) => {
                             let alive = tokio::time::timeout(
                                 shared.request_timeout,
@@ -1437,7 +1545,7 @@ async fn listen(shared: Arc<Shared>) {
                     }
                 }
                 driver.abort();
-                shared.listening.send_replace(false);
+                shared.listening.send_replace(Listening::default());
                 tracing::debug!("PostgreSQL notification connection lost; waiters poll meanwhile");
                 // A release may have been missed: everyone looks again.
                 shared.wake("");
