@@ -441,13 +441,49 @@ fn random_below(n: u64) -> u64 {
     nanos.wrapping_mul(0x9E37_79B9_7F4A_7C15) % n
 }
 
-/// With 2 of 5 masters down, a waiter is still woken by the release (the 3 others publish
-/// it): it gets the lock well before its 3s polling pause would have ended.
+/// The Redis Cluster slot of `key` (CRC16/XMODEM of the whole key: dlock's keys here have no
+/// braces): RedLock's first master for a key is this modulo the number of masters.
+fn slot(key: &str) -> usize {
+    let mut crc: u16 = 0;
+    for byte in key.bytes() {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 == 0 {
+                crc << 1
+            } else {
+                (crc << 1) ^ 0x1021
+            };
+        }
+    }
+    usize::from(crc) % 16384
+}
+
+/// A key (of `prefix`) whose first master is master `first` of `n`.
+fn key_led_by(prefix: &str, first: usize, n: usize) -> String {
+    loop {
+        let key = unique_key(prefix);
+        if slot(&format!("dlock:{key}")) % n == first {
+            return key;
+        }
+    }
+}
+
+/// With 2 of 5 masters down, a waiter is still woken by the release: it gets the lock well
+/// before its 3s polling pause would have ended. Both when the key's first master is up (the
+/// waiter's place is in its queue, and its release names it) and when it is one of those down
+/// (the 3 others announce the release on the key's channel).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releases_wake_waiters_with_two_masters_down() {
     let mut masters = RedLockServers::start();
     masters.server_mut(0).kill();
     masters.server_mut(1).kill();
+    for first in [0, 2] {
+        let key = key_led_by("wake", first, 5);
+        woken_by_the_release(&masters, &key).await;
+    }
+}
+
+async fn woken_by_the_release(masters: &RedLockServers, key: &str) {
     let holder = locker(&masters.url(), Duration::from_millis(200));
     let waiter = Locker::builder()
         .url(masters.url())
@@ -455,7 +491,7 @@ async fn releases_wake_waiters_with_two_masters_down() {
         .retry(Duration::from_secs(3), Duration::from_secs(3))
         .build()
         .unwrap();
-    let key = unique_key("wake");
+    let key = key.to_owned();
     let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
     let waiting = tokio::spawn({
         let key = key.clone();
@@ -476,9 +512,93 @@ async fn releases_wake_waiters_with_two_masters_down() {
     let woken_at = waiting.await.unwrap();
     assert!(
         woken_at - released_at < Duration::from_millis(2000),
-        "woken {:?} after the release: polled, not notified",
+        "{key}: woken {:?} after the release: polled, not notified",
         woken_at - released_at
     );
+}
+
+/// A release wakes the waiting process it names, not every waiting process: each of 4 waiting
+/// processes (lockers, a 3s poll) keeps a place in the queue of the key's first master and
+/// listens there on its place's channel alone; no process listens on the key's channel of any
+/// master. Each then gets the lock from a wake-up, in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_process_it_names_alone() {
+    let masters = RedLockServers::start();
+    let first = 3;
+    let key = key_led_by("named", first, 5);
+    let holder = locker(&masters.url(), Duration::from_millis(200));
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let waiter = Locker::builder()
+                .url(masters.url())
+                .request_timeout(Duration::from_millis(200))
+                .retry(Duration::from_secs(3), Duration::from_secs(3))
+                .timeout(Duration::from_secs(20))
+                .build()
+                .unwrap();
+            let key = key.clone();
+            tokio::spawn(async move {
+                let guard = waiter.acquire(&key, LockOptions::new()).await.unwrap();
+                let at = Instant::now();
+                guard.release().await.unwrap();
+                at
+            })
+        })
+        .collect();
+    let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
+    let mut leader = masters.server(first).client().get_connection().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let places: usize = leader.llen(&queue).unwrap();
+        if places == 4 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{places} places in the first master's queue"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for i in 0..5 {
+        let mut master = masters.server(i).client().get_connection().unwrap();
+        let (_, on_key): (String, u64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(format!("dlock:{key}"))
+            .query(&mut master)
+            .unwrap();
+        assert_eq!(
+            on_key, 0,
+            "master {i}: {on_key} processes listen on the key's channel"
+        );
+    }
+    let channels: Vec<String> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg(format!("{queue}:*"))
+        .query(&mut leader)
+        .unwrap();
+    assert_eq!(
+        channels.len(),
+        4,
+        "one channel per waiting process: {channels:?}"
+    );
+    for channel in &channels {
+        let (_, listeners): (String, u64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(channel)
+            .query(&mut leader)
+            .unwrap();
+        assert_eq!(listeners, 1, "{channel}");
+    }
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    for task in tasks {
+        let got = task.await.unwrap() - released_at;
+        assert!(
+            got < Duration::from_millis(2500),
+            "a waiter got the lock {got:?} after the first release: a 3s poll, not a wake-up"
+        );
+    }
 }
 
 /// What RedLock refuses to be configured with, each a `Config` error that says why and shows
@@ -586,6 +706,7 @@ async fn waiters_do_not_race_for_votes() {
     let masters = RedLockServers::start();
     let two = contended(&masters, 2).await;
     let eight = contended(&masters, 8).await;
+    eprintln!("scripts per acquisition: {two:.1} with 2 waiters, {eight:.1} with 8");
     assert!(
         // 2.5×: a `.ci/run` under load once read 26.9 against 13.0 (2.07×) with no race.
         eight < 2.5 * two.max(12.0) && eight < 40.0,

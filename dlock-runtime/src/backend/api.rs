@@ -75,6 +75,10 @@ pub(crate) struct Capabilities {
     /// Why the engine cannot hold a semaphore or a read/write lock safely, on an engine where
     /// it cannot: acquiring one is then a configuration error.
     pub(crate) cannot_share: Option<&'static str>,
+    /// A mutex's waiting processes keep a place in a queue of the engine though it has no fair
+    /// order to offer (RedLock: in the key's first master's), so that a release wakes the
+    /// process it names rather than every waiting one.
+    pub(crate) places: bool,
 }
 
 impl Default for Capabilities {
@@ -85,6 +89,7 @@ impl Default for Capabilities {
             reliable_wake_up: false,
             cannot_keep: None,
             cannot_share: None,
+            places: false,
         }
     }
 }

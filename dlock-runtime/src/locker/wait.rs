@@ -154,7 +154,9 @@ impl<'a> Wait<'a> {
     /// locks have several holders at once: their waiters hold no place, every release may be
     /// for any of them.
     fn queue_engine(&self) -> bool {
-        self.locker.inner.capabilities.fair == FairOrder::Queue && self.options.kind.is_mutex()
+        let capabilities = &self.locker.inner.capabilities;
+        (capabilities.fair == FairOrder::Queue || capabilities.places)
+            && self.options.kind.is_mutex()
     }
 
     /// The in-process line before the first attempt (see `Lines`): for a fair waiter (even a
@@ -324,6 +326,14 @@ impl<'a> Wait<'a> {
                 // place in line of this token (an engine with a line) goes with the wait.
                 self.orphan.armed = was_armed || (queued && !in_queue);
                 self.last_error = None;
+                if in_queue
+                    && !queued
+                    && let Some(t) = &self.turn
+                {
+                    // The place may have left the queue (RedLock: a grant on the first master
+                    // that no majority followed): the next attempt puts it back.
+                    t.line.set_refreshed(None);
+                }
                 if refreshes
                     && queued
                     && let Some(t) = &self.turn

@@ -1379,6 +1379,7 @@ impl Backend for EtcdBackend {
             reliable_wake_up: true,
             cannot_keep: None,
             cannot_share: None,
+            places: false,
         }
     }
 }

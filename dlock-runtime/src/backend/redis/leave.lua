@@ -1,6 +1,6 @@
 -- A place leaves the key's queue (its process has no more waiters), and the place then first is
 -- woken, on its channel, as release.lua wakes it; with no place left in the queue nobody is woken
--- (every waiter of a mutex listens on its place's channel, and RedLock's waiters keep no place).
+-- (every waiter of a mutex with a place listens on its place's channel).
 -- KEYS[1] lock key, KEYS[2] the queue, KEYS[3] the places' deadlines.
 -- ARGV[1] the place; ARGV[2] PUBLISH or SPUBLISH.
 -- Returns 1 if the place was in the queue, else 0, plus 2 when the notification was refused.

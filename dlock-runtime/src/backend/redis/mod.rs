@@ -394,8 +394,8 @@ pub(crate) struct RedisBackend {
     /// A release's PUBLISH was refused once already (reported once per locker).
     publish_denied: std::sync::atomic::AtomicBool,
     /// Every release of a mutex is announced, not only those a place in the key's queue waits
-    /// for: a RedLock master's (RedLock's waiters keep no place; see
-    /// [`announcing_every_release`](Self::announcing_every_release)).
+    /// for: a RedLock master's (RedLock's waiters keep a place on the key's first master only,
+    /// when they can; see [`announcing_every_release`](Self::announcing_every_release)).
     announce_always: bool,
     /// `DLOCK_REDIS_WAIT`: replicas that must acknowledge an acquisition; 0 = off.
     wait_replicas: u32,
@@ -498,8 +498,10 @@ impl RedisBackend {
         Ok((Link::Cluster(client), notifier))
     }
 
-    /// This backend as one of RedLock's masters: its waiters keep no place in the key's queue,
-    /// so a release is announced whether a place waits or not.
+    /// This backend as one of RedLock's masters: its waiters keep a place only in the queue of
+    /// the key's first master, and only while they can reach it, so a release is announced
+    /// whether a place waits or not (naming the place first in line where one waits, on the
+    /// key's channel otherwise).
     #[cfg(feature = "redlock")]
     pub(crate) fn announcing_every_release(mut self) -> Self {
         self.announce_always = true;
@@ -725,7 +727,9 @@ impl RedisBackend {
     }
 
     /// RedLock's acquire on this node: `script` (the RedLock folder's) with the lock key, its
-    /// fencing counter, the token, the lease and the proposed fence; its reply as it came.
+    /// fencing counter, the token, the lease and the proposed fence, and from the request's
+    /// place in this node's queue when it has one (the key's first master); its reply as it
+    /// came.
     #[cfg(feature = "redlock")]
     pub(crate) async fn acquire_proposed(
         &self,
@@ -733,13 +737,103 @@ impl RedisBackend {
         request: &Request<'_>,
         proposed: u64,
     ) -> Result<redis::Value, BackendError> {
-        let mut call = Call::new(script, 2);
-        call.arg(request.key)
-            .arg(self.fence_key(request.key))
-            .arg(lock_value(request.token, &self.identity))
+        let queue = request.queue.as_ref();
+        let mut call = Call::new(script, if queue.is_some() { 4 } else { 2 });
+        call.arg(request.key).arg(self.fence_key(request.key));
+        if queue.is_some() {
+            call.arg(companion(&self.fair_prefix, request.key, "queue"))
+                .arg(companion(&self.fair_prefix, request.key, "waiters"));
+        }
+        call.arg(lock_value(request.token, &self.identity))
             .arg(lease_millis(request.lease))
             .arg(proposed);
+        if let Some(queued) = queue {
+            call.arg(lease_millis(queued.liveness))
+                .arg(queued.place.as_str())
+                .arg(if queued.keep { "1" } else { "0" })
+                .arg(if queued.refresh { "1" } else { "0" });
+        }
         self.call("acquire", call).await
+    }
+
+    /// A mutex's release (release.lua) announced as `announce` says ('0', '1' or '-', see the
+    /// script): its reply (bit 0 deleted, bit 2 a place waits, with '-').
+    async fn release_mutex(
+        &self,
+        key: &str,
+        token: &Token,
+        announce: &'static str,
+    ) -> Result<i64, BackendError> {
+        // The queue, to name the place first in line in the wake-up.
+        let mut call = Call::new(release_script(), 2);
+        call.arg(key)
+            .arg(companion(&self.fair_prefix, key, "queue"))
+            .arg(token.as_str())
+            .arg(self.publish_command())
+            .arg(announce);
+        // release.lua: bit 0 deleted, bit 1 the notification was refused (no channel
+        // permission); the release stands either way.
+        let reply: i64 = self.call("release", call).await?;
+        if reply & 2 != 0 {
+            self.publish_denied(key);
+        }
+        Ok(reply)
+    }
+
+    /// RedLock's undoing of an attempt on this master: the compare-and-delete of a release,
+    /// announced to nobody (nothing was held: waking a waiter now would only send it to be
+    /// refused by the majority that holds the lock).
+    #[cfg(feature = "redlock")]
+    pub(crate) async fn undo(&self, key: &str, token: &Token) -> Result<bool, BackendError> {
+        Ok(self.release_mutex(key, token, "-").await? & 1 == 1)
+    }
+
+    /// RedLock's release on the key's first master: the compare-and-delete, announced to
+    /// nobody yet; whether it deleted, and whether a place waits in this master's queue (then
+    /// the client wakes it once its release round has answered, see [`Self::wake_first`]).
+    #[cfg(feature = "redlock")]
+    pub(crate) async fn release_first(
+        &self,
+        key: &str,
+        token: &Token,
+    ) -> Result<(bool, bool), BackendError> {
+        let reply = self.release_mutex(key, token, "-").await?;
+        Ok((reply & 1 == 1, reply & 4 != 0))
+    }
+
+    /// RedLock: wakes the place first in this master's queue of `key` (`script`, the RedLock
+    /// folder's wake.lua), on its channel.
+    #[cfg(feature = "redlock")]
+    pub(crate) async fn wake_first(
+        &self,
+        script: &'static Script,
+        key: &str,
+    ) -> Result<(), BackendError> {
+        let mut call = Call::new(script, 1);
+        call.arg(companion(&self.fair_prefix, key, "queue"))
+            .arg(self.publish_command());
+        let reply: i64 = self.call("wake", call).await?;
+        if reply == 2 {
+            self.publish_denied(key);
+        }
+        Ok(())
+    }
+
+    /// RedLock: `place` out of this master's queue of `key` (`script`, the RedLock folder's
+    /// place.lua), announced to nobody.
+    #[cfg(feature = "redlock")]
+    pub(crate) async fn leave_quietly(
+        &self,
+        script: &'static Script,
+        key: &str,
+        place: &Token,
+    ) -> Result<(), BackendError> {
+        let mut call = Call::new(script, 2);
+        call.arg(companion(&self.fair_prefix, key, "queue"))
+            .arg(companion(&self.fair_prefix, key, "waiters"))
+            .arg(place.as_str());
+        let _: i64 = self.call("leave the queue", call).await?;
+        Ok(())
     }
 
     /// The channel on which releases of `key` wake `place` (release.lua, leave.lua and
@@ -1124,20 +1218,9 @@ impl Backend for RedisBackend {
                 }
                 return Ok(reply & 1 == 1);
             }
-            // The queue, to name the place first in line in the wake-up; a release with no
-            // place in it announces nothing (but on RedLock).
-            let mut call = Call::new(release_script(), 2);
-            call.arg(key)
-                .arg(companion(&self.fair_prefix, key, "queue"))
-                .arg(token.as_str())
-                .arg(self.publish_command())
-                .arg(if self.announce_always { "1" } else { "0" });
-            // release.lua: bit 0 deleted, bit 1 the notification was refused (no channel
-            // permission); the release stands either way.
-            let reply: i64 = self.call("release", call).await?;
-            if reply & 2 != 0 {
-                self.publish_denied(key);
-            }
+            let reply = self
+                .release_mutex(key, token, if self.announce_always { "1" } else { "0" })
+                .await?;
             Ok(reply & 1 == 1)
         })
     }

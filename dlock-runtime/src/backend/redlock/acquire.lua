@@ -9,6 +9,47 @@
 -- A fence lands on every master of the majority that grants it, and every later majority
 -- shares one of them, whose counter then refuses anything not above it: fences strictly
 -- increase across majorities, in one round.
+-- From a place in the queue of the key's first master (that master only, with 4 keys): KEYS[3]
+-- the queue, KEYS[4] the places' deadlines (server time in ms); ARGV[4] how long a place lives
+-- without another attempt (ms), ARGV[5] the place, ARGV[6] '1': on a grant keep the place
+-- (moved to the back), ARGV[7] '1': a refusal joins the queue or refreshes the place (after
+-- taking lapsed places off its head), '0': the place was refreshed lately, a refusal reads the
+-- lock alone. So the releasing clients wake one waiting process (see ../redis/acquire_queued.lua,
+-- whose queue this is, and wake.lua).
+local queued = #KEYS == 4
+
+local function join()
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  while true do
+    local head = redis.call('LINDEX', KEYS[3], 0)
+    if not head then break end
+    local gone_at = redis.call('ZSCORE', KEYS[4], head)
+    if gone_at and tonumber(gone_at) > now then break end
+    redis.call('LPOP', KEYS[3])
+    redis.call('ZREM', KEYS[4], head)
+  end
+  if redis.call('ZADD', KEYS[4], now + tonumber(ARGV[4]), ARGV[5]) == 1 then
+    redis.call('RPUSH', KEYS[3], ARGV[5])
+  end
+  redis.call('PEXPIRE', KEYS[3], 2 * tonumber(ARGV[4]))
+  redis.call('PEXPIRE', KEYS[4], 2 * tonumber(ARGV[4]))
+end
+
+-- A grant from a place: the place is in the queue, and stays there until the client has a
+-- majority (then it takes the place out, place.lua), as releases by a holder of the other
+-- masters must still find it (a first attempt from it joins, as a refusal would); kept for the
+-- process's next waiter, it goes to the back of the queue.
+local function granted_from_place()
+  if ARGV[6] == '1' then
+    if redis.call('ZREM', KEYS[4], ARGV[5]) == 1 then
+      redis.call('LREM', KEYS[3], 1, ARGV[5])
+    end
+    join()
+  elseif ARGV[7] == '1' then
+    join()
+  end
+end
 local function grant()
   local counter = redis.call('GET', KEYS[2])
   if counter and tonumber(counter) >= tonumber(ARGV[3]) then
@@ -24,6 +65,8 @@ if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then
   local granted = grant()
   if type(granted) == 'table' then
     redis.call('DEL', KEYS[1])
+  elseif queued then
+    granted_from_place()
   end
   return granted
 end
@@ -32,7 +75,13 @@ if token_of(redis.call('GET', KEYS[1])) == token_of(ARGV[1]) then
   local granted = grant()
   if type(granted) ~= 'table' then
     redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+    if queued then
+      granted_from_place()
+    end
   end
   return granted
+end
+if queued and ARGV[7] == '1' then
+  join()
 end
 return refused(KEYS[1], ARGV[2])

@@ -19,6 +19,12 @@
 //! - **Waiters do not race for votes**: an acquisition refused once asks the key's first master
 //!   (by slot) alone before the others, so of the waiters a release wakes, one goes on to the
 //!   other masters and the rest wait again, instead of all of them splitting the votes.
+//! - **A release wakes one waiting process**: a waiting process keeps a place in the queue of
+//!   the key's first master (joined by its attempts there, as on one Redis), and that master's
+//!   release names the place first in line on the place's own channel, which only that process
+//!   subscribes to. The other masters announce every release on the key's channel, for the
+//!   waiters that could not subscribe there (the first master down): those wake when enough
+//!   masters announced it.
 //! - **Release** and **extend** on every master; a majority decides. Fewer definite answers
 //!   than that (masters unreachable) is a backend error.
 
@@ -117,9 +123,24 @@ pub(crate) struct RedLockBackend {
     /// Acquisitions refused before, by token (and since when): their next attempt asks the
     /// key's first master alone before the others.
     refused: Mutex<HashMap<String, Instant>>,
+    /// Waits (by token) whose place got the first master's grant with no majority following,
+    /// and how many times in a row: see [`RedLockBackend::soon`].
+    in_flight: Mutex<HashMap<String, u32>>,
 }
 
 static ACQUIRE: OnceLock<redis::Script> = OnceLock::new();
+static PLACE: OnceLock<redis::Script> = OnceLock::new();
+static WAKE: OnceLock<redis::Script> = OnceLock::new();
+
+/// The script that wakes the place first in the first master's queue.
+fn wake_script() -> &'static redis::Script {
+    WAKE.get_or_init(|| redis::Script::new(include_str!("wake.lua")))
+}
+
+/// The script that takes a place out of the first master's queue.
+fn place_script() -> &'static redis::Script {
+    PLACE.get_or_init(|| redis::Script::new(include_str!("place.lua")))
+}
 
 /// The acquire script: the shared lock functions of the Redis engine, then RedLock's own.
 fn acquire_script() -> &'static redis::Script {
@@ -233,6 +254,7 @@ impl RedLockBackend {
             request_timeout: timeout,
             seen: AtomicU64::new(0),
             refused: Mutex::default(),
+            in_flight: Mutex::default(),
         })
     }
 
@@ -261,9 +283,7 @@ impl RedLockBackend {
 
     /// Compare-and-delete by token on every master, for an attempt that did not get the lock.
     async fn undo(&self, key: &str, token: &Token) {
-        let round = self
-            .round(|node| node.release(key, LockKind::Mutex, token))
-            .await;
+        let round = self.round(|node| Box::pin(node.undo(key, token))).await;
         if round.failed() > 0 {
             tracing::debug!(
                 key = %key,
@@ -379,6 +399,34 @@ impl RedLockBackend {
     /// Whether `token`'s acquisition was refused before (its attempts ask the leader first).
     fn was_refused(&self, token: &Token) -> bool {
         self.refused_map().contains_key(&token.0)
+    }
+
+    /// How soon a wait whose place got the first master's grant, with no majority following,
+    /// should ask again: the other masters may still be carrying out the release that freed the
+    /// key on the first (their replies to the releasing client, and its wake-up, come after the
+    /// waiter saw the key free there, and its wake-up may have looked at the queue before the
+    /// place was in it). Twice in a row, after 2 and 4ms; then `None` (a holder of a majority
+    /// without the first master: its release wakes the place). Forgotten at a refusal by the first master, or the end of the wait.
+    fn soon(&self, token: &Token) -> Option<Duration> {
+        let mut map = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if map.len() >= 64 && map.len().is_power_of_two() {
+            map.clear();
+        }
+        let times = map.entry(token.0.clone()).or_insert(0);
+        *times += 1;
+        (*times <= 2).then(|| Duration::from_millis(1 << *times))
+    }
+
+    /// The first master refused (or granted) `token`'s place: the next grant with no majority
+    /// following is a new case for [`Self::soon`].
+    fn settled(&self, token: &Token) {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&token.0);
     }
 
     /// Remembers (or forgets) that `token`'s acquisition was refused. Entries of waits that
@@ -533,27 +581,70 @@ impl Backend for RedLockBackend {
         Box::pin(async move {
             let started = Instant::now();
             let mut proposed = self.proposal();
-            let first = self
-                .was_refused(request.token)
-                .then(|| self.leader(request.key));
+            // The place is kept in the first master's queue only; the others are asked plainly.
+            let queued = request.queue.is_some();
+            let plain = Request {
+                queue: None,
+                ..request
+            };
+            let first =
+                (queued || self.was_refused(request.token)).then(|| self.leader(request.key));
+            let mut leader_granted = false;
             let mut votes = match first {
                 Some(leader) => match self.vote(leader, &request, proposed).await.ok() {
+                    // From a place: the first master queued it (or found it fresh).
                     Some(Vote::Held(ttl)) => {
-                        return Ok(Attempt::Held { ttl, queued: false });
+                        self.settled(request.token);
+                        return Ok(Attempt::Held { ttl, queued });
                     }
-                    Some(Vote::Granted) => self.ask(&request, proposed, Some(leader)).await,
+                    // The place stays in the queue until a majority granted: a release meanwhile
+                    // (the other masters' holder's) must still find it and wake it.
+                    Some(Vote::Granted) => {
+                        leader_granted = true;
+                        self.ask(&plain, proposed, Some(leader)).await
+                    }
                     // Behind, or no answer: every master at once.
-                    _ => self.ask(&request, proposed, None).await,
+                    _ => self.ask(&plain, proposed, None).await,
                 },
-                None => self.ask(&request, proposed, None).await,
+                None => self.ask(&plain, proposed, None).await,
             };
             if let Some(higher) = self.retry_above(&votes) {
                 // A lagging clock: once more, above every counter that refused it.
                 self.undo(request.key, request.token).await;
                 proposed = proposed.max(higher);
-                votes = self.ask(&request, proposed, None).await;
+                votes = self.ask(&plain, proposed, None).await;
             }
-            self.decide(&request, started, proposed, votes).await
+            let decided = self.decide(&plain, started, proposed, votes).await;
+            let Some(q) = request.queue else {
+                return decided;
+            };
+            match decided {
+                Ok(Attempt::Acquired { .. }) => {
+                    self.settled(request.token);
+                    if !q.keep {
+                        // Held: the place leaves the first master's queue (quietly: the holder
+                        // is there to release), or its releases would name it for nobody.
+                        let leader = self.leader(request.key);
+                        let left = self.nodes[leader]
+                            .redis
+                            .leave_quietly(place_script(), request.key, q.place)
+                            .await;
+                        if let Err(error) = left {
+                            tracing::debug!(error = %error, "RedLock: the place could not leave the first master's queue; it lapses on its own");
+                        }
+                    }
+                    decided
+                }
+                // The first master granted, the others did not: a release still under way there
+                // (then ask again soon), or a holder of a majority without the first master
+                // (whose release wakes the place).
+                Ok(Attempt::Held { ttl, .. }) if leader_granted => Ok(Attempt::Held {
+                    ttl: self.soon(request.token).or(ttl),
+                    queued: true,
+                }),
+                Ok(Attempt::Held { ttl, .. }) => Ok(Attempt::Held { ttl, queued }),
+                other => other,
+            }
         })
     }
 
@@ -565,9 +656,36 @@ impl Backend for RedLockBackend {
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
             self.mark_refused(token, false);
+            self.settled(token);
+            // The first master announces nothing itself: the place first in its queue is woken
+            // once the round has answered, when a majority has let the key go (woken by that
+            // master alone, a waiter could ask before the others had, be refused, and sleep).
+            let first = &self.nodes[self.leader(key)].redis;
+            let waits = std::sync::atomic::AtomicBool::new(false);
             let round = self
-                .round(|node| node.release(key, LockKind::Mutex, token))
+                .round(|node| {
+                    if std::ptr::eq(node, first) {
+                        let waits = &waits;
+                        Box::pin(async move {
+                            let (deleted, place_waits) = node.release_first(key, token).await?;
+                            waits.store(place_waits, Ordering::Relaxed);
+                            Ok(deleted)
+                        })
+                    } else {
+                        node.release(key, LockKind::Mutex, token)
+                    }
+                })
                 .await;
+            if waits.load(Ordering::Relaxed) {
+                let woken = tokio::time::timeout(
+                    self.request_timeout,
+                    first.wake_first(wake_script(), key),
+                )
+                .await;
+                if !matches!(woken, Ok(Ok(()))) {
+                    tracing::debug!(key = %key, "RedLock: the first waiting process could not be woken; it polls");
+                }
+            }
             // Deleted on a minority at most: the lock was lost (what was left of it is deleted
             // all the same).
             self.majority("release", "held our lock", round)
@@ -620,8 +738,24 @@ impl Backend for RedLockBackend {
         })
     }
 
-    fn watching(&self, key: &str, token: &Token, _place: Option<&Token>) -> Option<Watch> {
-        // RedLock's waiters keep no place: every release is announced on the key's channel.
+    fn leave_queue<'a>(
+        &'a self,
+        key: &'a str,
+        place: &'a Token,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        self.nodes[self.leader(key)].redis.leave_queue(key, place)
+    }
+
+    fn watching(&self, key: &str, token: &Token, place: Option<&Token>) -> Option<Watch> {
+        // A waiter from a place hears the first master's releases that name it; otherwise (that
+        // master cannot be subscribed to now) enough masters' announcements on the key's channel.
+        if place.is_some()
+            && let Some(watch) = self.nodes[self.leader(key)]
+                .redis
+                .watching(key, token, place)
+        {
+            return Some(watch);
+        }
         let watches = self
             .nodes
             .iter()
@@ -634,9 +768,17 @@ impl Backend for RedLockBackend {
         &'a self,
         key: &'a str,
         token: &'a Token,
-        _place: Option<&'a Token>,
+        place: Option<&'a Token>,
     ) -> BoxFuture<'a, Option<Watch>> {
         Box::pin(async move {
+            if place.is_some()
+                && let Some(watch) = self.nodes[self.leader(key)]
+                    .redis
+                    .watch(key, token, place)
+                    .await
+            {
+                return Some(watch);
+            }
             let watches = join_all(
                 self.nodes
                     .iter()
@@ -663,6 +805,7 @@ impl Backend for RedLockBackend {
                  majority than the next one's, so more holders than permits could pass); use \
                  one Redis server, a Cluster or Sentinel, etcd, ZooKeeper or PostgreSQL",
             ),
+            places: true,
             ..Capabilities::default()
         }
     }

@@ -1464,6 +1464,7 @@ impl Backend for ZooKeeperBackend {
                 "ZooKeeper's lock nodes are ephemeral: they end with their holder's session, so \
                  no hold can outlive its process; `hold_at_least` is not available on `zk://`",
             ),
+            places: false,
         }
     }
 
