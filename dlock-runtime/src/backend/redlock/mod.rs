@@ -20,11 +20,16 @@
 //!   (by slot) alone before the others, so of the waiters a release wakes, one goes on to the
 //!   other masters and the rest wait again, instead of all of them splitting the votes.
 //! - **A release wakes one waiting process**: a waiting process keeps a place in the queue of
-//!   the key's first master (joined by its attempts there, as on one Redis), and that master's
-//!   release names the place first in line on the place's own channel, which only that process
-//!   subscribes to. The other masters announce every release on the key's channel, for the
-//!   waiters that could not subscribe there (the first master down): those wake when enough
-//!   masters announced it.
+//!   the key's first master (joined by its attempts there, as on one Redis), until a majority
+//!   granted it the lock. Once its release round has answered, the releasing client wakes the
+//!   place first in that queue, on the place's own channel, which only that process subscribes
+//!   to (woken by the first master's own release, a waiter could ask before the others had let
+//!   the key go). The release is woken for even when the holder's majority did not include the
+//!   first master. An attempt's undoing announces nothing. A waiter that the first master granted
+//!   but no majority followed asks again after 2 and 4ms (a release still under way on the
+//!   others), then waits to be woken. The other masters announce every release on the key's
+//!   channel, for the waiters that could not subscribe on the first (it is down): those wake
+//!   when enough masters announced it.
 //! - **Release** and **extend** on every master; a majority decides. Fewer definite answers
 //!   than that (masters unreachable) is a backend error.
 
