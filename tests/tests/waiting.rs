@@ -210,8 +210,9 @@ async fn a_release_wakes_a_memory_waiter_at_once() {
     assert!(woke < Duration::from_secs(1), "woken after {woke:?}");
 }
 
-/// A Redis release announces only while a place waits in the key's queue (on RedLock, whose
-/// waiters keep no place, always): waiters asleep in line are still woken by every release.
+/// A Redis release announces only while a place waits in the key's queue (on RedLock, the
+/// releasing client wakes the place first in the first master's queue after its round):
+/// waiters asleep in line are still woken by every release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_releases_keep_waking_the_line() {
     let server = RedisServer::start();

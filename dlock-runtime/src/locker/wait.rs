@@ -155,8 +155,9 @@ impl<'a> Wait<'a> {
     /// for any of them.
     fn queue_engine(&self) -> bool {
         let capabilities = &self.locker.inner.capabilities;
-        (capabilities.fair == FairOrder::Queue || capabilities.places)
-            && self.options.kind.is_mutex()
+        // RedLock's places serve only wake-ups: none with notifications off.
+        let places = capabilities.places && self.locker.inner.settings.notify;
+        (capabilities.fair == FairOrder::Queue || places) && self.options.kind.is_mutex()
     }
 
     /// The in-process line before the first attempt (see `Lines`): for a fair waiter (even a
@@ -330,8 +331,8 @@ impl<'a> Wait<'a> {
                     && !queued
                     && let Some(t) = &self.turn
                 {
-                    // The place may have left the queue (RedLock: a grant on the first master
-                    // that no majority followed): the next attempt puts it back.
+                    // The place may not be in the queue (RedLock: the first master did not
+                    // answer from it): the next attempt puts it there.
                     t.line.set_refreshed(None);
                 }
                 if refreshes

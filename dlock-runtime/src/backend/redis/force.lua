@@ -32,8 +32,8 @@ if not held then
 end
 redis.call('DEL', KEYS[1])
 fence(KEYS[2])
--- A place waits: on its channel. None: anyone, on the key's channel (RedLock's waiters keep no
--- place and listen there).
+-- A place waits: on its channel. None: anyone, on the key's channel (RedLock's waiters without a
+-- place listen there).
 local next = string.sub(redis.call('LINDEX', KEYS[3], 0) or '', 1, 8)
 if next ~= '' then
   redis.pcall(ARGV[1], KEYS[3] .. ':' .. next, next)

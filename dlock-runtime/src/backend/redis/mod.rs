@@ -498,10 +498,10 @@ impl RedisBackend {
         Ok((Link::Cluster(client), notifier))
     }
 
-    /// This backend as one of RedLock's masters: its waiters keep a place only in the queue of
-    /// the key's first master, and only while they can reach it, so a release is announced
-    /// whether a place waits or not (naming the place first in line where one waits, on the
-    /// key's channel otherwise).
+    /// This backend as one of RedLock's masters: every deletion by a release is announced on
+    /// the key's channel, for waiters that listen on every master but the key's first (the first
+    /// master's own release is made with [`release_first`](Self::release_first), and its queue's
+    /// places are woken by the releasing client).
     #[cfg(feature = "redlock")]
     pub(crate) fn announcing_every_release(mut self) -> Self {
         self.announce_always = true;

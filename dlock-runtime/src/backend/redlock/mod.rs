@@ -410,8 +410,9 @@ impl RedLockBackend {
     /// should ask again: the other masters may still be carrying out the release that freed the
     /// key on the first (their replies to the releasing client, and its wake-up, come after the
     /// waiter saw the key free there, and its wake-up may have looked at the queue before the
-    /// place was in it). Twice in a row, after 2 and 4ms; then `None` (a holder of a majority
-    /// without the first master: its release wakes the place). Forgotten at a refusal by the first master, or the end of the wait.
+    /// place was in it). After 2, 4, 8… ms in a row, about a request timeout in all (a release
+    /// round's bound); then `None` (a holder of a majority without the first master: its
+    /// release wakes the place). Forgotten at a refusal by the first master, or the end of the wait.
     fn soon(&self, token: &Token) -> Option<Duration> {
         let mut map = self
             .in_flight
@@ -422,7 +423,8 @@ impl RedLockBackend {
         }
         let times = map.entry(token.0.clone()).or_insert(0);
         *times += 1;
-        (*times <= 2).then(|| Duration::from_millis(1 << *times))
+        let pause = Duration::from_millis(1 << (*times).min(16));
+        (pause * 2 <= self.request_timeout.max(Duration::from_millis(8))).then_some(pause)
     }
 
     /// The first master refused (or granted) `token`'s place: the next grant with no majority
@@ -629,13 +631,21 @@ impl Backend for RedLockBackend {
                     if !q.keep {
                         // Held: the place leaves the first master's queue (quietly: the holder
                         // is there to release), or its releases would name it for nobody.
+                        // Bounded by one request timeout: the guard's lease clock runs.
                         let leader = self.leader(request.key);
-                        let left = self.nodes[leader]
-                            .redis
-                            .leave_quietly(place_script(), request.key, q.place)
-                            .await;
-                        if let Err(error) = left {
-                            tracing::debug!(error = %error, "RedLock: the place could not leave the first master's queue; it lapses on its own");
+                        let left = tokio::time::timeout(
+                            self.request_timeout,
+                            self.nodes[leader].redis.leave_quietly(
+                                place_script(),
+                                request.key,
+                                q.place,
+                            ),
+                        )
+                        .await;
+                        if !matches!(left, Ok(Ok(()))) {
+                            tracing::debug!(
+                                "RedLock: the place could not leave the first master's queue; it lapses on its own"
+                            );
                         }
                     }
                     decided
@@ -647,7 +657,10 @@ impl Backend for RedLockBackend {
                     ttl: self.soon(request.token).or(ttl),
                     queued: true,
                 }),
-                Ok(Attempt::Held { ttl, .. }) => Ok(Attempt::Held { ttl, queued }),
+                // The first master did not answer from the place (its counter was ahead, or it
+                // did not answer): the place may not be in its queue; not queued, so that the
+                // next attempt joins.
+                Ok(Attempt::Held { ttl, .. }) => Ok(Attempt::Held { ttl, queued: false }),
                 other => other,
             }
         })
@@ -739,6 +752,13 @@ impl Backend for RedLockBackend {
     ) -> BoxFuture<'a, Result<Option<LockInfo>, BackendError>> {
         Box::pin(async move {
             let round = self.round(|node| node.force_release(key)).await;
+            // The place first in the first master's queue, woken once every master answered
+            // (that master's own announcement may come first, or not at all when it held
+            // nothing).
+            let first = &self.nodes[self.leader(key)].redis;
+            let _ =
+                tokio::time::timeout(self.request_timeout, first.wake_first(wake_script(), key))
+                    .await;
             self.agreed("force release", round)
         })
     }
@@ -761,10 +781,12 @@ impl Backend for RedLockBackend {
         {
             return Some(watch);
         }
-        let watches = self
-            .nodes
-            .iter()
-            .filter_map(|node| node.redis.watching(key, token, None))
+        let leader = self.leader(key);
+        // The first master announces no release on the key's channel (its queue's places are
+        // woken by the releasing clients): the others' announcements are counted.
+        let watches = (self.nodes.iter().enumerate())
+            .filter(|(i, _)| *i != leader)
+            .filter_map(|(_, node)| node.redis.watching(key, token, None))
             .collect();
         self.combine(watches)
     }
@@ -784,10 +806,11 @@ impl Backend for RedLockBackend {
             {
                 return Some(watch);
             }
+            let leader = self.leader(key);
             let watches = join_all(
-                self.nodes
-                    .iter()
-                    .map(|node| node.redis.watch(key, token, None)),
+                (self.nodes.iter().enumerate())
+                    .filter(|(i, _)| *i != leader)
+                    .map(|(_, node)| node.redis.watch(key, token, None)),
             )
             .await
             .into_iter()
