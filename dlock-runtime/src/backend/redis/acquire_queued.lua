@@ -1,4 +1,4 @@
--- Acquire from a place in the key's queue, in one round trip (after lock.lua). The queue holds
+-- Acquire from a place in the key's queue, in one round trip (after lock.lua and queue.lua). The queue holds
 -- places, one per waiting process and key (its locker's in-process line), so that a release
 -- wakes one process rather than every waiter, and a process keeps its place for the waiters
 -- behind the one that takes the lock.
@@ -17,36 +17,21 @@ local held = redis.call('GET', KEYS[1])
 if held and ARGV[7] == '0' then
   return already_mine(KEYS[1], KEYS[4], held, ARGV[1], ARGV[2]) or refused(KEYS[1], ARGV[2])
 end
-local now_parts = redis.call('TIME')
-local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
+local now = server_ms()
 local live = tonumber(ARGV[3])
 local place = ARGV[4]
--- Places whose waiters stopped trying leave from the head of the line.
-while true do
-  local head = redis.call('LINDEX', KEYS[2], 0)
-  if not head then break end
-  local gone_at = redis.call('ZSCORE', KEYS[3], head)
-  if gone_at and tonumber(gone_at) > now then break end
-  redis.call('LPOP', KEYS[2])
-  redis.call('ZREM', KEYS[3], head)
-end
+drop_lapsed(KEYS[2], KEYS[3], now)
 local mine = already_mine(KEYS[1], KEYS[4], held, ARGV[1], ARGV[2])
 if mine then
   return mine
 end
 local function queue_place()
-  if redis.call('ZADD', KEYS[3], now + live, place) == 1 then
-    redis.call('RPUSH', KEYS[2], place)
-  end
-  redis.call('PEXPIRE', KEYS[2], 2 * live)
-  redis.call('PEXPIRE', KEYS[3], 2 * live)
+  join_queue(KEYS[2], KEYS[3], place, live, now)
 end
 if held == false then
   local head = redis.call('LINDEX', KEYS[2], 0)
   if ARGV[6] ~= '1' or head == false or head == place then
-    if redis.call('ZREM', KEYS[3], place) == 1 then
-      redis.call('LREM', KEYS[2], 1, place)
-    end
+    leave_line(KEYS[2], KEYS[3], place)
     local f = set_lock(KEYS[1], KEYS[4], ARGV[1], ARGV[2])
     if ARGV[5] == '1' then
       queue_place()

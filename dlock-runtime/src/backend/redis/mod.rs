@@ -134,6 +134,7 @@ fn acquire_queued_script() -> &'static Script {
     ACQUIRE_FAIR.get_or_init(|| {
         Script::new(concat!(
             include_str!("lock.lua"),
+            include_str!("queue.lua"),
             include_str!("acquire_queued.lua")
         ))
     })

@@ -1,4 +1,4 @@
--- RedLock's acquire on one master, in one round (after ../redis/lock.lua): the lock, and the
+-- RedLock's acquire on one master, in one round (after ../redis/lock.lua and queue.lua): the lock, and the
 -- fence the client proposes (its clock in µs, or more), kept as this master's counter.
 -- KEYS[1] lock key, KEYS[2] fencing counter (same cluster slot as KEYS[1])
 -- ARGV[1] the lock's value (this acquisition's token and its holder's record), ARGV[2] lease in milliseconds, ARGV[3] the proposed fence
@@ -19,21 +19,9 @@
 local queued = #KEYS == 4
 
 local function join()
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  while true do
-    local head = redis.call('LINDEX', KEYS[3], 0)
-    if not head then break end
-    local gone_at = redis.call('ZSCORE', KEYS[4], head)
-    if gone_at and tonumber(gone_at) > now then break end
-    redis.call('LPOP', KEYS[3])
-    redis.call('ZREM', KEYS[4], head)
-  end
-  if redis.call('ZADD', KEYS[4], now + tonumber(ARGV[4]), ARGV[5]) == 1 then
-    redis.call('RPUSH', KEYS[3], ARGV[5])
-  end
-  redis.call('PEXPIRE', KEYS[3], 2 * tonumber(ARGV[4]))
-  redis.call('PEXPIRE', KEYS[4], 2 * tonumber(ARGV[4]))
+  local now = server_ms()
+  drop_lapsed(KEYS[3], KEYS[4], now)
+  join_queue(KEYS[3], KEYS[4], ARGV[5], tonumber(ARGV[4]), now)
 end
 
 -- A grant from a place: the place is in the queue, and stays there until the client has a
@@ -42,9 +30,7 @@ end
 -- process's next waiter, it goes to the back of the queue.
 local function granted_from_place()
   if ARGV[6] == '1' then
-    if redis.call('ZREM', KEYS[4], ARGV[5]) == 1 then
-      redis.call('LREM', KEYS[3], 1, ARGV[5])
-    end
+    leave_line(KEYS[3], KEYS[4], ARGV[5])
     join()
   elseif ARGV[7] == '1' then
     join()

@@ -152,6 +152,7 @@ fn acquire_script() -> &'static redis::Script {
     ACQUIRE.get_or_init(|| {
         redis::Script::new(concat!(
             include_str!("../redis/lock.lua"),
+            include_str!("../redis/queue.lua"),
             include_str!("acquire.lua")
         ))
     })
