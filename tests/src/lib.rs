@@ -40,6 +40,52 @@ pub async fn acquire_and_release(locker: &Locker, key: &str) {
         .unwrap_or_else(|e| panic!("release `{key}`: {e}"));
 }
 
+/// A task that waits for `key` on `waiter` (up to 20s), releases it, and returns when it got it.
+///
+/// # Panics
+/// (In the task) when the lock cannot be taken or released.
+pub fn spawn_waiter(waiter: &Locker, key: &str) -> tokio::task::JoinHandle<tokio::time::Instant> {
+    let (waiter, key) = (waiter.clone(), key.to_owned());
+    tokio::spawn(async move {
+        let options = dlock_runtime::LockOptions::new().timeout(Duration::from_secs(20));
+        let guard = waiter.acquire(&key, options).await.unwrap();
+        let at = tokio::time::Instant::now();
+        guard.release().await.unwrap();
+        at
+    })
+}
+
+/// Waits for `waiters` (of [`spawn_waiter`], each on a locker whose poll is 3s) and checks that
+/// each got the lock within 2.5s of `released_at`: from release wake-ups, in turn, not a poll.
+///
+/// # Panics
+/// When a waiter failed, or got the lock later.
+pub async fn woken_in_turn(
+    waiters: Vec<tokio::task::JoinHandle<tokio::time::Instant>>,
+    released_at: tokio::time::Instant,
+) {
+    for waiter in waiters {
+        let got = waiter.await.unwrap() - released_at;
+        assert!(
+            got < Duration::from_millis(2500),
+            "a waiter got the lock {got:?} after the first release: a 3s poll, not a wake-up"
+        );
+    }
+}
+
+/// How many connections of the Redis server `redis` is connected to subscribe to `channel`.
+///
+/// # Panics
+/// When the server does not answer.
+pub fn subscribers(redis: &mut redis::Connection, channel: &str) -> usize {
+    let (_, n): (String, usize) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query(redis)
+        .unwrap();
+    n
+}
+
 /// Four lockers on `url` that poll only once a second take turns on one key with empty bodies,
 /// 25 holds each, each asking again at once after its release (as the benchmark's W3 does):
 /// every hold but the first is taken while the others sleep in line, and many are taken by a

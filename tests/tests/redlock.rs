@@ -10,7 +10,10 @@ use std::{
 };
 
 use dlock_runtime::{LockError, LockOptions, Locker};
-use dlock_tests::{RedisServer, proxy::Proxy, redlock::RedLockServers, unique_key};
+use dlock_tests::{
+    RedisServer, proxy::Proxy, redlock::RedLockServers, spawn_waiter, subscribers, unique_key,
+    woken_in_turn,
+};
 use redis::Commands as _;
 use tokio::time::Instant;
 
@@ -485,26 +488,8 @@ async fn releases_wake_waiters_with_two_masters_down() {
 
 async fn woken_by_the_release(masters: &RedLockServers, key: &str) {
     let holder = locker(&masters.url(), Duration::from_millis(200));
-    let waiter = Locker::builder()
-        .url(masters.url())
-        .request_timeout(Duration::from_millis(200))
-        .retry(Duration::from_secs(3), Duration::from_secs(3))
-        .build()
-        .unwrap();
-    let key = key.to_owned();
-    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
-    let waiting = tokio::spawn({
-        let key = key.clone();
-        async move {
-            let guard = waiter
-                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(20)))
-                .await
-                .unwrap();
-            let at = Instant::now();
-            guard.release().await.unwrap();
-            at
-        }
-    });
+    let held = holder.acquire(key, LockOptions::new()).await.unwrap();
+    let waiting = spawn_waiter(&slow_poller(masters), key);
     // Long enough for the waiter's first refusal, subscription and covering attempt.
     tokio::time::sleep(Duration::from_millis(800)).await;
     let released_at = Instant::now();
@@ -529,22 +514,7 @@ async fn a_release_wakes_the_process_it_names_alone() {
     let holder = locker(&masters.url(), Duration::from_millis(200));
     let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
     let tasks: Vec<_> = (0..4)
-        .map(|_| {
-            let waiter = Locker::builder()
-                .url(masters.url())
-                .request_timeout(Duration::from_millis(200))
-                .retry(Duration::from_secs(3), Duration::from_secs(3))
-                .timeout(Duration::from_secs(20))
-                .build()
-                .unwrap();
-            let key = key.clone();
-            tokio::spawn(async move {
-                let guard = waiter.acquire(&key, LockOptions::new()).await.unwrap();
-                let at = Instant::now();
-                guard.release().await.unwrap();
-                at
-            })
-        })
+        .map(|_| spawn_waiter(&slow_poller(&masters), &key))
         .collect();
     let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
     let mut leader = masters.server(first).client().get_connection().unwrap();
@@ -562,11 +532,7 @@ async fn a_release_wakes_the_process_it_names_alone() {
     }
     for i in 0..5 {
         let mut master = masters.server(i).client().get_connection().unwrap();
-        let (_, on_key): (String, u64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(format!("dlock:{key}"))
-            .query(&mut master)
-            .unwrap();
+        let on_key = subscribers(&mut master, &format!("dlock:{key}"));
         assert_eq!(
             on_key, 0,
             "master {i}: {on_key} processes listen on the key's channel"
@@ -583,22 +549,21 @@ async fn a_release_wakes_the_process_it_names_alone() {
         "one channel per waiting process: {channels:?}"
     );
     for channel in &channels {
-        let (_, listeners): (String, u64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(channel)
-            .query(&mut leader)
-            .unwrap();
-        assert_eq!(listeners, 1, "{channel}");
+        assert_eq!(subscribers(&mut leader, channel), 1, "{channel}");
     }
     let released_at = Instant::now();
     held.release().await.unwrap();
-    for task in tasks {
-        let got = task.await.unwrap() - released_at;
-        assert!(
-            got < Duration::from_millis(2500),
-            "a waiter got the lock {got:?} after the first release: a 3s poll, not a wake-up"
-        );
-    }
+    woken_in_turn(tasks, released_at).await;
+}
+
+/// A locker on `masters` whose polling pause is 3s: a quicker hand-off is a wake-up.
+fn slow_poller(masters: &RedLockServers) -> Locker {
+    Locker::builder()
+        .url(masters.url())
+        .request_timeout(Duration::from_millis(200))
+        .retry(Duration::from_secs(3), Duration::from_secs(3))
+        .build()
+        .unwrap()
 }
 
 /// What RedLock refuses to be configured with, each a `Config` error that says why and shows

@@ -9,7 +9,7 @@ use std::{
 
 use dlock_runtime::{LockOptions, Locker};
 use dlock_tests::resp::Value;
-use dlock_tests::{RedisServer, unique_key};
+use dlock_tests::{RedisServer, spawn_waiter, unique_key};
 use redis::Commands as _;
 use tokio::time::Instant;
 
@@ -22,20 +22,6 @@ fn slow_poller(url: Option<&str>, notify: bool) -> Locker {
         Some(url) => builder.redis_url(url).build().unwrap(),
         None => builder.memory().build().unwrap(),
     }
-}
-
-/// A task that waits for `key` (up to 20s), releases it, and returns when it got it.
-fn spawn_waiter(waiter: &Locker, key: &str) -> tokio::task::JoinHandle<Instant> {
-    let (waiter, key) = (waiter.clone(), key.to_owned());
-    tokio::spawn(async move {
-        let guard = waiter
-            .acquire(&key, LockOptions::new().timeout(Duration::from_secs(20)))
-            .await
-            .unwrap();
-        let at = Instant::now();
-        guard.release().await.unwrap();
-        at
-    })
 }
 
 /// How long a waiter took to get the lock after the holder released it.
@@ -103,22 +89,12 @@ async fn a_release_is_heard_by_the_process_it_names_alone() {
             channel.starts_with(&format!("{queue}:")) && channel.len() == queue.len() + 9,
             "not a place's channel: {channel}"
         );
-        let (_, listeners): (String, u64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(channel)
-            .query(&mut redis)
-            .unwrap();
+        let listeners = dlock_tests::subscribers(&mut redis, channel);
         assert_eq!(listeners, 1, "{channel} is heard by {listeners} processes");
     }
     let released_at = Instant::now();
     held.release().await.unwrap();
-    for task in tasks {
-        let got = task.await.unwrap() - released_at;
-        assert!(
-            got < Duration::from_millis(2500),
-            "a waiter got the lock {got:?} after the first release: a 3s poll, not a wake-up"
-        );
-    }
+    dlock_tests::woken_in_turn(tasks, released_at).await;
 }
 
 /// A forced release wakes the waiting process first in line on its place's channel, as a
@@ -269,13 +245,7 @@ async fn lost_subscription_degrades_and_recovers() {
 }
 
 fn subscribers(server: &RedisServer, channel: &str) -> usize {
-    let mut redis = server.client().get_connection().unwrap();
-    let (_, n): (String, usize) = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
-        .arg(channel)
-        .query(&mut redis)
-        .unwrap();
-    n
+    dlock_tests::subscribers(&mut server.client().get_connection().unwrap(), channel)
 }
 
 /// After its last waiter leaves, a process's channel for a key (its place's) stays subscribed
