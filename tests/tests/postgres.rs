@@ -485,6 +485,99 @@ async fn tables_from_before_the_shared_kinds_get_them_on_first_use() {
     reader.release().await.unwrap();
 }
 
+/// `dlock_wake_line` as dlock made it before releases named a place's own channel: every
+/// release announced on `dlock_release`.
+const EARLIER_WAKE_LINE: &str = "\
+CREATE OR REPLACE FUNCTION dlock_wake_line(p_key text, p_fence bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    woke boolean;
+BEGIN
+    WITH next AS (
+        SELECT left(w.token, 8) AS next FROM dlock_waiters w
+         WHERE w.key = p_key AND w.gone_at > clock_timestamp() ORDER BY w.place LIMIT 1
+    ), kept AS (
+        INSERT INTO dlock_locks (key, token, fence, expires_at, contended)
+        SELECT p_key, '00000000000000000000000000000000', p_fence, to_timestamp(0), true
+          FROM next
+        ON CONFLICT (key) DO NOTHING
+    )
+    SELECT true INTO woke
+      FROM pg_notify('dlock_release', coalesce((SELECT next FROM next), '--------') ||
+               CASE WHEN octet_length(p_key) < 7900 THEN p_key ELSE '' END);
+    RETURN woke;
+END $$;";
+
+/// Three waiters of `url` (each its own locker, polling every 3s) queue for a key `holder`
+/// holds, and each gets it from a release's wake-up, in turn.
+async fn waiters_woken_in_turn(url: &str, holder: &Locker, db: &tokio_postgres::Client) {
+    let key = unique_key("earlier");
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let tasks: Vec<_> = (0..3)
+        .map(|_| {
+            let waiter = Locker::builder()
+                .url(url)
+                .retry(Duration::from_secs(3), Duration::from_secs(3))
+                .build()
+                .unwrap();
+            dlock_tests::spawn_waiter(&waiter, &key)
+        })
+        .collect();
+    wait_for_line(db, &key, 3).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    dlock_tests::woken_in_turn(tasks, released_at).await;
+}
+
+/// Tables made by an earlier dlock, whose `dlock_wake_line` announced every release on
+/// `dlock_release`: a user who may not replace the function goes on with it, its waiters still
+/// woken by each release (they listen there too); the function's owner replaces it at its first
+/// acquisition with the one that names the place's own channel.
+#[tokio::test]
+async fn an_earlier_wake_function_is_replaced_where_the_user_may() {
+    let server = pg::shared_server();
+    let url = pg::database(&server, "earlier_wake");
+    let db = pg::client(&url).await;
+    db.batch_execute(&format!(
+        "CREATE SEQUENCE dlock_fence;
+         CREATE TABLE dlock_locks (key text PRIMARY KEY, token text NOT NULL,
+             fence bigint NOT NULL, expires_at timestamptz NOT NULL,
+             contended boolean NOT NULL DEFAULT false, owner text, acquired_at timestamptz);
+         CREATE TABLE dlock_waiters (key text NOT NULL, token text NOT NULL,
+             place bigint NOT NULL, gone_at timestamptz NOT NULL, PRIMARY KEY (key, token));
+         {EARLIER_WAKE_LINE}
+         CREATE ROLE dlock_earlier LOGIN;
+         GRANT SELECT, INSERT, UPDATE, DELETE ON dlock_locks, dlock_waiters TO dlock_earlier;
+         GRANT USAGE ON SEQUENCE dlock_fence TO dlock_earlier;"
+    ))
+    .await
+    .unwrap();
+    let names_places = "SELECT prosrc LIKE '%dlock_wake_%' FROM pg_proc \
+                        WHERE oid = to_regprocedure('dlock_wake_line(text,bigint)')::oid";
+
+    let as_user = format!(
+        "postgres://dlock_earlier@127.0.0.1:{}/earlier_wake?sslmode=disable",
+        server.port()
+    );
+    waiters_woken_in_turn(&as_user, &locker(&as_user), &db).await;
+    assert!(
+        !db.query_one(names_places, &[])
+            .await
+            .unwrap()
+            .get::<_, bool>(0),
+        "a user without the right replaced the function"
+    );
+
+    waiters_woken_in_turn(&url, &locker(&url), &db).await;
+    assert!(
+        db.query_one(names_places, &[])
+            .await
+            .unwrap()
+            .get::<_, bool>(0),
+        "the owner's locker left the earlier function"
+    );
+}
+
 /// The server's Unix socket, named as libpq does (`%2F`-encoded host).
 #[tokio::test]
 async fn a_unix_socket_url_works() {

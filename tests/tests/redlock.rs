@@ -556,6 +556,52 @@ async fn a_release_wakes_the_process_it_names_alone() {
     woken_in_turn(tasks, released_at).await;
 }
 
+/// A place serves wake-ups only: with notifications off a waiter keeps none (it polls). A forced
+/// release, which no holder's release follows, wakes the place first in the first master's
+/// queue, even when that master held nothing to announce; that waiter's release wakes the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_release_wakes_the_first_place_and_pollers_keep_none() {
+    let masters = RedLockServers::start();
+    let first = 1;
+    let key = key_led_by("forced", first, 5);
+    let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
+    let mut leader = masters.server(first).client().get_connection().unwrap();
+    let holder = locker(&masters.url(), Duration::from_millis(200));
+
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let poller = Locker::builder()
+        .url(masters.url())
+        .request_timeout(Duration::from_millis(200))
+        .retry(Duration::from_millis(20), Duration::from_millis(50))
+        .notify(false)
+        .build()
+        .unwrap();
+    let polling = spawn_waiter(&poller, &key);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let places: usize = leader.llen(&queue).unwrap();
+    assert_eq!(places, 0, "a waiter without notifications kept a place");
+    held.release().await.unwrap();
+    polling.await.unwrap();
+
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let tasks: Vec<_> = (0..2)
+        .map(|_| spawn_waiter(&slow_poller(&masters), &key))
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while leader.llen::<_, usize>(&queue).unwrap() < 2 {
+        assert!(Instant::now() < deadline, "the waiters never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The first master lost the hold (a majority without it holds the key): its own forced
+    // release finds nothing and announces nothing, so the line hears of it from the client.
+    let _: () = leader.del(format!("dlock:{key}")).unwrap();
+    let released_at = Instant::now();
+    let forced = holder.force_release(&key).await.unwrap();
+    assert!(forced.is_some(), "the forced release found no holder");
+    woken_in_turn(tasks, released_at).await;
+    drop(held);
+}
+
 /// A locker on `masters` whose polling pause is 3s: a quicker hand-off is a wake-up.
 fn slow_poller(masters: &RedLockServers) -> Locker {
     Locker::builder()
