@@ -820,6 +820,36 @@ impl RedisBackend {
         Ok(())
     }
 
+    /// [`wake_first`](Self::wake_first) sent from a task of its own, so that the caller (a
+    /// RedLock release, whose round has answered) need not wait for the reply: the releasing
+    /// client's next acquisition does not wait one more round trip behind each contended
+    /// release. `false` when there is no live connection to send it on (then the caller sends it
+    /// itself). The reply is read by nobody; a refused `PUBLISH` is logged at debug level (the
+    /// other masters' releases, which announce on the key's channel, report it once as a
+    /// warning).
+    #[cfg(feature = "redlock")]
+    pub(crate) fn wake_first_detached(&self, script: &'static Script, key: &str) -> bool {
+        let Some(mut connection) = self.live_connection() else {
+            return false;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        let mut call = Call::new(script, 1);
+        call.arg(companion(&self.fair_prefix, key, "queue"))
+            .arg(self.publish_command());
+        let bound = self.request_timeout;
+        runtime.spawn(async move {
+            match tokio::time::timeout(bound, connection.invoke::<i64>(&call)).await {
+                Ok(Ok(2)) => tracing::debug!("RedLock wake-up: PUBLISH refused by the ACL"),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::debug!(error = %e, "RedLock: the first waiting process could not be woken; it polls"),
+                Err(_) => tracing::debug!("RedLock: the first waiting process could not be woken in time; it polls"),
+            }
+        });
+        true
+    }
+
     /// RedLock: `place` out of this master's queue of `key` (`script`, the RedLock folder's
     /// place.lua), announced to nobody.
     #[cfg(feature = "redlock")]

@@ -695,7 +695,9 @@ impl Backend for RedLockBackend {
                     }
                 })
                 .await;
-            if waits.load(Ordering::Relaxed) {
+            // Sent, not awaited: the releasing client asks again at once more often than not
+            // (a hot key), and its next round need not wait behind the wake-up's reply.
+            if waits.load(Ordering::Relaxed) && !first.wake_first_detached(wake_script(), key) {
                 let woken = tokio::time::timeout(
                     self.request_timeout,
                     first.wake_first(wake_script(), key),
