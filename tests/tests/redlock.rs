@@ -602,6 +602,51 @@ async fn a_forced_release_wakes_the_first_place_and_pollers_keep_none() {
     drop(held);
 }
 
+/// A process that exits right after its release and its locker's `close` has still woken the
+/// waiter first in line: the wake-up a release sends without waiting for its reply is one that
+/// `close` waits for. The holder runs on a runtime of its own, dropped once `close` returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_closes_after_its_release_has_woken_the_line() {
+    let masters = RedLockServers::start();
+    let first = 2;
+    let key = key_led_by("closing", first, 5);
+    let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
+    let mut leader = masters.server(first).client().get_connection().unwrap();
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let (url, held_key) = (masters.url(), key.clone());
+    let holder = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let locker = locker(&url, Duration::from_millis(200));
+            let held = locker.acquire(&held_key, LockOptions::new()).await.unwrap();
+            held_tx.send(()).unwrap();
+            go_rx.await.unwrap();
+            held.release().await.unwrap();
+            locker.close().await.unwrap();
+        });
+    });
+    held_rx.await.unwrap();
+    let waiting = spawn_waiter(&slow_poller(&masters), &key);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while leader.llen::<_, usize>(&queue).unwrap() < 1 {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let released_at = Instant::now();
+    go_tx.send(()).unwrap();
+    let woken_at = waiting.await.unwrap();
+    assert!(
+        woken_at - released_at < Duration::from_millis(2000),
+        "woken {:?} after the holder's release and close: polled, not woken",
+        woken_at - released_at
+    );
+    holder.join().unwrap();
+}
+
 /// A locker on `masters` whose polling pause is 3s: a quicker hand-off is a wake-up.
 fn slow_poller(masters: &RedLockServers) -> Locker {
     Locker::builder()

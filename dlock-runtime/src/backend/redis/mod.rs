@@ -393,7 +393,7 @@ pub(crate) struct RedisBackend {
     /// Release notifications; `None` when turned off (`DLOCK_NOTIFY=off`).
     notifier: Option<Notifier>,
     /// A release's PUBLISH was refused once already (reported once per locker).
-    publish_denied: std::sync::atomic::AtomicBool,
+    publish_denied: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Every release of a mutex is announced, not only those a place in the key's queue waits
     /// for: a RedLock master's (RedLock's waiters keep a place on the key's first master only,
     /// when they can; see [`announcing_every_release`](Self::announcing_every_release)).
@@ -404,6 +404,26 @@ pub(crate) struct RedisBackend {
     identity: Identity,
     /// The key prefix: dlock's reserved namespace after it (`__word:`) is left out of listings.
     key_prefix: String,
+}
+
+/// A release's `PUBLISH` was refused by the server's ACL: said once per connection's backend
+/// (`denied`), as a warning while notifications are on (waiters of other lockers poll instead
+/// of being woken).
+fn warn_publish_denied(denied: &std::sync::atomic::AtomicBool, notifying: bool, key: &str) {
+    if denied.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    if notifying {
+        tracing::warn!(
+            key = %key,
+            "the Redis user may not PUBLISH release notifications (ACL channel permission \
+             `&<prefix>*` missing: the channels are the lock keys' and \
+             `<prefix>__fair:{{<key>}}:queue:<8 hex>`; or a Cluster before Redis 7, which has \
+             no SPUBLISH): waiters of other lockers poll instead of being woken"
+        );
+    } else {
+        tracing::debug!(key = %key, "release notification refused by the server's ACL");
+    }
 }
 
 impl std::fmt::Debug for RedisBackend {
@@ -464,7 +484,7 @@ impl RedisBackend {
             request_timeout: timeout,
             fence_prefix: format!("{}{FENCE_PREFIX}", settings.key_prefix),
             fair_prefix: format!("{}{FAIR_PREFIX}", settings.key_prefix),
-            publish_denied: std::sync::atomic::AtomicBool::new(false),
+            publish_denied: std::sync::Arc::default(),
             announce_always: false,
             wait_replicas,
             identity: settings.identity.clone(),
@@ -523,23 +543,7 @@ impl RedisBackend {
     /// the key's, or a waiting place's `<prefix>__fair:{<key>}:queue:<8 hex>`): the release
     /// itself stood. Reported once per locker; waiters elsewhere poll.
     fn publish_denied(&self, key: &str) {
-        if self
-            .publish_denied
-            .swap(true, std::sync::atomic::Ordering::Relaxed)
-        {
-            return;
-        }
-        if self.notifier.is_some() {
-            tracing::warn!(
-                key = %key,
-                "the Redis user may not PUBLISH release notifications (ACL channel permission \
-                 `&<prefix>*` missing: the channels are the lock keys' and \
-                 `<prefix>__fair:{{<key>}}:queue:<8 hex>`; or a Cluster before Redis 7, which has \
-                 no SPUBLISH): waiters of other lockers poll instead of being woken"
-            );
-        } else {
-            tracing::debug!(key = %key, "release notification refused by the server's ACL");
-        }
+        warn_publish_denied(&self.publish_denied, self.notifier.is_some(), key);
     }
 
     /// The shared connection, made lazily on first use; it reconnects by itself afterwards. It
@@ -820,34 +824,39 @@ impl RedisBackend {
         Ok(())
     }
 
-    /// [`wake_first`](Self::wake_first) sent from a task of its own, so that the caller (a
-    /// RedLock release, whose round has answered) need not wait for the reply: the releasing
-    /// client's next acquisition does not wait one more round trip behind each contended
-    /// release. `false` when there is no live connection to send it on (then the caller sends it
-    /// itself). The reply is read by nobody; a refused `PUBLISH` is logged at debug level (the
-    /// other masters' releases, which announce on the key's channel, report it once as a
-    /// warning).
+    /// [`wake_first`](Self::wake_first) as a future that owns what it needs, for the caller to
+    /// spawn (a RedLock release, whose round has answered, need not wait for the reply: the
+    /// releasing client's next acquisition does not wait one more round trip behind each
+    /// contended release). `None` when there is no live connection to send it on (then the
+    /// caller sends it itself). A refused `PUBLISH` is reported as `wake_first` reports it.
     #[cfg(feature = "redlock")]
-    pub(crate) fn wake_first_detached(&self, script: &'static Script, key: &str) -> bool {
-        let Some(mut connection) = self.live_connection() else {
-            return false;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return false;
-        };
+    pub(crate) fn wake_first_task(
+        &self,
+        script: &'static Script,
+        key: &str,
+    ) -> Option<impl Future<Output = ()> + Send + 'static> {
+        let mut connection = self.live_connection()?;
         let mut call = Call::new(script, 1);
         call.arg(companion(&self.fair_prefix, key, "queue"))
             .arg(self.publish_command());
-        let bound = self.request_timeout;
-        runtime.spawn(async move {
+        let (bound, denied, notifying) = (
+            self.request_timeout,
+            self.publish_denied.clone(),
+            self.notifier.is_some(),
+        );
+        let key = key.to_owned();
+        Some(async move {
             match tokio::time::timeout(bound, connection.invoke::<i64>(&call)).await {
-                Ok(Ok(2)) => tracing::debug!("RedLock wake-up: PUBLISH refused by the ACL"),
+                Ok(Ok(2)) => warn_publish_denied(&denied, notifying, &key),
                 Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::debug!(error = %e, "RedLock: the first waiting process could not be woken; it polls"),
-                Err(_) => tracing::debug!("RedLock: the first waiting process could not be woken in time; it polls"),
+                Ok(Err(e)) => {
+                    tracing::debug!(key = %key, error = %e, "RedLock: the first waiting process could not be woken; it polls")
+                }
+                Err(_) => {
+                    tracing::debug!(key = %key, "RedLock: the first waiting process could not be woken in time; it polls")
+                }
             }
-        });
-        true
+        })
     }
 
     /// RedLock: `place` out of this master's queue of `key` (`script`, the RedLock folder's

@@ -45,6 +45,7 @@ use std::{
 
 use futures_util::future::join_all;
 use tokio::{sync::Notify, time::Instant};
+use tokio_util::task::TaskTracker;
 
 use super::{
     api::{
@@ -131,6 +132,9 @@ pub(crate) struct RedLockBackend {
     /// Waits (by token) whose place got the first master's grant with no majority following,
     /// and how many times in a row: see [`RedLockBackend::soon`].
     in_flight: Mutex<HashMap<String, u32>>,
+    /// The wake-ups that releases sent without waiting for their reply (each bounded by the
+    /// request timeout): [`Backend::close`] waits for them.
+    wakes: TaskTracker,
 }
 
 static ACQUIRE: OnceLock<redis::Script> = OnceLock::new();
@@ -261,6 +265,7 @@ impl RedLockBackend {
             seen: AtomicU64::new(0),
             refused: Mutex::default(),
             in_flight: Mutex::default(),
+            wakes: TaskTracker::new(),
         })
     }
 
@@ -567,6 +572,16 @@ impl RedLockBackend {
 }
 
 impl Backend for RedLockBackend {
+    fn close(&self) -> BoxFuture<'_, Result<(), BackendError>> {
+        Box::pin(async move {
+            // A process that exits once its locker is closed has still woken the waiters of
+            // its last releases.
+            self.wakes.close();
+            self.wakes.wait().await;
+            Ok(())
+        })
+    }
+
     fn ping(&self) -> BoxFuture<'_, Result<(), BackendError>> {
         Box::pin(async move {
             let pings = self.nodes.iter().map(|node| node.redis.ping_server());
@@ -696,8 +711,21 @@ impl Backend for RedLockBackend {
                 })
                 .await;
             // Sent, not awaited: the releasing client asks again at once more often than not
-            // (a hot key), and its next round need not wait behind the wake-up's reply.
-            if waits.load(Ordering::Relaxed) && !first.wake_first_detached(wake_script(), key) {
+            // (a hot key), and its next round need not wait behind the wake-up's reply. Tracked:
+            // closing the locker waits for it (a process that exits after `close` still wakes
+            // the other processes' waiters).
+            let detached = waits.load(Ordering::Relaxed)
+                && match (
+                    first.wake_first_task(wake_script(), key),
+                    tokio::runtime::Handle::try_current(),
+                ) {
+                    (Some(wake), Ok(runtime)) => {
+                        self.wakes.spawn_on(wake, &runtime);
+                        true
+                    }
+                    _ => false,
+                };
+            if waits.load(Ordering::Relaxed) && !detached {
                 let woken = tokio::time::timeout(
                     self.request_timeout,
                     first.wake_first(wake_script(), key),
