@@ -147,7 +147,14 @@ fn redis_family(
         engine,
         about,
         floor,
-        others: Vec::new(),
+        others: if engine == Engine::RedLock {
+            vec![Box::new(Rslock {
+                masters: masters.clone(),
+                prefix,
+            }) as Box<dyn Contender>]
+        } else {
+            Vec::new()
+        },
         counter: Box::new(RedisCounter {
             url: data_url,
             prefix,
@@ -301,6 +308,52 @@ impl Client for RedLockClient {
             }
             body.await?;
             self.release_everywhere(&key, &token).await;
+            Ok(())
+        })
+    }
+}
+
+/// `rslock`, RedLock for redis-rs: `lock` with a TTL (`SET NX PX` on every master, its own
+/// connections), retried while refused after its own random pause of up to 2ms (the floor's is
+/// 1ms), then `unlock` on every master. No fence, no wake-up, no renewal.
+struct Rslock {
+    masters: Vec<String>,
+    prefix: &'static str,
+}
+
+impl Contender for Rslock {
+    fn name(&self) -> String {
+        "rslock 0.7 (RedLock, no fence)".to_owned()
+    }
+
+    fn client(&self) -> BoxFuture<'_, Result<Box<dyn Client>, Error>> {
+        Box::pin(async move {
+            let mut manager = rslock::LockManager::new(self.masters.clone());
+            manager.set_retry(u32::MAX, Duration::from_millis(2));
+            Ok(Box::new(RslockClient {
+                manager,
+                prefix: self.prefix,
+            }) as Box<dyn Client>)
+        })
+    }
+}
+
+struct RslockClient {
+    manager: rslock::LockManager,
+    prefix: &'static str,
+}
+
+impl Client for RslockClient {
+    fn hold<'a>(&'a mut self, key: &'a str, body: Body<'a>) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let key = format!("{}{key}", self.prefix);
+            let lock = self
+                .manager
+                .lock(key.as_bytes(), Duration::from_secs(30))
+                .await
+                .map_err(|e| format!("rslock: {e}"))?;
+            body.await?;
+            self.manager.unlock(&lock).await;
             Ok(())
         })
     }
