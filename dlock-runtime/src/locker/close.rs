@@ -16,7 +16,8 @@ impl Locker {
     /// 2. What guards still hold is released; those holds count as lost (a `#[dlock]` body
     ///    still running under one is stopped, as on any loss, unless `on_lost = "continue"`).
     /// 3. Releases and cleanups handed to the background (dropped guards and waits) finish.
-    /// 4. What the engine keeps for this client ends: the ZooKeeper session, etcd leases.
+    /// 4. What the engine keeps for this client ends: the ZooKeeper session, etcd leases; on
+    ///    RedLock, the wake-ups its last releases sent to waiting processes are delivered.
     ///
     /// All of it within about five request timeouts (`DLOCK_REQUEST_TIMEOUT`, at least 1s);
     /// calling it again does nothing more.
