@@ -1,7 +1,7 @@
--- A forced release (after lock.lua and shared.lua): deletes the lock whoever holds it, raises
--- its slot's fencing counter past every fence handed out, and wakes the place first in line on its
--- channel, as release.lua does. The holder's next renewal finds the key gone (Lost). Of a semaphore or
--- read/write lock (a hash), every hold goes; writers waiting keep their place.
+-- A forced release (after lock.lua, shared.lua and wake_head.lua): deletes the lock whoever holds
+-- it, raises its slot's fencing counter past every fence handed out, and wakes the place first in
+-- line on its channel, as release.lua does. The holder's next renewal finds the key gone (Lost).
+-- Of a semaphore or read/write lock (a hash), every hold goes; writers waiting keep their place.
 -- KEYS[1] lock key, KEYS[2] fencing counter, KEYS[3] the queue (same cluster slot).
 -- ARGV[1] PUBLISH or SPUBLISH, ARGV[2] the client's clock in µs (for the fence).
 -- Returns false when the key was free, else the value it held, or {kind, {hold values…}}.
@@ -34,10 +34,7 @@ redis.call('DEL', KEYS[1])
 fence(KEYS[2])
 -- A place waits: on its channel. None: anyone, on the key's channel (RedLock's waiters without a
 -- place listen there).
-local next = string.sub(redis.call('LINDEX', KEYS[3], 0) or '', 1, 8)
-if next ~= '' then
-  redis.pcall(ARGV[1], KEYS[3] .. ':' .. next, next)
-else
+if wake_head(KEYS[3], ARGV[1]) == 0 then
   redis.pcall(ARGV[1], KEYS[1], '')
 end
 return held

@@ -1,4 +1,4 @@
--- A place leaves the key's queue (its process has no more waiters), and the place then first is
+-- (After wake_head.lua.) A place leaves the key's queue (its process has no more waiters), and the place then first is
 -- woken, on its channel, as release.lua wakes it; with no place left in the queue nobody is woken
 -- (every waiter of a mutex with a place listens on its place's channel).
 -- KEYS[1] lock key, KEYS[2] the queue, KEYS[3] the places' deadlines.
@@ -8,13 +8,7 @@ if redis.call('ZREM', KEYS[3], ARGV[1]) == 0 then
   return 0
 end
 redis.call('LREM', KEYS[2], 1, ARGV[1])
-local head = redis.call('LINDEX', KEYS[2], 0)
-if not head then
-  return 1
-end
-local next = string.sub(head, 1, 8)
-local published = redis.pcall(ARGV[2], KEYS[2] .. ':' .. next, next)
-if type(published) == 'table' and published.err then
+if wake_head(KEYS[2], ARGV[2]) == 2 then
   return 3
 end
 return 1

@@ -146,7 +146,12 @@ fn release_script() -> &'static Script {
     RELEASE.get_or_init(|| Script::new(include_str!("release.lua")))
 }
 fn leave_script() -> &'static Script {
-    LEAVE.get_or_init(|| Script::new(include_str!("leave.lua")))
+    LEAVE.get_or_init(|| {
+        Script::new(concat!(
+            include_str!("wake_head.lua"),
+            include_str!("leave.lua")
+        ))
+    })
 }
 fn extend_script() -> &'static Script {
     EXTEND.get_or_init(|| Script::new(include_str!("extend.lua")))
@@ -164,6 +169,7 @@ fn force_script() -> &'static Script {
         Script::new(concat!(
             include_str!("lock.lua"),
             include_str!("shared.lua"),
+            include_str!("wake_head.lua"),
             include_str!("force.lua")
         ))
     })
@@ -806,6 +812,15 @@ impl RedisBackend {
         Ok((reply & 1 == 1, reply & 4 != 0))
     }
 
+    /// The call of RedLock's wake.lua (`script`) for the queue of `key` on this master.
+    #[cfg(feature = "redlock")]
+    fn wake_call(&self, script: &'static Script, key: &str) -> Call {
+        let mut call = Call::new(script, 1);
+        call.arg(companion(&self.fair_prefix, key, "queue"))
+            .arg(self.publish_command());
+        call
+    }
+
     /// RedLock: wakes the place first in this master's queue of `key` (`script`, the RedLock
     /// folder's wake.lua), on its channel.
     #[cfg(feature = "redlock")]
@@ -814,10 +829,7 @@ impl RedisBackend {
         script: &'static Script,
         key: &str,
     ) -> Result<(), BackendError> {
-        let mut call = Call::new(script, 1);
-        call.arg(companion(&self.fair_prefix, key, "queue"))
-            .arg(self.publish_command());
-        let reply: i64 = self.call("wake", call).await?;
+        let reply: i64 = self.call("wake", self.wake_call(script, key)).await?;
         if reply == 2 {
             self.publish_denied(key);
         }
@@ -836,9 +848,7 @@ impl RedisBackend {
         key: &str,
     ) -> Option<impl Future<Output = ()> + Send + 'static> {
         let mut connection = self.live_connection()?;
-        let mut call = Call::new(script, 1);
-        call.arg(companion(&self.fair_prefix, key, "queue"))
-            .arg(self.publish_command());
+        let call = self.wake_call(script, key);
         let (bound, denied, notifying) = (
             self.request_timeout,
             self.publish_denied.clone(),
@@ -876,8 +886,8 @@ impl RedisBackend {
         Ok(())
     }
 
-    /// The channel on which releases of `key` wake `place` (release.lua, leave.lua and
-    /// force.lua name it so): the key's queue, `:` and the place's first 8 hex digits, which a
+    /// The channel on which releases of `key` wake `place` (release.lua and wake_head.lua, which
+    /// leave.lua, force.lua and RedLock's wake.lua run, name it so): the key's queue, `:` and the place's first 8 hex digits, which a
     /// locker's places share. One waiting process hears the releases that name its place, and
     /// no other's; the same cluster slot as the key.
     fn wake_channel(&self, key: &str, place: &Token) -> String {

@@ -143,7 +143,12 @@ static WAKE: OnceLock<redis::Script> = OnceLock::new();
 
 /// The script that wakes the place first in the first master's queue.
 fn wake_script() -> &'static redis::Script {
-    WAKE.get_or_init(|| redis::Script::new(include_str!("wake.lua")))
+    WAKE.get_or_init(|| {
+        redis::Script::new(concat!(
+            include_str!("../redis/wake_head.lua"),
+            include_str!("wake.lua")
+        ))
+    })
 }
 
 /// The script that takes a place out of the first master's queue.
