@@ -420,6 +420,25 @@ async fn the_readme_ddl_and_grants_are_enough_and_a_missing_table_is_a_clear_err
     writer.release().await.unwrap();
 }
 
+/// The tables as an earlier dlock made them (no `dlock_shared`), with `functions` (DDL) made
+/// by the same owner, and a new role `role` granted what the README grants the app.
+async fn earlier_tables(db: &tokio_postgres::Client, functions: &str, role: &str) {
+    db.batch_execute(&format!(
+        "CREATE SEQUENCE dlock_fence;
+         CREATE TABLE dlock_locks (key text PRIMARY KEY, token text NOT NULL,
+             fence bigint NOT NULL, expires_at timestamptz NOT NULL,
+             contended boolean NOT NULL DEFAULT false, owner text, acquired_at timestamptz);
+         CREATE TABLE dlock_waiters (key text NOT NULL, token text NOT NULL,
+             place bigint NOT NULL, gone_at timestamptz NOT NULL, PRIMARY KEY (key, token));
+         {functions}
+         CREATE ROLE {role} LOGIN;
+         GRANT SELECT, INSERT, UPDATE, DELETE ON dlock_locks, dlock_waiters TO {role};
+         GRANT USAGE ON SEQUENCE dlock_fence TO {role};"
+    ))
+    .await
+    .unwrap();
+}
+
 /// Tables made before dlock had semaphores and read/write locks: the mutex goes on as before
 /// for a user without DDL rights, and the first shared acquisition says how to add what they
 /// need; with the rights, it adds it itself.
@@ -427,21 +446,7 @@ async fn the_readme_ddl_and_grants_are_enough_and_a_missing_table_is_a_clear_err
 async fn tables_from_before_the_shared_kinds_get_them_on_first_use() {
     let server = pg::shared_server();
     let url = pg::database(&server, "before_shared");
-    pg::client(&url)
-        .await
-        .batch_execute(
-            "CREATE SEQUENCE dlock_fence;
-             CREATE TABLE dlock_locks (key text PRIMARY KEY, token text NOT NULL,
-                 fence bigint NOT NULL, expires_at timestamptz NOT NULL,
-                 contended boolean NOT NULL DEFAULT false, owner text, acquired_at timestamptz);
-             CREATE TABLE dlock_waiters (key text NOT NULL, token text NOT NULL,
-                 place bigint NOT NULL, gone_at timestamptz NOT NULL, PRIMARY KEY (key, token));
-             CREATE ROLE dlock_old LOGIN;
-             GRANT SELECT, INSERT, UPDATE, DELETE ON dlock_locks, dlock_waiters TO dlock_old;
-             GRANT USAGE ON SEQUENCE dlock_fence TO dlock_old;",
-        )
-        .await
-        .unwrap();
+    earlier_tables(&pg::client(&url).await, "", "dlock_old").await;
     let as_old = locker(&format!(
         "postgres://dlock_old@127.0.0.1:{}/before_shared?sslmode=disable",
         server.port()
@@ -538,20 +543,7 @@ async fn an_earlier_wake_function_is_replaced_where_the_user_may() {
     let server = pg::shared_server();
     let url = pg::database(&server, "earlier_wake");
     let db = pg::client(&url).await;
-    db.batch_execute(&format!(
-        "CREATE SEQUENCE dlock_fence;
-         CREATE TABLE dlock_locks (key text PRIMARY KEY, token text NOT NULL,
-             fence bigint NOT NULL, expires_at timestamptz NOT NULL,
-             contended boolean NOT NULL DEFAULT false, owner text, acquired_at timestamptz);
-         CREATE TABLE dlock_waiters (key text NOT NULL, token text NOT NULL,
-             place bigint NOT NULL, gone_at timestamptz NOT NULL, PRIMARY KEY (key, token));
-         {EARLIER_WAKE_LINE}
-         CREATE ROLE dlock_earlier LOGIN;
-         GRANT SELECT, INSERT, UPDATE, DELETE ON dlock_locks, dlock_waiters TO dlock_earlier;
-         GRANT USAGE ON SEQUENCE dlock_fence TO dlock_earlier;"
-    ))
-    .await
-    .unwrap();
+    earlier_tables(&db, EARLIER_WAKE_LINE, "dlock_earlier").await;
     let names_places = "SELECT prosrc LIKE '%dlock_wake_%' FROM pg_proc \
                         WHERE oid = to_regprocedure('dlock_wake_line(text,bigint)')::oid";
 
