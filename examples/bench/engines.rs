@@ -716,7 +716,16 @@ impl ServerStats for PgStats {
 
     fn cpu(&self) -> BoxFuture<'_, Vec<Duration>> {
         let pids = self.pids.clone();
-        Box::pin(async move { vec![process_cpu(&pids)] })
+        Box::pin(async move {
+            // A backend is forked per connection, after `pids` was taken: the postmaster's
+            // children now (the backends among them), and those it has reaped (its `cutime`).
+            let Some(&postmaster) = pids.first() else {
+                return Vec::new();
+            };
+            let mut now = children(postmaster);
+            now.push(postmaster);
+            vec![process_cpu(&now) + reaped_cpu(postmaster)]
+        })
     }
 
     fn own_requests(&self) -> u64 {
@@ -724,9 +733,40 @@ impl ServerStats for PgStats {
     }
 }
 
-/// CPU time of `pids` so far (Linux `/proc/<pid>/stat`).
-fn process_cpu(pids: &[u32]) -> Duration {
-    let ticks_per_second = std::process::Command::new("getconf")
+/// The fields of `/proc/<pid>/stat` after the command's `)`: the state is field 0, the parent
+/// 1, utime 11, stime 12, cutime 13, cstime 14.
+fn stat_fields(pid: u32) -> Option<Vec<u64>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    Some(
+        rest.split_whitespace()
+            .skip(1)
+            .take(14)
+            .map(|f| f.parse::<u64>().unwrap_or(0))
+            .collect(),
+    )
+}
+
+/// The processes whose parent is `parent`.
+fn children(parent: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| stat_fields(pid).is_some_and(|f| f.first() == Some(&u64::from(parent))))
+        .collect()
+}
+
+/// CPU time of the children `pid` has waited for (its `cutime` + `cstime`).
+fn reaped_cpu(pid: u32) -> Duration {
+    let ticks = stat_fields(pid).map_or(0, |f| f.get(12).unwrap_or(&0) + f.get(13).unwrap_or(&0));
+    #[allow(clippy::cast_precision_loss)]
+    Duration::from_secs_f64(ticks as f64 / ticks_per_second() as f64)
+}
+
+fn ticks_per_second() -> u64 {
+    std::process::Command::new("getconf")
         .arg("CLK_TCK")
         .output()
         .ok()
@@ -736,19 +776,18 @@ fn process_cpu(pids: &[u32]) -> Duration {
                 .parse::<u64>()
                 .ok()
         })
-        .unwrap_or(100);
+        .unwrap_or(100)
+}
+
+/// CPU time of `pids` so far (Linux `/proc/<pid>/stat`: utime + stime).
+fn process_cpu(pids: &[u32]) -> Duration {
     let ticks: u64 = pids
         .iter()
-        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
-        .filter_map(|stat| {
-            let rest = stat.rsplit_once(')')?.1;
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            // After `)`: state is field 0, utime 11, stime 12.
-            Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
-        })
+        .filter_map(|&pid| stat_fields(pid))
+        .map(|f| f.get(10).unwrap_or(&0) + f.get(11).unwrap_or(&0))
         .sum();
     #[allow(clippy::cast_precision_loss)]
-    Duration::from_secs_f64(ticks as f64 / ticks_per_second as f64)
+    Duration::from_secs_f64(ticks as f64 / ticks_per_second() as f64)
 }
 
 // ---------------------------------------------------------------------------------------------
