@@ -767,6 +767,28 @@ impl RedisBackend {
         self.call("acquire", call).await
     }
 
+    /// RedLock's pass on this node: `script` (the RedLock folder's) with the lock key, its
+    /// fencing counter, the holder's token, the next holder's value, its lease and the proposed
+    /// fence; its reply as it came.
+    #[cfg(feature = "redlock")]
+    pub(crate) async fn pass_proposed(
+        &self,
+        script: &'static Script,
+        key: &str,
+        (from, to): (&Token, &Token),
+        lease: Duration,
+        proposed: u64,
+    ) -> Result<redis::Value, BackendError> {
+        let mut call = Call::new(script, 2);
+        call.arg(key)
+            .arg(self.fence_key(key))
+            .arg(from.as_str())
+            .arg(lock_value(to, &self.identity))
+            .arg(lease_millis(lease))
+            .arg(proposed);
+        self.call("pass", call).await
+    }
+
     /// A mutex's release (release.lua) announced as `announce` says ('0', '1' or '-', see the
     /// script): its reply (bit 0 deleted, bit 2 a place waits, with '-').
     async fn release_mutex(

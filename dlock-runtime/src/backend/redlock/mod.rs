@@ -30,6 +30,12 @@
 //!   others), then waits to be woken. The other masters announce every release on the key's
 //!   channel, for the waiters that could not subscribe on the first (it is down): those wake
 //!   when enough masters announced it.
+//! - **Passing on a hot key**: a release with a waiter of the same locker offering to take the
+//!   lock (see the locker's line) is one round instead: `pass.lua` on every master sets the key
+//!   to the waiter's token where it is still the holder's, with a fence proposed as an
+//!   acquisition's is (so fences still strictly increase across majorities), and the key is
+//!   never free. Passed when a majority did in time; otherwise neither hold is left (the
+//!   waiter's undone, the holder's released, which wakes the line as any release does).
 //! - **Release** and **extend** on every master; a majority decides. Fewer definite answers
 //!   than that (masters unreachable) is a backend error.
 
@@ -140,6 +146,18 @@ pub(crate) struct RedLockBackend {
 static ACQUIRE: OnceLock<redis::Script> = OnceLock::new();
 static PLACE: OnceLock<redis::Script> = OnceLock::new();
 static WAKE: OnceLock<redis::Script> = OnceLock::new();
+static PASS: OnceLock<redis::Script> = OnceLock::new();
+
+/// The pass script: the shared lock functions of the Redis engine, then RedLock's grant and pass.
+fn pass_script() -> &'static redis::Script {
+    PASS.get_or_init(|| {
+        redis::Script::new(concat!(
+            include_str!("../redis/lock.lua"),
+            include_str!("grant.lua"),
+            include_str!("pass.lua")
+        ))
+    })
+}
 
 /// The script that wakes the place first in the first master's queue.
 fn wake_script() -> &'static redis::Script {
@@ -162,6 +180,7 @@ fn acquire_script() -> &'static redis::Script {
         redis::Script::new(concat!(
             include_str!("../redis/lock.lua"),
             include_str!("../redis/queue.lua"),
+            include_str!("grant.lua"),
             include_str!("acquire.lua")
         ))
     })
@@ -172,7 +191,7 @@ fn acquire_script() -> &'static redis::Script {
 enum Vote {
     /// Granted, with the proposed fence.
     Granted,
-    /// Held for another, for this long when known.
+    /// Held for another, for this long when known (to a pass: the key is not the holder's).
     Held(Option<Duration>),
     /// Free, but its counter is at or above the proposal.
     Behind(u64),
@@ -576,6 +595,28 @@ impl RedLockBackend {
     }
 }
 
+impl RedLockBackend {
+    /// Every master's answer to passing `key` from `from` to `to` with the fence `proposed`.
+    async fn pass_round(
+        &self,
+        key: &str,
+        (from, to): (&Token, &Token),
+        lease: Duration,
+        proposed: u64,
+    ) -> Vec<Result<Vote, BackendError>> {
+        self.round(|node| {
+            Box::pin(async move {
+                let reply = node
+                    .pass_proposed(pass_script(), key, (from, to), lease, proposed)
+                    .await?;
+                Vote::from_reply(&reply)
+            })
+        })
+        .await
+        .replies
+    }
+}
+
 impl Backend for RedLockBackend {
     fn close(&self) -> BoxFuture<'_, Result<(), BackendError>> {
         Box::pin(async move {
@@ -761,6 +802,71 @@ impl Backend for RedLockBackend {
         })
     }
 
+    fn pass<'a>(
+        &'a self,
+        key: &'a str,
+        from: &'a Token,
+        to: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Option<u64>, BackendError>> {
+        Box::pin(async move {
+            let started = Instant::now();
+            let mut proposed = self.proposal();
+            let mut votes = self.pass_round(key, (from, to), lease, proposed).await;
+            if let Some(higher) = self.retry_above(&votes) {
+                // A lagging clock: once more, above every counter that refused it (a master that
+                // passed already grants again, to the same next holder).
+                proposed = proposed.max(higher);
+                votes = self.pass_round(key, (from, to), lease, proposed).await;
+            }
+            for token in [from, to] {
+                self.mark_refused(token, false);
+                self.settled(token);
+            }
+            let count =
+                |f: fn(&Vote) -> bool| votes.iter().filter(|v| v.as_ref().is_ok_and(f)).count();
+            let granted = count(|v| matches!(v, Vote::Granted));
+            // The guard's lease clock counts from before this round: it ends before this validity.
+            if granted >= self.quorum && crate::lease::valid_until(started, lease) > Instant::now()
+            {
+                self.seen.fetch_max(proposed, Ordering::Relaxed);
+                return Ok(Some(proposed));
+            }
+            // Not passed: neither hold is left anywhere (the next holder's where masters passed,
+            // the holder's where they did not, or did not answer), and the release of the
+            // holder's wakes the first waiting process as any release does.
+            let not_held = count(|v| matches!(v, Vote::Held(_)));
+            if granted > 0 || votes.iter().any(Result::is_err) {
+                self.undo(key, to).await;
+            }
+            if let Err(error) = self.release(key, LockKind::Mutex, from).await {
+                tracing::debug!(key = %key, error = %error, "RedLock: after a failed pass, the holder's lock could not be released on every master; its leases will end it");
+            }
+            if not_held > self.nodes.len() - self.quorum {
+                // The holder had lost the lock: nothing was passed.
+                return Ok(None);
+            }
+            if granted >= self.quorum {
+                return Err(BackendError::new(format!(
+                    "RedLock pass: a majority passed the lock, but after {:?} no validity was \
+                     left of the {lease:?} lease; the lock was released",
+                    started.elapsed()
+                )));
+            }
+            let round = Round {
+                replies: votes
+                    .into_iter()
+                    .map(|v| v.map(|v| matches!(v, Vote::Granted)))
+                    .collect(),
+            };
+            Err(self.no_majority(
+                "pass",
+                round,
+                &format!("{granted} passed, {not_held} did not hold it; the lock was released"),
+            ))
+        })
+    }
+
     fn inspect<'a>(
         &'a self,
         key: &'a str,
@@ -870,6 +976,7 @@ impl Backend for RedLockBackend {
                  one Redis server, a Cluster or Sentinel, etcd, ZooKeeper or PostgreSQL",
             ),
             places: true,
+            passes: true,
             ..Capabilities::default()
         }
     }
