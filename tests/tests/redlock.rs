@@ -903,3 +903,59 @@ async fn a_pass_from_a_holder_that_lost_the_majority_passes_nothing() {
     guard.release().await.unwrap();
     other.await.unwrap();
 }
+
+/// A pass that 3 of 5 masters refuse because their fence counters are ahead of the proposal (as
+/// after a client with a clock running ahead) is made once more, above them, by the masters
+/// that passed already too: the waiter holds the lock with a fence above every counter, and the
+/// holder's release is `Ok`. Without that second round no majority passes (2 of 5) and the
+/// release fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_refused_by_counters_ahead_is_made_again_above_them() {
+    let masters = RedLockServers::start();
+    let holders = locker(&masters.url(), Duration::from_millis(500));
+    drained(&holders).await;
+    let key = unique_key("pass-ahead");
+    let holder = holders.acquire(&key, LockOptions::new()).await.unwrap();
+    // The key's counter: the one at the holder's fence (the drain's key may have another).
+    let name = fence_counters(masters.server(0))
+        .into_iter()
+        .find(|name| counter(masters.server(0), name) == holder.fencing_token())
+        .expect("the key's fence counter");
+    let waiter = {
+        let (locker, key) = (holders.clone(), key.clone());
+        tokio::spawn(async move {
+            locker
+                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(10)))
+                .await
+        })
+    };
+    // The waiter is refused, in line, and has offered to take the lock.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // About 11 days of microseconds ahead, on masters 0, 2 and 4.
+    let ahead = holder.fencing_token() + 1_000_000_000_000;
+    for i in [0, 2, 4] {
+        let mut c = masters.server(i).client().get_connection().unwrap();
+        let () = c.set(&name, ahead + i as u64).unwrap();
+    }
+    holder
+        .release()
+        .await
+        .expect("the pass, made again above the counters");
+    let guard = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("the waiter was passed the lock")
+        .unwrap()
+        .expect("the waiter's acquisition");
+    assert!(
+        guard.fencing_token() > ahead + 4,
+        "fence {} is not above the counters ({ahead} + 4)",
+        guard.fencing_token()
+    );
+    for i in 0..5 {
+        assert!(
+            counter(masters.server(i), &name) >= guard.fencing_token(),
+            "master {i}'s counter was not raised to the passed fence"
+        );
+    }
+    guard.release().await.unwrap();
+}
