@@ -278,9 +278,11 @@ pub(crate) trait Backend: Send + Sync + 'static {
         Capabilities::default()
     }
 
-    /// While `from` holds `key`, makes it `to`'s for `lease`, in one atomic step and without a
-    /// wake-up (the key was never free): the new hold's fence, greater than every earlier one;
-    /// `None` (nothing changed) when `from` does not hold it. Called only when the engine's
+    /// While `from` holds `key`, makes it `to`'s for `lease`, in one atomic step (RedLock: one
+    /// round, held by a majority) and without a wake-up (the key was never free): the new
+    /// hold's fence, greater than every earlier one; `None` when `from` does not hold it, and
+    /// nothing of `to`'s is left (RedLock releases what was left of `from`'s too). An error
+    /// when `to` may hold something (its waiter removes it). Called only when the engine's
     /// [capabilities](Self::capabilities) say it passes.
     fn pass<'a>(
         &'a self,

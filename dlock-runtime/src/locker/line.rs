@@ -72,7 +72,8 @@ pub(super) const MAX_PASSES: u32 = 4;
 /// The first waiter of a line, in the default mode on an engine that can pass a hold
 /// ([`Backend::pass`](crate::backend::Backend::pass)), offers to take the lock straight from the holder: a holder of the same
 /// locker that releases while the offer stands makes the key the waiter's in one request (a
-/// compare-and-set with a new fence) instead of deleting it, publishing a wake-up, and waiting
+/// compare-and-set with a new fence; on RedLock one round of them, one per master) instead of
+/// deleting it, publishing a wake-up, and waiting
 /// for the waiter's own attempt. The waiter withdraws its offer before each attempt of its own,
 /// and once a holder took it, waits for that holder's answer instead: the key is never set for
 /// a waiter that does not know it.

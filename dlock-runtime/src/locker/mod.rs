@@ -65,14 +65,15 @@ use line::Lines;
 ///   channel stays subscribed 2s after its last waiter) and is woken by releases; the pause is
 ///   the fallback.
 /// - **Hot keys**: waiters of one key on one locker queue in-process (first come, first served)
-///   and only the first asks the engine. On Redis and the embedded engine that first waiter holds
+///   and only the first asks the engine. On Redis (RedLock: in the key's first master) and the
+///   embedded engine, that first waiter holds
 ///   the process's place in the key's queue, kept for the waiters behind it: a release names the
 ///   place first in line, so it wakes one waiter of one process. In the default mode a free lock
 ///   still goes to whoever asks first; `fair` takes it only at the head of the queue.
-/// - **Passing** (default mode, Redis and the embedded engine): a holder that releases while a
-///   waiter of its locker is first in line passes the lock straight to that waiter, in one
-///   request (a compare-and-set of the key to the waiter's token, with a new fence) instead of
-///   deleting it and waking someone. At most 4 times in a row; then the release frees the key
+/// - **Passing** (default mode, Redis, RedLock and the embedded engine): a holder that releases
+///   while a waiter of its locker is first in line passes the lock straight to that waiter, in
+///   one request (a compare-and-set of the key to the waiter's token, with a new fence; on
+///   RedLock one round of them, one per master) instead of deleting it and waking someone. At most 4 times in a row; then the release frees the key
 ///   and wakes the place first in the queue, so another process's waiters get their turn.
 /// - **Re-entry**: inside a `#[dlock]` body or [`LockGuard::scope`](crate::LockGuard::scope), acquiring a key that scope
 ///   holds through this locker (or a clone) returns at once; nowhere else.

@@ -214,9 +214,9 @@ impl Vote {
                 });
                 counter
                     .map(Self::Behind)
-                    .ok_or_else(|| BackendError::new("RedLock acquire: an unexpected reply"))
+                    .ok_or_else(|| BackendError::new("RedLock: an unexpected reply to a grant"))
             }
-            _ => Err(BackendError::new("RedLock acquire: an unexpected reply")),
+            _ => Err(BackendError::new("RedLock: an unexpected reply to a grant")),
         }
     }
 }
@@ -317,7 +317,8 @@ impl RedLockBackend {
     }
 
     /// Compare-and-delete by token on every master, for an attempt that did not get the lock.
-    async fn undo(&self, key: &str, token: &Token) {
+    /// `false` when some master did not answer (what it may hold lapses with its lease).
+    async fn undo(&self, key: &str, token: &Token) -> bool {
         let round = self.round(|node| Box::pin(node.undo(key, token))).await;
         if round.failed() > 0 {
             tracing::debug!(
@@ -326,6 +327,7 @@ impl RedLockBackend {
                 "RedLock: an attempt could not be undone on every master; their leases will end it"
             );
         }
+        round.failed() == 0
     }
 
     /// What a majority of masters answered to `what` (a release or an extension of our lock):
@@ -554,7 +556,7 @@ impl RedLockBackend {
                 self.mark_refused(request.token, false);
                 return Ok(Attempt::acquired(proposed));
             }
-            self.undo(request.key, request.token).await;
+            let _ = self.undo(request.key, request.token).await;
             return Err(BackendError::new(format!(
                 "RedLock acquire: a majority granted, but after {:?} no validity was left of the \
                  {:?} lease; the attempt was undone",
@@ -563,7 +565,7 @@ impl RedLockBackend {
             )));
         }
         if granted > 0 || votes.iter().any(Result::is_err) {
-            self.undo(request.key, request.token).await;
+            let _ = self.undo(request.key, request.token).await;
         }
         let held: Vec<Option<Duration>> = votes
             .iter()
@@ -679,7 +681,7 @@ impl Backend for RedLockBackend {
             };
             if let Some(higher) = self.retry_above(&votes) {
                 // A lagging clock: once more, above every counter that refused it.
-                self.undo(request.key, request.token).await;
+                let _ = self.undo(request.key, request.token).await;
                 proposed = proposed.max(higher);
                 votes = self.ask(&plain, proposed, None).await;
             }
@@ -819,37 +821,54 @@ impl Backend for RedLockBackend {
                 proposed = proposed.max(higher);
                 votes = self.pass_round(key, (from, to), lease, proposed).await;
             }
-            for token in [from, to] {
-                self.mark_refused(token, false);
-                self.settled(token);
-            }
             let count =
                 |f: fn(&Vote) -> bool| votes.iter().filter(|v| v.as_ref().is_ok_and(f)).count();
             let granted = count(|v| matches!(v, Vote::Granted));
-            // The guard's lease clock counts from before this round: it ends before this validity.
-            if granted >= self.quorum && crate::lease::valid_until(started, lease) > Instant::now()
-            {
+            if granted >= self.quorum {
                 self.seen.fetch_max(proposed, Ordering::Relaxed);
-                return Ok(Some(proposed));
+                // The guard's lease clock counts from before this round: it ends before this
+                // validity.
+                if crate::lease::valid_until(started, lease) > Instant::now() {
+                    for token in [from, to] {
+                        self.mark_refused(token, false);
+                        self.settled(token);
+                    }
+                    return Ok(Some(proposed));
+                }
             }
-            // Not passed: neither hold is left anywhere (the next holder's where masters passed,
-            // the holder's where they did not, or did not answer), and the release of the
-            // holder's wakes the first waiting process as any release does.
+            // Not passed: neither hold is left (the next holder's undone where masters passed
+            // or did not answer, the holder's released where they did not pass), and the
+            // release of the holder's wakes the first waiting process as any release does.
             let not_held = count(|v| matches!(v, Vote::Held(_)));
-            if granted > 0 || votes.iter().any(Result::is_err) {
-                self.undo(key, to).await;
-            }
-            if let Err(error) = self.release(key, LockKind::Mutex, from).await {
-                tracing::debug!(key = %key, error = %error, "RedLock: after a failed pass, the holder's lock could not be released on every master; its leases will end it");
-            }
-            if not_held > self.nodes.len() - self.quorum {
-                // The holder had lost the lock: nothing was passed.
+            let undone =
+                !(granted > 0 || votes.iter().any(Result::is_err)) || self.undo(key, to).await;
+            let released = match self.release(key, LockKind::Mutex, from).await {
+                Ok(_) => "the holder's lock was released",
+                Err(error) => {
+                    tracing::debug!(key = %key, error = %error, "RedLock: after a failed pass, the holder's lock could not be released on every master; its leases will end it");
+                    "the holder's lock could not be released on every master"
+                }
+            };
+            let lost = not_held > self.nodes.len() - self.quorum;
+            if lost && undone {
+                // The holder had lost the lock: nothing was passed, and nothing of the next
+                // holder's is left.
                 return Ok(None);
+            }
+            if lost {
+                // The next holder's token may be left where the undo went unanswered: an error,
+                // so that its waiter removes it (its next attempt takes it over, or its giving
+                // up deletes it).
+                return Err(BackendError::new(format!(
+                    "RedLock pass: the holder had lost the lock, and the next holder's token \
+                     could not be removed from every master; {released}"
+                )));
             }
             if granted >= self.quorum {
                 return Err(BackendError::new(format!(
                     "RedLock pass: a majority passed the lock, but after {:?} no validity was \
-                     left of the {lease:?} lease; the lock was released",
+                     left of the {lease:?} lease; the next holder's token was undone, and \
+                     {released}",
                     started.elapsed()
                 )));
             }
@@ -862,7 +881,7 @@ impl Backend for RedLockBackend {
             Err(self.no_majority(
                 "pass",
                 round,
-                &format!("{granted} passed, {not_held} did not hold it; the lock was released"),
+                &format!("{granted} passed, {not_held} did not hold it; {released}"),
             ))
         })
     }

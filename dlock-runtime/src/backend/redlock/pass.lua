@@ -9,7 +9,7 @@
 -- is at or above the proposal (nothing changed; propose more than the counter).
 -- A key already the next holder's is a pass asked again (a lagging clock, or a lost reply):
 -- granted again with the new proposal, the lease from now.
-local held = redis.call('GET', KEYS[1])
+local held = redis.pcall('GET', KEYS[1])
 if type(held) ~= 'string' then
   return 0
 end
