@@ -961,3 +961,54 @@ async fn a_pass_refused_by_counters_ahead_is_made_again_above_them() {
     }
     guard.release().await.unwrap();
 }
+
+/// A waiter that the key's first master grants while no majority follows (here the holder's
+/// key is gone from that master alone, as while a release is still under way on the others)
+/// asks again after 2, 4, 8… ms, about a request timeout in all, instead of sleeping its polling
+/// pause (3s); then it waits, and the holder's release (a majority without the first master)
+/// wakes it. 16 scripts there in the first 400ms, measured; 4 without the quick retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_by_the_first_master_alone_is_asked_again_soon() {
+    let masters = RedLockServers::start();
+    let holders = locker(&masters.url(), Duration::from_millis(500));
+    let key = key_led_by("soon", 0, 5);
+    let holder = holders.acquire(&key, LockOptions::new()).await.unwrap();
+    unclog(masters.server(0), &format!("dlock:{key}"));
+    let waiters = slow_poller(&masters);
+    drained(&waiters).await;
+    let before = masters.server(0).calls("evalsha");
+    let waiter = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            waiters
+                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(10)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Each attempt is granted there and undone there: 2 scripts.
+    let scripts = masters.server(0).calls("evalsha") - before;
+    eprintln!("{scripts} scripts on the first master in 400ms");
+    assert!(
+        scripts >= 8,
+        "{scripts} scripts on the first master in 400ms: no quick retries"
+    );
+    assert!(
+        !waiter.is_finished(),
+        "the waiter got a lock held by a majority"
+    );
+    let after = masters.server(0).calls("evalsha");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let later = masters.server(0).calls("evalsha") - after;
+    assert!(
+        later <= 2,
+        "{later} scripts in 300ms: the quick retries did not end"
+    );
+    holder.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("the holder's release woke the waiter before its 3s poll")
+        .unwrap()
+        .expect("the waiter's acquisition");
+    guard.release().await.unwrap();
+}
