@@ -202,7 +202,7 @@ async fn across_two_processes_a_release_wakes_one_waiter() {
             history.windows(2).all(|w| w[0].1 < w[1].1),
             "{mode}: fencing tokens did not increase from one hold to the next"
         );
-        let (run, share, both) = longest_run_while_both_wait(&history);
+        let (run, share, both) = dlock_tests::longest_run_while_both_wait(&history);
         eprintln!(
             "{mode}: {both} of {made} holds while both processes had holds to come; longest run \
              of one process {run}, {:.0}% of hand-offs to the other",
@@ -215,7 +215,7 @@ async fn across_two_processes_a_release_wakes_one_waiter() {
             "{mode}: only {both} of {made} holds while both processes had holds to come"
         );
         assert!(
-            run <= 2 * (MAX_PASSES + 1),
+            run <= 2 * (dlock_tests::MAX_PASSES + 1),
             "{mode}: one process held the lock {run} times in a row while the other waited"
         );
         for left in [
@@ -228,45 +228,6 @@ async fn across_two_processes_a_release_wakes_one_waiter() {
             );
         }
     }
-}
-
-/// How many holds in a row a process may get by passes (the runtime's bound), plus the hold
-/// that was not passed.
-const MAX_PASSES: usize = 4;
-
-/// Over the part of `history` (pid, fence) where both processes had holds to come (from the
-/// first hold of the later one to the last hold of the one done first): the longest run of
-/// consecutive holds by one process, the share of hand-offs from one process to the other,
-/// and how many holds that part has.
-#[allow(clippy::cast_precision_loss)]
-fn longest_run_while_both_wait(history: &[(u32, u64)]) -> (usize, f64, usize) {
-    let pids: std::collections::BTreeSet<u32> = history.iter().map(|h| h.0).collect();
-    assert_eq!(pids.len(), 2, "both processes held the lock");
-    let first = |pid: u32| history.iter().position(|h| h.0 == pid).unwrap();
-    let last = |pid: u32| history.iter().rposition(|h| h.0 == pid).unwrap();
-    let start = pids.iter().map(|&p| first(p)).max().unwrap();
-    let end = pids.iter().map(|&p| last(p)).min().unwrap();
-    if start > end {
-        return (0, 0.0, 0);
-    }
-    let both = &history[start..=end];
-    let mut longest = 1;
-    let mut run = 1;
-    let mut switches = 0;
-    for pair in both.windows(2) {
-        if pair[0].0 == pair[1].0 {
-            run += 1;
-            longest = longest.max(run);
-        } else {
-            run = 1;
-            switches += 1;
-        }
-    }
-    (
-        longest,
-        switches as f64 / (both.len().max(2) - 1) as f64,
-        both.len(),
-    )
 }
 
 /// A holder's release passes the lock straight to the next waiter of its locker (one script,
