@@ -132,12 +132,9 @@ pub(crate) struct RedLockBackend {
     request_timeout: Duration,
     /// The highest fence this client has seen granted or refused: proposals go above it.
     seen: AtomicU64,
-    /// Acquisitions refused before, by token (and since when): their next attempt asks the
-    /// key's first master alone before the others.
-    refused: Mutex<HashMap<String, Instant>>,
-    /// Waits (by token) whose place got the first master's grant with no majority following,
-    /// and how many times in a row: see [`RedLockBackend::soon`].
-    in_flight: Mutex<HashMap<String, u32>>,
+    /// What this client remembers of its acquisitions under way, by token (one map, so that a
+    /// release or a grant forgets a token under one lock).
+    memos: Mutex<HashMap<String, Memo>>,
     /// The wake-ups that releases sent without waiting for their reply (each bounded by the
     /// request timeout): [`Backend::close`] waits for them.
     wakes: TaskTracker,
@@ -221,6 +218,29 @@ impl Vote {
     }
 }
 
+/// What a client remembers of one acquisition under way (see [`RedLockBackend::memos`]).
+#[derive(Debug, Default)]
+struct Memo {
+    /// Refused before, since then: its next attempt asks the key's first master alone before
+    /// the others.
+    refused: Option<Instant>,
+    /// The first master's grants to its place with no majority following, in a row: see
+    /// [`RedLockBackend::soon`].
+    in_flight: u32,
+}
+
+/// Memos of waits that ended without a word (a timeout, a dropped wait) go, looked at now and
+/// then (at 64, 128, 256… entries): those refused over a minute ago, and those with no refusal
+/// (a wait then only loses its count of quick retries).
+fn prune(map: &mut HashMap<String, Memo>) {
+    if map.len() >= 64 && map.len().is_power_of_two() {
+        map.retain(|_, m| {
+            m.refused
+                .is_some_and(|since| since.elapsed() < Duration::from_secs(60))
+        });
+    }
+}
+
 impl fmt::Debug for RedLockBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedLockBackend")
@@ -287,8 +307,7 @@ impl RedLockBackend {
             quorum: n / 2 + 1,
             request_timeout: timeout,
             seen: AtomicU64::new(0),
-            refused: Mutex::default(),
-            in_flight: Mutex::default(),
+            memos: Mutex::default(),
             wakes: TaskTracker::new(),
         })
     }
@@ -429,13 +448,15 @@ impl RedLockBackend {
         usize::from(slot(key.as_bytes())) % self.nodes.len()
     }
 
-    fn refused_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
-        self.refused.lock().unwrap_or_else(PoisonError::into_inner)
+    fn memos(&self) -> std::sync::MutexGuard<'_, HashMap<String, Memo>> {
+        self.memos.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Whether `token`'s acquisition was refused before (its attempts ask the leader first).
     fn was_refused(&self, token: &Token) -> bool {
-        self.refused_map().contains_key(&token.0)
+        self.memos()
+            .get(&token.0)
+            .is_some_and(|m| m.refused.is_some())
     }
 
     /// How soon a wait whose place got the first master's grant, with no majority following,
@@ -446,40 +467,37 @@ impl RedLockBackend {
     /// round's bound); then `None` (a holder of a majority without the first master: its
     /// release wakes the place). Forgotten at a refusal by the first master, or the end of the wait.
     fn soon(&self, token: &Token) -> Option<Duration> {
-        let mut map = self
-            .in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if map.len() >= 64 && map.len().is_power_of_two() {
-            map.clear();
-        }
-        let times = map.entry(token.0.clone()).or_insert(0);
-        *times += 1;
-        let pause = Duration::from_millis(1 << (*times).min(16));
+        let mut map = self.memos();
+        prune(&mut map);
+        let memo = map.entry(token.0.clone()).or_default();
+        memo.in_flight += 1;
+        let pause = Duration::from_millis(1 << memo.in_flight.min(16));
         (pause * 2 <= self.request_timeout.max(Duration::from_millis(8))).then_some(pause)
     }
 
-    /// The first master refused (or granted) `token`'s place: the next grant with no majority
-    /// following is a new case for [`Self::soon`].
+    /// The first master refused `token`'s place: the next grant with no majority following is a
+    /// new case for [`Self::soon`].
     fn settled(&self, token: &Token) {
-        self.in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&token.0);
+        let mut map = self.memos();
+        if let Some(memo) = map.get_mut(&token.0) {
+            memo.in_flight = 0;
+            if memo.refused.is_none() {
+                map.remove(&token.0);
+            }
+        }
     }
 
-    /// Remembers (or forgets) that `token`'s acquisition was refused. Entries of waits that
-    /// ended without a word (a timeout) go after a minute, looked at now and then.
-    fn mark_refused(&self, token: &Token, refused: bool) {
-        let mut map = self.refused_map();
-        if !refused {
-            map.remove(&token.0);
-            return;
-        }
-        if map.len() >= 64 && map.len().is_power_of_two() {
-            map.retain(|_, since| since.elapsed() < Duration::from_secs(60));
-        }
-        map.insert(token.0.clone(), Instant::now());
+    /// Remembers that `token`'s acquisition was refused: its next attempt asks the key's first
+    /// master alone before the others.
+    fn mark_refused(&self, token: &Token) {
+        let mut map = self.memos();
+        prune(&mut map);
+        map.entry(token.0.clone()).or_default().refused = Some(Instant::now());
+    }
+
+    /// `token`'s acquisition got the lock, or its hold ended: nothing of it is remembered.
+    fn forget(&self, token: &Token) {
+        self.memos().remove(&token.0);
     }
 
     /// Master `i`'s vote on `proposed`, bounded by the request timeout.
@@ -553,7 +571,7 @@ impl RedLockBackend {
             self.seen.fetch_max(proposed, Ordering::Relaxed);
             // The guard's lease clock, which counts from the same instant, ends with this.
             if crate::lease::valid_until(started, request.lease) > Instant::now() {
-                self.mark_refused(request.token, false);
+                self.forget(request.token);
                 return Ok(Attempt::acquired(proposed));
             }
             let _ = self.undo(request.key, request.token).await;
@@ -577,7 +595,7 @@ impl RedLockBackend {
         if held.len() > self.nodes.len() - self.quorum {
             // Held elsewhere on enough masters that no majority is left: the lock may be free
             // once the first of those holds ends (the wait never sleeps longer than that).
-            self.mark_refused(request.token, true);
+            self.mark_refused(request.token);
             return Ok(Attempt::Held {
                 ttl: held.iter().flatten().min().copied(),
                 queued: false,
@@ -691,7 +709,6 @@ impl Backend for RedLockBackend {
             };
             match decided {
                 Ok(Attempt::Acquired { .. }) => {
-                    self.settled(request.token);
                     if !q.keep {
                         // Held: the place leaves the first master's queue (quietly: the holder
                         // is there to release), or its releases would name it for nobody.
@@ -737,8 +754,7 @@ impl Backend for RedLockBackend {
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            self.mark_refused(token, false);
-            self.settled(token);
+            self.forget(token);
             // The first master announces nothing itself: the place first in its queue is woken
             // once the round has answered, when a majority has let the key go (woken by that
             // master alone, a waiter could ask before the others had, be refused, and sleep).
@@ -829,10 +845,8 @@ impl Backend for RedLockBackend {
                 // The guard's lease clock counts from before this round: it ends before this
                 // validity.
                 if crate::lease::valid_until(started, lease) > Instant::now() {
-                    for token in [from, to] {
-                        self.mark_refused(token, false);
-                        self.settled(token);
-                    }
+                    self.forget(from);
+                    self.forget(to);
                     return Ok(Some(proposed));
                 }
             }
