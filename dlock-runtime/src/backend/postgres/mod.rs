@@ -125,7 +125,8 @@ ON CONFLICT (key) DO UPDATE
 RETURNING fence";
 
 /// The token of a key's row that no hold has (a tombstone): left by a release that woke a line
-/// (see [`WAKE_LINE`]), with a lease that ended in 1970. 32 hex digits, as a mutex holder's
+/// (see [`WAKE_LINE`]), or by a refusal that came to mark the key's row and found none left (see
+/// [`ACQUIRE_QUEUED`]; fence 0), with a lease that ended in 1970. 32 hex digits, as a mutex holder's
 /// token (a random token is never all zeros), so that everything that reads the row takes it
 /// for a lapsed mutex hold. Written out in the statements; here for the test that checks them.
 #[cfg(test)]
@@ -190,9 +191,12 @@ const NO_ONE: &str = "--------";
 /// not see this place yet is marked all the same, and where no row is left (the hold ended
 /// meanwhile, its release looking at the queue before the place was in it) the mark is a
 /// tombstone, which the next holder takes over with the mark. A refusal that finds the key
-/// free by now (the mark inserted its row, or found a lapsed one), or the row it saw unmarked
-/// changed, answers that the holder has 0ms left: the waiter asks again at once instead of
-/// sleeping through a release that announced nothing. (With the snapshot's mark alone, a strict
+/// free by now (the mark inserted its row, or marked a lapsed one), or the row it saw unmarked
+/// changed, answers that the holder has 0ms left: the waiter asks again at once (once: the
+/// next refusal finds the row marked) instead of sleeping through a release that announced
+/// nothing. A lapsed hold refuses only a strict waiter with a place ahead (a waiter that may
+/// take it does): that answer is no holder, so the waiter sleeps its pause while the place
+/// ahead takes the key or lapses, rather than asking every millisecond. (With the snapshot's mark alone, a strict
 /// waiter refused for a place ahead while that place's hold was being taken, and a waiter
 /// refused while one hold ended and the next began, each slept until its poll: 7% of fair
 /// hand-offs between two lockers waited 10-50ms.) The holder's remaining lease
@@ -236,6 +240,8 @@ WITH mine AS (
         SET gone_at = EXCLUDED.gone_at,
             place = CASE WHEN EXISTS (SELECT 1 FROM taken) THEN EXCLUDED.place ELSE w.place END
 ), marked AS (
+    -- Only when `taken` returned nothing: a row this statement inserted or updated there is
+    -- one it may not touch again.
     INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended)
     SELECT $1, '00000000000000000000000000000000', 0, to_timestamp(0), true
      WHERE NOT EXISTS (SELECT 1 FROM taken)
@@ -250,7 +256,7 @@ WITH mine AS (
 SELECT t.fence,
        CASE WHEN t.fence IS NULL THEN
            CASE WHEN EXISTS (SELECT 1 FROM marked WHERE free) THEN 0
-                WHEN h.token IS NULL THEN NULL
+                WHEN h.token IS NULL OR h.ttl_ms = 0 THEN NULL
                 WHEN h.contended OR EXISTS (SELECT 1 FROM marked) THEN h.ttl_ms
                 ELSE 0 END
        END,
