@@ -402,7 +402,7 @@ impl PostgresServer {
             return;
         };
         let pid = child.id();
-        signal("-CONT", &self.cluster_pids(pid));
+        signal("-CONT", &cluster_pids(pid));
         signal("-INT", &[pid]);
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
@@ -411,7 +411,7 @@ impl PostgresServer {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        let pids = self.cluster_pids(pid);
+        let pids = cluster_pids(pid);
         signal("-KILL", &pids);
         let _ = child.wait();
     }
@@ -435,7 +435,7 @@ impl PostgresServer {
     /// When the server is not running.
     pub fn pause(&self) {
         let pid = self.child.as_ref().expect("server running").id();
-        signal("-STOP", &self.cluster_pids(pid));
+        signal("-STOP", &cluster_pids(pid));
     }
 
     /// Resumes a paused server (SIGCONT).
@@ -444,7 +444,7 @@ impl PostgresServer {
     /// When the server is not running.
     pub fn resume(&self) {
         let pid = self.child.as_ref().expect("server running").id();
-        signal("-CONT", &self.cluster_pids(pid));
+        signal("-CONT", &cluster_pids(pid));
     }
 
     /// The process ids of the running server: the postmaster and its children (backends and
@@ -453,34 +453,36 @@ impl PostgresServer {
     pub fn pids(&self) -> Vec<u32> {
         self.child
             .as_ref()
-            .map_or_else(Vec::new, |c| self.cluster_pids(c.id()))
+            .map_or_else(Vec::new, |c| cluster_pids(c.id()))
     }
+}
 
-    /// The postmaster `pid` and its children (the backends and auxiliary processes).
-    fn cluster_pids(&self, pid: u32) -> Vec<u32> {
-        let mut pids = vec![pid];
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Some(child) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-                continue;
-            };
-            // `pid (comm) state ppid …`: the name may hold spaces, so read after the last `)`.
-            let ppid = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                .and_then(|p| p.parse::<u32>().ok());
-            if ppid == Some(pid) {
-                pids.push(child);
-            }
+/// The postmaster `pid` and its children now (the backends, forked per connection, and the
+/// auxiliary processes).
+#[must_use]
+pub fn cluster_pids(pid: u32) -> Vec<u32> {
+    let mut pids = vec![pid];
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid …`: the name may hold spaces, so read after the last `)`.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            pids.push(child);
         }
-        pids
     }
+    pids
 }
 
 impl Drop for PostgresServer {

@@ -722,8 +722,7 @@ impl ServerStats for PgStats {
             let Some(&postmaster) = pids.first() else {
                 return Vec::new();
             };
-            let mut now = children(postmaster);
-            now.push(postmaster);
+            let now = dlock_testkit::postgres::cluster_pids(postmaster);
             vec![process_cpu(&now) + reaped_cpu(postmaster)]
         })
     }
@@ -733,8 +732,8 @@ impl ServerStats for PgStats {
     }
 }
 
-/// The fields of `/proc/<pid>/stat` after the command's `)`: the state is field 0, the parent
-/// 1, utime 11, stime 12, cutime 13, cstime 14.
+/// The fields of `/proc/<pid>/stat` after the command's `)` and the state: the parent at 0,
+/// utime 10, stime 11, cutime 12, cstime 13.
 fn stat_fields(pid: u32) -> Option<Vec<u64>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = stat.rsplit_once(')')?.1;
@@ -745,17 +744,6 @@ fn stat_fields(pid: u32) -> Option<Vec<u64>> {
             .map(|f| f.parse::<u64>().unwrap_or(0))
             .collect(),
     )
-}
-
-/// The processes whose parent is `parent`.
-fn children(parent: u32) -> Vec<u32> {
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&pid| stat_fields(pid).is_some_and(|f| f.first() == Some(&u64::from(parent))))
-        .collect()
 }
 
 /// CPU time of the children `pid` has waited for (its `cutime` + `cstime`).

@@ -269,6 +269,18 @@ impl<T> Round<T> {
     }
 }
 
+impl Round<bool> {
+    /// Which masters granted, of a round of votes (an acquisition's or a pass's).
+    fn granted(votes: Vec<Result<Vote, BackendError>>) -> Self {
+        Self {
+            replies: votes
+                .into_iter()
+                .map(|v| v.map(|v| matches!(v, Vote::Granted)))
+                .collect(),
+        }
+    }
+}
+
 impl RedLockBackend {
     /// The masters of a `redis+redlock://` URL, configured from `settings`; makes no connection.
     pub(crate) fn from_url(url: &EngineUrl, settings: &Settings) -> Result<Self, LockError> {
@@ -601,15 +613,9 @@ impl RedLockBackend {
                 queued: false,
             });
         }
-        let round = Round {
-            replies: votes
-                .into_iter()
-                .map(|v| v.map(|v| matches!(v, Vote::Granted)))
-                .collect(),
-        };
         Err(self.no_majority(
             "acquire",
-            round,
+            Round::granted(votes),
             &format!("{granted} granted, {} refused", held.len()),
         ))
     }
@@ -886,15 +892,9 @@ impl Backend for RedLockBackend {
                     started.elapsed()
                 )));
             }
-            let round = Round {
-                replies: votes
-                    .into_iter()
-                    .map(|v| v.map(|v| matches!(v, Vote::Granted)))
-                    .collect(),
-            };
             Err(self.no_majority(
                 "pass",
-                round,
+                Round::granted(votes),
                 &format!("{granted} passed, {not_held} did not hold it; {released}"),
             ))
         })
