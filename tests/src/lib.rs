@@ -365,3 +365,52 @@ pub fn longest_run_while_both_wait(history: &[(u32, u64)]) -> (usize, f64, usize
         both.len(),
     )
 }
+
+/// Runs two `dlock-worker` processes (`exe`, the tests' `CARGO_BIN_EXE_dlock-worker`) in `mode`
+/// (`hot` or `hot-fair`) on `key` of `url`, `per_process` waiters each, started together; the
+/// holds they made.
+///
+/// # Panics
+/// When a worker fails or prints something else.
+#[must_use]
+pub fn hot_workers(exe: &str, url: &str, key: &str, per_process: u64, mode: &str) -> u64 {
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            std::process::Command::new(exe)
+                .args([url, key, &per_process.to_string(), mode])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut made = 0u64;
+    for worker in workers {
+        let out = worker.wait_with_output().unwrap();
+        assert!(out.status.success(), "{mode}: a worker failed");
+        let out = String::from_utf8(out.stdout).unwrap();
+        made += out
+            .trim()
+            .strip_prefix("done ")
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("{mode}: a worker said {out:?}"));
+    }
+    made
+}
+
+/// The holds the workers recorded on `key` in `data` (their Redis store), in order: each
+/// holder's pid and fence.
+///
+/// # Panics
+/// When the list cannot be read or holds something else.
+#[must_use]
+pub fn hold_history(data: &mut redis::Connection, key: &str) -> Vec<(u32, u64)> {
+    let holders: Vec<String> =
+        redis::Commands::lrange(data, format!("{key}:holders"), 0, -1).unwrap();
+    holders
+        .iter()
+        .map(|h| {
+            let (pid, fence) = h.split_once(' ').unwrap();
+            (pid.parse().unwrap(), fence.parse().unwrap())
+        })
+        .collect()
+}

@@ -145,26 +145,13 @@ async fn across_two_processes_a_release_wakes_one_waiter() {
     for mode in ["hot", "hot-fair"] {
         let key = unique_key("hot2");
         let before = server.calls("evalsha");
-        let workers: Vec<_> = (0..2)
-            .map(|_| {
-                std::process::Command::new(env!("CARGO_BIN_EXE_dlock-worker"))
-                    .args([&server.url(), &key, &PER_PROCESS.to_string(), mode])
-                    .stdout(std::process::Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        let mut made = 0u64;
-        for worker in workers {
-            let out = worker.wait_with_output().unwrap();
-            assert!(out.status.success(), "{mode}: a worker failed");
-            let out = String::from_utf8(out.stdout).unwrap();
-            made += out
-                .trim()
-                .strip_prefix("done ")
-                .and_then(|n| n.parse::<u64>().ok())
-                .unwrap_or_else(|| panic!("{mode}: worker said {out:?}"));
-        }
+        let made = dlock_tests::hot_workers(
+            env!("CARGO_BIN_EXE_dlock-worker"),
+            &server.url(),
+            &key,
+            PER_PROCESS,
+            mode,
+        );
         let counted: u64 = redis::Commands::get(
             &mut server.client().get_connection().unwrap(),
             format!("{key}:counter"),
@@ -183,20 +170,8 @@ async fn across_two_processes_a_release_wakes_one_waiter() {
             per_acquisition <= 3.5,
             "{mode}: {per_acquisition:.2} script calls per acquisition: releases woke a herd"
         );
-        let holders: Vec<String> = redis::Commands::lrange(
-            &mut server.client().get_connection().unwrap(),
-            format!("{key}:holders"),
-            0,
-            -1,
-        )
-        .unwrap();
-        let history: Vec<(u32, u64)> = holders
-            .iter()
-            .map(|h| {
-                let (pid, fence) = h.split_once(' ').unwrap();
-                (pid.parse().unwrap(), fence.parse().unwrap())
-            })
-            .collect();
+        let history =
+            dlock_tests::hold_history(&mut server.client().get_connection().unwrap(), &key);
         assert_eq!(history.len() as u64, made, "{mode}: a hold went unrecorded");
         assert!(
             history.windows(2).all(|w| w[0].1 < w[1].1),

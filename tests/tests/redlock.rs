@@ -845,16 +845,7 @@ async fn a_pass_from_a_holder_that_lost_the_majority_passes_nothing() {
     let stored = format!("dlock:{key}");
     let holder = holders.acquire(&key, LockOptions::new()).await.unwrap();
     let token = value(masters.server(3), &stored).expect("the holder's token");
-    let waiter = {
-        let (locker, key) = (holders.clone(), key.clone());
-        tokio::spawn(async move {
-            locker
-                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(10)))
-                .await
-        })
-    };
-    // The waiter is refused, in line, and has offered to take the lock.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiter = offering_waiter(&holders, &key).await;
     for i in 0..3 {
         clog(masters.server(i), &stored);
     }
@@ -923,16 +914,7 @@ async fn a_pass_refused_by_counters_ahead_is_made_again_above_them() {
         .into_iter()
         .find(|name| counter(masters.server(0), name) == holder.fencing_token())
         .expect("the key's fence counter");
-    let waiter = {
-        let (locker, key) = (holders.clone(), key.clone());
-        tokio::spawn(async move {
-            locker
-                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(10)))
-                .await
-        })
-    };
-    // The waiter is refused, in line, and has offered to take the lock.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiter = offering_waiter(&holders, &key).await;
     // About 11 days of microseconds ahead, on masters 0, 2 and 4.
     let ahead = holder.fencing_token() + 1_000_000_000_000;
     for i in [0, 2, 4] {
@@ -1025,40 +1007,19 @@ async fn across_two_processes_a_hot_key_is_passed_and_goes_round() {
     let masters = RedLockServers::start();
     let key = unique_key("hot2");
     let before = scripts(&masters);
-    let workers: Vec<_> = (0..2)
-        .map(|_| {
-            std::process::Command::new(env!("CARGO_BIN_EXE_dlock-worker"))
-                .args([&masters.url(), &key, &PER_PROCESS.to_string(), "hot"])
-                .stdout(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
-    let mut made = 0u64;
-    for worker in workers {
-        let out = worker.wait_with_output().unwrap();
-        assert!(out.status.success(), "a worker failed");
-        let out = String::from_utf8(out.stdout).unwrap();
-        made += out
-            .trim()
-            .strip_prefix("done ")
-            .and_then(|n| n.parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("a worker said {out:?}"));
-    }
+    let made = dlock_tests::hot_workers(
+        env!("CARGO_BIN_EXE_dlock-worker"),
+        &masters.url(),
+        &key,
+        PER_PROCESS,
+        "hot",
+    );
     // The workers' data is on the first master.
     let mut data = masters.server(0).client().get_connection().unwrap();
     let counted: u64 = data.get(format!("{key}:counter")).unwrap();
     assert_eq!(counted, made, "holders overlapped");
     assert!(made >= 2 * PER_PROCESS * 4 * 7 / 8, "only {made} made");
-    let history: Vec<(u32, u64)> = data
-        .lrange::<_, Vec<String>>(format!("{key}:holders"), 0, -1)
-        .unwrap()
-        .iter()
-        .map(|h| {
-            let (pid, fence) = h.split_once(' ').unwrap();
-            (pid.parse().unwrap(), fence.parse().unwrap())
-        })
-        .collect();
+    let history = dlock_tests::hold_history(&mut data, &key);
     assert_eq!(history.len() as u64, made, "a hold went unrecorded");
     assert!(
         history.windows(2).all(|w| w[0].1 < w[1].1),
@@ -1099,4 +1060,20 @@ async fn across_two_processes_a_hot_key_is_passed_and_goes_round() {
             );
         }
     }
+}
+
+/// A waiter of `key` on `locker` (10s), once it has been refused, is in line and has offered
+/// to take the lock from a holder of the same locker.
+async fn offering_waiter(
+    locker: &Locker,
+    key: &str,
+) -> tokio::task::JoinHandle<Result<dlock_runtime::LockGuard, LockError>> {
+    let (locker, key) = (locker.clone(), key.to_owned());
+    let waiter = tokio::spawn(async move {
+        locker
+            .acquire(&key, LockOptions::new().timeout(Duration::from_secs(10)))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    waiter
 }
