@@ -258,6 +258,79 @@ async fn a_release_passes_the_lock_to_the_next_waiter_of_its_locker() {
     );
 }
 
+/// A place that leaves the queue while the key is held wakes nobody: the holder's release names
+/// the place first in line then. Two such leaves, each with another process's place behind it:
+/// a process whose waiter gives up, and a process whose last waiter was passed the lock. Each
+/// used to publish a wake-up to the place behind, whose process then asked the server and was
+/// refused. Counted by the server's `PUBLISH` calls: one for the hand-off to the other process,
+/// none for the leaves (before, 1 for the first leave and 2 for the second part).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_place_leaving_while_the_key_is_held_wakes_nobody() {
+    let server = RedisServer::start();
+    let (a, b, c) = (
+        patient_locker(&server),
+        patient_locker(&server),
+        patient_locker(&server),
+    );
+    let key = unique_key("leave-held");
+    let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
+    let mut data = server.client().get_connection().unwrap();
+    let mut places = move || -> usize { redis::Commands::llen(&mut data, &queue).unwrap() };
+    let waiter = |locker: &Locker, timeout: u64| {
+        let (locker, key) = (locker.clone(), key.clone());
+        tokio::spawn(async move {
+            locker
+                .acquire(
+                    &key,
+                    LockOptions::new().timeout(Duration::from_millis(timeout)),
+                )
+                .await
+        })
+    };
+
+    // c holds; a's waiter (giving up at 600ms), then b's, are in line in that order.
+    let holder = c.acquire(&key, LockOptions::new()).await.unwrap();
+    let giving_up = waiter(&a, 600);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let b_waits = waiter(&b, 20_000);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(places(), 2, "a's and b's places are in line");
+    let published = server.calls("publish");
+    assert!(matches!(
+        giving_up.await.unwrap(),
+        Err(LockError::Timeout { .. })
+    ));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(places(), 1, "a's place left");
+    assert_eq!(
+        server.calls("publish") - published,
+        0,
+        "a's place leaving woke b's while c held the key"
+    );
+
+    // c's next waiter is passed the lock; c's place, behind b's, leaves; then c releases.
+    let published = server.calls("publish");
+    let passed = waiter(&c, 20_000);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(places(), 2, "c's place is in line behind b's");
+    let first_fence = holder.fencing_token();
+    holder.release().await.unwrap();
+    let passed = passed.await.unwrap().unwrap();
+    assert!(passed.fencing_token() > first_fence);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(places(), 1, "c's place left");
+    assert!(!b_waits.is_finished(), "b got the lock while c held it");
+    passed.release().await.unwrap();
+    let b_holds = b_waits.await.unwrap().unwrap();
+    assert_eq!(
+        server.calls("publish") - published,
+        1,
+        "beyond the release that handed the lock to b, c's place leaving after the pass woke b's"
+    );
+    b_holds.release().await.unwrap();
+    assert_eq!(places(), 0);
+}
+
 /// A pass whose reply is held back: the waiter waits for it (it never asks the server itself
 /// meanwhile, which could hold the lock twice over), and gets the lock once it arrives. Then a
 /// second waiter is dropped while the holder's pass is in flight: the key the pass gave it is
