@@ -1144,6 +1144,56 @@ mod tests {
         }
     }
 
+    /// The memos of waits that ended without a word (timed out, dropped) do not pile up: at 64
+    /// entries those refused over a minute ago and those with no refusal go; recent refusals stay.
+    #[test]
+    fn memos_of_waits_that_ended_without_a_word_are_pruned() {
+        let backend = from(
+            "redis+redlock://a:1,b:2,c:3",
+            Duration::from_secs(30),
+            Duration::from_millis(500),
+        )
+        .unwrap();
+        let long_ago = Instant::now()
+            .checked_sub(Duration::from_secs(61))
+            .expect("the monotonic clock is over a minute old");
+        let tokens: Vec<Token> = (0..63).map(|_| Token::generate().unwrap()).collect();
+        for (i, token) in tokens.iter().enumerate() {
+            match i % 3 {
+                0 => backend.mark_refused(token),
+                1 => {
+                    backend.mark_refused(token);
+                    backend.memos().get_mut(&token.0).unwrap().refused = Some(long_ago);
+                }
+                _ => drop(backend.soon(token)),
+            }
+        }
+        let last = Token::generate().unwrap();
+        backend.mark_refused(&last);
+        assert_eq!(backend.memos().len(), 64, "nothing goes below 64 entries");
+        let next = Token::generate().unwrap();
+        assert!(backend.soon(&next).is_some());
+        // 21 recent refusals and `last` stay, and `next` is added.
+        assert_eq!(backend.memos().len(), 23);
+        for (i, token) in tokens.iter().enumerate() {
+            assert_eq!(backend.was_refused(token), i % 3 == 0, "memo {i}");
+            assert_eq!(
+                backend.memos().contains_key(&token.0),
+                i % 3 == 0,
+                "memo {i}"
+            );
+        }
+        assert!(backend.was_refused(&last));
+        // A wait the first master refused keeps its memo until it ends; one never refused loses
+        // its count of quick retries there.
+        backend.settled(&last);
+        backend.settled(&next);
+        assert!(backend.was_refused(&last));
+        assert!(!backend.memos().contains_key(&next.0));
+        backend.forget(&last);
+        assert_eq!(backend.memos().len(), 21);
+    }
+
     #[test]
     fn a_request_timeout_near_the_lease_is_refused() {
         let url = "redis+redlock://u:s3cret@a:1,b:2,c:3";
