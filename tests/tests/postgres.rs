@@ -216,6 +216,73 @@ async fn a_release_wakes_the_line_after_a_hold_nobody_was_refused_by() {
     dlock_tests::releases_keep_waking_the_line(&pg::shared_server().url()).await;
 }
 
+/// A locker's listening connection closes once nobody has waited for a few seconds (every
+/// listening backend costs the server at each notifying commit in the database, whoever it is
+/// for), and the next waiter opens it again: its wake-up still comes from the release (with a
+/// 3s poll, it gets the lock well within a second). Before, a locker that had waited once kept
+/// its listening connection for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_listening_connection_closes_and_comes_back() {
+    let server = pg::shared_server();
+    let name = format!("idle_listener_{}", std::process::id());
+    let holder = locker(&server.url());
+    let waiter = Locker::builder()
+        .url(format!("{}?application_name={name}", server.url()))
+        .timeout(Duration::from_secs(20))
+        .retry(Duration::from_secs(3), Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let connections = || {
+        let sql =
+            format!("SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}'");
+        tokio::task::block_in_place(|| server.sql(&sql))
+            .unwrap()
+            .parse::<u32>()
+            .unwrap()
+    };
+    let key = unique_key("idle-listener");
+    for round in 0..2 {
+        let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+        let waiting = {
+            let (waiter, key) = (waiter.clone(), key.clone());
+            tokio::spawn(async move {
+                let guard = waiter.acquire(&key, LockOptions::new()).await.unwrap();
+                let at = Instant::now();
+                guard.release().await.unwrap();
+                at
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            connections(),
+            2,
+            "round {round}: the waiter's locker has its connection and a listening one"
+        );
+        let released_at = Instant::now();
+        held.release().await.unwrap();
+        let woke = waiting.await.unwrap() - released_at;
+        assert!(
+            woke < Duration::from_secs(1),
+            "round {round}: the lock came {woke:?} after the release: the 3s poll, not a wake-up"
+        );
+        // Closed within the linger (5s) and a check (3s) after the last wait.
+        let idle_since = Instant::now();
+        while connections() != 1 {
+            assert!(
+                idle_since.elapsed() < Duration::from_secs(15),
+                "round {round}: the listening connection stayed open with nobody waiting"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let closed_after = idle_since.elapsed();
+        assert!(
+            closed_after >= Duration::from_secs(3),
+            "round {round}: the listening connection closed {closed_after:?} after the last wait, \
+             within its linger"
+        );
+    }
+}
+
 /// Two lockers taking turns on one key, hundreds of hand-offs, with a 3s polling pause: every
 /// release that leaves a waiter wakes it, so no acquisition waits for the poll (each is bounded
 /// by 2s). A refusal's mark reaches the key's row as it is by then: a waiter refused while the

@@ -14,6 +14,7 @@ use std::{
     time::Duration,
 };
 
+use tokio::time::Instant;
 use tokio_postgres::{AsyncMessage, Client, NoTls, Statement, config::SslMode, error::SqlState};
 
 use super::{
@@ -1345,7 +1346,8 @@ impl Backend for PostgresBackend {
 /// One task owns the connection: it connects, listens, checks the connection every few
 /// seconds, and when it drops wakes every waiter (they poll meanwhile) and connects again while
 /// anyone waits. Started by the first waiter (and again by the next one after it stopped);
-/// stopped with the locker.
+/// stopped with the locker, and once nobody has waited for [`LINGER`]: every listening backend
+/// costs the server at each notifying commit in the database, whoever it is for.
 struct Notifier {
     shared: Arc<Shared>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -1363,6 +1365,17 @@ struct Shared {
     tag: std::sync::OnceLock<String>,
     /// Rung when `tag` is set, for a connection that listens already.
     tag_set: tokio::sync::Notify,
+    /// When a waiter last asked for a wake-up, and whether the task has stopped for good: the
+    /// task decides to stop under this lock, after a waiter registers its wake-up and before
+    /// it looks here, so a waiter either keeps the task going or sees it stopped and starts
+    /// another.
+    run: Mutex<Run>,
+}
+
+/// See [`Shared::run`].
+struct Run {
+    last_wait: Instant,
+    stopped: bool,
 }
 
 /// The listening connection's state.
@@ -1384,6 +1397,11 @@ impl Listening {
 /// How often the listening connection is checked: a connection that died silently (a frozen
 /// server, a cut network) is noticed within this, plus the request timeout.
 const HEARTBEAT: Duration = Duration::from_secs(3);
+
+/// How long the listening connection stays open with nobody waiting (it closes at the first
+/// check after): a key contended now is likely contended again soon, and a new connection and
+/// its `LISTEN` cost a few milliseconds.
+const LINGER: Duration = Duration::from_secs(5);
 
 impl Shared {
     /// A release's payload: who is next in line ([`NO_ONE`], or 8 hex digits of a token) and
@@ -1407,6 +1425,23 @@ impl Shared {
     fn register(&self, key: &str) -> Watch {
         self.watchers.register(key)
     }
+
+    fn run(&self) -> std::sync::MutexGuard<'_, Run> {
+        self.run.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Stops the task for good unless someone waits (and, with `linger`, unless someone waited
+    /// within [`LINGER`]): `true` when stopped. Waiters poll from now on, and the next one
+    /// starts another task.
+    fn stop_unless_waited(&self, linger: bool) -> bool {
+        let mut run = self.run();
+        if self.anyone_waits() || (linger && run.last_wait.elapsed() < LINGER) {
+            return false;
+        }
+        run.stopped = true;
+        self.listening.send_replace(Listening::default());
+        true
+    }
 }
 
 impl Notifier {
@@ -1419,23 +1454,43 @@ impl Notifier {
                 listening: tokio::sync::watch::Sender::new(Listening::default()),
                 tag: std::sync::OnceLock::new(),
                 tag_set: tokio::sync::Notify::new(),
+                run: Mutex::new(Run {
+                    last_wait: Instant::now(),
+                    stopped: false,
+                }),
             }),
             task: Mutex::new(None),
         }
     }
 
-    /// Starts the listening task on the current runtime unless it runs: at first use, and again
-    /// when the runtime it ran on has shut down.
+    /// Starts the listening task on the current runtime unless it runs: at first use, again
+    /// after it stopped (nobody waited), and when the runtime it ran on has shut down.
     fn ensure_running(&self) {
         let mut task = self.task.lock().unwrap_or_else(PoisonError::into_inner);
-        if task.as_ref().is_some_and(|t| !t.is_finished()) {
+        if self.running(task.as_ref()) {
             return;
         }
         if tokio::runtime::Handle::try_current().is_err() {
             return;
         }
+        if let Some(stopped) = task.take() {
+            // Ends on its own at once; it holds no connection after deciding to stop.
+            stopped.abort();
+        }
+        self.shared.run().stopped = false;
         self.shared.listening.send_replace(Listening::default());
         *task = Some(tokio::spawn(listen(self.shared.clone())));
+    }
+
+    /// Whether `task` runs and has not decided to stop.
+    fn running(&self, task: Option<&tokio::task::JoinHandle<()>>) -> bool {
+        task.is_some_and(|t| !t.is_finished()) && !self.shared.run().stopped
+    }
+
+    /// Notes that a waiter asked for a wake-up now (after registering it): the connection
+    /// lingers from here.
+    fn waited(&self) {
+        self.shared.run().last_wait = Instant::now();
     }
 
     /// Records the tag of the locker's places from `place` (the same for all of them).
@@ -1451,16 +1506,18 @@ impl Notifier {
     /// channel too); no I/O, and nothing started (an uncontended locker never opens the
     /// listening connection).
     fn watching(&self, key: &str, place: Option<&Token>) -> Option<Watch> {
-        let running = self
-            .task
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .is_some_and(|t| !t.is_finished());
+        // Registered before the task is looked at: a task deciding to stop sees this waiter.
+        let watch = self.shared.register(key);
+        self.waited();
+        let running = self.running(
+            self.task
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_ref(),
+        );
         self.learn_tag(place);
         // A task gone with its runtime may have left `listening` set.
-        (running && self.shared.listening.borrow().covers(place.is_some()))
-            .then(|| self.shared.register(key))
+        (running && self.shared.listening.borrow().covers(place.is_some())).then_some(watch)
     }
 
     /// A wake-up for `key`, once `LISTEN` is in place (for a waiter from a `place`, on its
@@ -1469,6 +1526,7 @@ impl Notifier {
     async fn watch(&self, key: &str, place: Option<&Token>) -> Option<Watch> {
         // Registered first: the task keeps trying to listen while someone waits.
         let watch = self.shared.register(key);
+        self.waited();
         self.learn_tag(place);
         self.ensure_running();
         let mut listening = self.shared.listening.subscribe();
@@ -1497,7 +1555,8 @@ impl Drop for Notifier {
 }
 
 /// The listening task: connect, `LISTEN`, check now and then; on loss wake everyone, pause
-/// (50ms doubling to 2s) and start again.
+/// (50ms doubling to 2s) and start again; stop when nobody waits (after [`LINGER`] on a live
+/// connection).
 async fn listen(shared: Arc<Shared>) {
     let mut pause = Duration::from_millis(50);
     loop {
@@ -1548,6 +1607,11 @@ async fn listen(shared: Arc<Shared>) {
                             shared.listening.send_modify(|l| l.tag = true);
                         }
                         () = tokio::time::sleep(HEARTBEAT) => {
+                            if shared.stop_unless_waited(true) {
+                                driver.abort();
+                                tracing::debug!("PostgreSQL notification connection closed: nobody waits");
+                                return;
+                            }
                             let alive = tokio::time::timeout(
                                 shared.request_timeout,
                                 client.check_connection(),
@@ -1569,7 +1633,7 @@ async fn listen(shared: Arc<Shared>) {
             Ok(Err(e)) => tracing::debug!(error = %e, "PostgreSQL LISTEN failed; retrying"),
             Err(_) => tracing::debug!("PostgreSQL LISTEN timed out; retrying"),
         }
-        if !shared.anyone_waits() {
+        if shared.stop_unless_waited(false) {
             // Nobody to wake: the next waiter starts the task again.
             return;
         }
