@@ -230,6 +230,9 @@ async fn an_idle_listening_connection_closes_and_comes_back() {
         .url(format!("{}?application_name={name}", server.url()))
         .timeout(Duration::from_secs(20))
         .retry(Duration::from_secs(3), Duration::from_secs(3))
+        // Time for the listening connection to be made on a busy machine: a waiter that does
+        // not have it within the request timeout polls.
+        .request_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
     let connections = || {
@@ -265,7 +268,7 @@ async fn an_idle_listening_connection_closes_and_comes_back() {
             woke < Duration::from_secs(1),
             "round {round}: the lock came {woke:?} after the release: the 3s poll, not a wake-up"
         );
-        // Closed within the linger (5s) and a check (3s) after the last wait.
+        // Closed within the linger (5s) and a check (3s) after the last wait began.
         let idle_since = Instant::now();
         while connections() != 1 {
             assert!(

@@ -1399,8 +1399,9 @@ impl Listening {
 const HEARTBEAT: Duration = Duration::from_secs(3);
 
 /// How long the listening connection stays open with nobody waiting (it closes at the first
-/// check after): a key contended now is likely contended again soon, and a new connection and
-/// its `LISTEN` cost a few milliseconds.
+/// check after; a wait counts from when it began, and from each check that finds it still
+/// waiting): a key contended now is likely contended again soon, and a new connection and its
+/// `LISTEN` cost a few milliseconds.
 const LINGER: Duration = Duration::from_secs(5);
 
 impl Shared {
@@ -1430,12 +1431,17 @@ impl Shared {
         self.run.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Stops the task for good unless someone waits (and, with `linger`, unless someone waited
-    /// within [`LINGER`]): `true` when stopped. Waiters poll from now on, and the next one
-    /// starts another task.
+    /// Stops the task for good unless someone waits (and, with `linger`, unless a wait began
+    /// or was seen here within [`LINGER`]): `true` when stopped. Waiters poll from now on, and
+    /// the next one starts another task.
     fn stop_unless_waited(&self, linger: bool) -> bool {
         let mut run = self.run();
-        if self.anyone_waits() || (linger && run.last_wait.elapsed() < LINGER) {
+        if self.anyone_waits() {
+            // The linger counts from the end of a long wait too, as seen at these checks.
+            run.last_wait = Instant::now();
+            return false;
+        }
+        if linger && run.last_wait.elapsed() < LINGER {
             return false;
         }
         run.stopped = true;
