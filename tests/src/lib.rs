@@ -133,6 +133,92 @@ pub async fn releases_keep_waking_the_line(url: &str) {
     );
 }
 
+/// A place that leaves a key's queue while the key is held wakes nobody; the release that follows
+/// wakes the place then first (Redis and RedLock share `leave.lua`). `lockers` are three
+/// processes' lockers, a, b and c, polling slowly (several seconds); `queue` is a connection to
+/// the server holding the key's queue (RedLock: the key's first master) and the queue's name;
+/// `wake_ups` counts that server's `PUBLISH` calls.
+///
+/// c holds; a's waiter, then b's, are in line in that order; a's is dropped: no `PUBLISH`. Then
+/// c's next waiter is passed the lock and c's place, behind b's, leaves; then c releases: one
+/// `PUBLISH`, and b gets the lock within a second of that release (its poll is slower).
+///
+/// # Panics
+/// When a lock call fails, the queue never has the places it should, or a count is off.
+pub async fn leaving_while_held_wakes_nobody(
+    [a, b, c]: [&Locker; 3],
+    key: &str,
+    (mut redis, queue): (redis::Connection, &str),
+    wake_ups: impl Fn() -> u64,
+) {
+    use dlock_runtime::LockOptions;
+    use tokio::time::Instant;
+
+    let mut places = async |len: usize| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let now: usize = redis::Commands::llen(&mut redis, queue).unwrap();
+            if now == len {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the queue has {now} places, never {len}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let waiter = |locker: &Locker| {
+        let (locker, key) = (locker.clone(), key.to_owned());
+        tokio::spawn(async move {
+            locker
+                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(20)))
+                .await
+        })
+    };
+
+    let holder = c.acquire(key, LockOptions::new()).await.unwrap();
+    let before = wake_ups();
+    let dropped = waiter(a);
+    places(1).await;
+    let b_waits = waiter(b);
+    places(2).await;
+    dropped.abort();
+    places(1).await;
+    assert_eq!(
+        wake_ups() - before,
+        0,
+        "a's place leaving woke b's while c held the key"
+    );
+
+    let before = wake_ups();
+    let passed = waiter(c);
+    places(2).await;
+    // In line, c's waiter offers to take the lock from c's holder.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let first_fence = holder.fencing_token();
+    holder.release().await.unwrap();
+    let passed = passed.await.unwrap().unwrap();
+    assert!(passed.fencing_token() > first_fence);
+    places(1).await;
+    assert!(!b_waits.is_finished(), "b got the lock while c held it");
+    let released_at = Instant::now();
+    passed.release().await.unwrap();
+    let b_holds = b_waits.await.unwrap().unwrap();
+    let woke = released_at.elapsed();
+    assert!(
+        woke < Duration::from_secs(1),
+        "b got the lock {woke:?} after the release: its poll, not a wake-up"
+    );
+    assert_eq!(
+        wake_ups() - before,
+        1,
+        "beyond the wake-up that handed the lock to b, c's place leaving after the pass woke b's"
+    );
+    b_holds.release().await.unwrap();
+    places(0).await;
+}
+
 /// Runs the `dlock-env-check` binary (`exe`: its `CARGO_BIN_EXE_dlock-env-check`) with none of
 /// this process's `DLOCK_*`, `REDIS_URL` or `SSL_CERT*` variables, but `env` and, when given,
 /// `SSL_CERT_FILE=ca` (how rustls' native roots learn of a private CA); returns what it printed.

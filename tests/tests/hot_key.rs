@@ -265,7 +265,7 @@ async fn a_release_passes_the_lock_to_the_next_waiter_of_its_locker() {
 /// refused. Counted by the server's `PUBLISH` calls: one for the hand-off to the other process,
 /// none for the leaves (before: 1 for the first leave, 2 in the second part). The lockers poll
 /// every 5s, so b getting the lock within a second of the last release shows that this release
-/// woke b's place.
+/// woke b's place. (`dlock_tests::leaving_while_held_wakes_nobody`, shared with RedLock.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_place_leaving_while_the_key_is_held_wakes_nobody() {
     let server = RedisServer::start();
@@ -280,68 +280,13 @@ async fn a_place_leaving_while_the_key_is_held_wakes_nobody() {
     let (a, b, c) = (slow(), slow(), slow());
     let key = unique_key("leave-held");
     let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
-    let mut data = server.client().get_connection().unwrap();
-    let mut places = async move |len: usize| {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-        loop {
-            let now: usize = redis::Commands::llen(&mut data, &queue).unwrap();
-            if now == len {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the queue has {now} places, never {len}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
-    let waiter = |locker: &Locker| {
-        let (locker, key) = (locker.clone(), key.clone());
-        tokio::spawn(async move { locker.acquire(&key, LockOptions::new()).await })
-    };
-
-    // c holds; a's waiter, then b's, are in line in that order; a's is dropped.
-    let holder = c.acquire(&key, LockOptions::new()).await.unwrap();
-    let published = server.calls("publish");
-    let dropped = waiter(&a);
-    places(1).await;
-    let b_waits = waiter(&b);
-    places(2).await;
-    dropped.abort();
-    places(1).await;
-    assert_eq!(
-        server.calls("publish") - published,
-        0,
-        "a's place leaving woke b's while c held the key"
-    );
-
-    // c's next waiter is passed the lock; c's place, behind b's, leaves; then c releases.
-    let published = server.calls("publish");
-    let passed = waiter(&c);
-    places(2).await;
-    // In line, c's waiter offers to take the lock from c's holder.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let first_fence = holder.fencing_token();
-    holder.release().await.unwrap();
-    let passed = passed.await.unwrap().unwrap();
-    assert!(passed.fencing_token() > first_fence);
-    places(1).await;
-    assert!(!b_waits.is_finished(), "b got the lock while c held it");
-    let released_at = tokio::time::Instant::now();
-    passed.release().await.unwrap();
-    let b_holds = b_waits.await.unwrap().unwrap();
-    let woke = released_at.elapsed();
-    assert!(
-        woke < Duration::from_secs(1),
-        "b got the lock {woke:?} after the release: its 5s poll, not a wake-up"
-    );
-    assert_eq!(
-        server.calls("publish") - published,
-        1,
-        "beyond the release that handed the lock to b, c's place leaving after the pass woke b's"
-    );
-    b_holds.release().await.unwrap();
-    places(0).await;
+    dlock_tests::leaving_while_held_wakes_nobody(
+        [&a, &b, &c],
+        &key,
+        (server.client().get_connection().unwrap(), &queue),
+        || server.calls("publish"),
+    )
+    .await;
 }
 
 /// A pass whose reply is held back: the waiter waits for it (it never asks the server itself

@@ -630,74 +630,30 @@ async fn a_process_that_closes_after_its_release_has_woken_the_line() {
 
 /// A place that leaves the first master's queue while the key is held there wakes nobody: the
 /// releasing client wakes the place then first once its release round has answered. As on one
-/// Redis (`hot_key.rs`): a process whose waiter is dropped, then a process whose last waiter was
-/// passed the lock, each with another process's place behind it; the first master's `PUBLISH`
-/// calls count the wake-ups (before: 1 for the first leave, 2 in the second part). With a 3s
-/// poll, b getting the lock within a second of the last release shows that it was woken.
+/// Redis (`hot_key.rs`, the same `dlock_tests::leaving_while_held_wakes_nobody`): a process
+/// whose waiter is dropped, then a process whose last waiter was passed the lock, each with
+/// another process's place behind it; the first master's `PUBLISH` calls count the wake-ups
+/// (before: 1 for the first leave, 2 in the second part). With a 3s poll, b getting the lock
+/// within a second of the last release shows that it was woken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_place_leaving_while_the_key_is_held_wakes_nobody() {
     let masters = RedLockServers::start();
     let first = 4;
     let key = key_led_by("leave-held", first, 5);
     let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
-    let mut leader = masters.server(first).client().get_connection().unwrap();
-    let wake_ups = || masters.server(first).calls("publish");
     let (a, b, c) = (
         slow_poller(&masters),
         slow_poller(&masters),
         slow_poller(&masters),
     );
-    let waiter = |locker: &Locker| {
-        let (locker, key) = (locker.clone(), key.clone());
-        tokio::spawn(async move {
-            locker
-                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(20)))
-                .await
-        })
-    };
-
-    // c holds; a's waiter, then b's, are in line in that order; a's is dropped.
-    let holder = c.acquire(&key, LockOptions::new()).await.unwrap();
-    let before = wake_ups();
-    let dropped = waiter(&a);
-    queued(&mut leader, &queue, 1).await;
-    let b_waits = waiter(&b);
-    queued(&mut leader, &queue, 2).await;
-    dropped.abort();
-    queued(&mut leader, &queue, 1).await;
-    assert_eq!(
-        wake_ups() - before,
-        0,
-        "a's place leaving woke b's while c held the key"
-    );
-
-    // c's next waiter is passed the lock; c's place, behind b's, leaves; then c releases.
-    let before = wake_ups();
-    let passed = waiter(&c);
-    queued(&mut leader, &queue, 2).await;
-    // In line, c's waiter offers to take the lock from c's holder.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let first_fence = holder.fencing_token();
-    holder.release().await.unwrap();
-    let passed = passed.await.unwrap().unwrap();
-    assert!(passed.fencing_token() > first_fence);
-    queued(&mut leader, &queue, 1).await;
-    assert!(!b_waits.is_finished(), "b got the lock while c held it");
-    let released_at = Instant::now();
-    passed.release().await.unwrap();
-    let b_holds = b_waits.await.unwrap().unwrap();
-    let woke = released_at.elapsed();
-    assert!(
-        woke < Duration::from_secs(1),
-        "b got the lock {woke:?} after the release: its 3s poll, not a wake-up"
-    );
-    assert_eq!(
-        wake_ups() - before,
-        1,
-        "beyond the wake-up that handed the lock to b, c's place leaving after the pass woke b's"
-    );
-    b_holds.release().await.unwrap();
-    queued(&mut leader, &queue, 0).await;
+    let leader = masters.server(first);
+    dlock_tests::leaving_while_held_wakes_nobody(
+        [&a, &b, &c],
+        &key,
+        (leader.client().get_connection().unwrap(), &queue),
+        || leader.calls("publish"),
+    )
+    .await;
 }
 
 /// Waits (up to 10s) until `places` places are in `queue` on the first master `leader`.
