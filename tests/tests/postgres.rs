@@ -31,6 +31,17 @@ fn named_locker(server: &PostgresServer, name: &str, expire: Duration) -> Locker
         .expect("a valid URL")
 }
 
+/// A locker like [`named_locker`]'s that polls every 3s: a quicker hand-off is a wake-up.
+fn named_slow_poller(server: &PostgresServer, name: &str, request_timeout: Duration) -> Locker {
+    Locker::builder()
+        .url(format!("{}?application_name={name}", server.url()))
+        .timeout(Duration::from_secs(20))
+        .retry(Duration::from_secs(3), Duration::from_secs(3))
+        .request_timeout(request_timeout)
+        .build()
+        .expect("a valid URL")
+}
+
 /// Quotes, `;`, comments, backslashes, LIKE wildcards, placeholders and Unicode are data: each
 /// key locks exactly itself (the row holds it byte for byte, `%` written `%25`), look-alikes
 /// stay free, and the table survives.
@@ -220,21 +231,17 @@ async fn a_release_wakes_the_line_after_a_hold_nobody_was_refused_by() {
 /// listening backend costs the server at each notifying commit in the database, whoever it is
 /// for), and the next waiter opens it again: its wake-up still comes from the release (with a
 /// 3s poll, it gets the lock well within a second). Before, a locker that had waited once kept
-/// its listening connection for good.
+/// its listening connection for good. The linger counts from the end of a long wait too: after
+/// a wait of 10.5s the connection is still open 3s after it ends (counted from the wait's
+/// start alone, it closed at the first 3s check after the end).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_listening_connection_closes_and_comes_back() {
     let server = pg::shared_server();
     let name = format!("idle_listener_{}", std::process::id());
     let holder = locker(&server.url());
-    let waiter = Locker::builder()
-        .url(format!("{}?application_name={name}", server.url()))
-        .timeout(Duration::from_secs(20))
-        .retry(Duration::from_secs(3), Duration::from_secs(3))
-        // Time for the listening connection to be made on a busy machine: a waiter that does
-        // not have it within the request timeout polls.
-        .request_timeout(Duration::from_secs(2))
-        .build()
-        .unwrap();
+    // Time for the listening connection to be made on a busy machine: a waiter that does not
+    // have it within the request timeout polls.
+    let waiter = named_slow_poller(&server, &name, Duration::from_secs(2));
     let connections = || {
         let sql =
             format!("SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}'");
@@ -244,8 +251,14 @@ async fn an_idle_listening_connection_closes_and_comes_back() {
             .unwrap()
     };
     let key = unique_key("idle-listener");
-    for round in 0..2 {
-        let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    for (round, wait) in [Duration::from_millis(500), Duration::from_millis(10_500)]
+        .into_iter()
+        .enumerate()
+    {
+        let held = holder
+            .acquire(&key, LockOptions::new().expire(Duration::from_secs(30)))
+            .await
+            .unwrap();
         let waiting = {
             let (waiter, key) = (waiter.clone(), key.clone());
             tokio::spawn(async move {
@@ -255,12 +268,16 @@ async fn an_idle_listening_connection_closes_and_comes_back() {
                 at
             })
         };
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        assert_eq!(
-            connections(),
-            2,
-            "round {round}: the waiter's locker has its connection and a listening one"
-        );
+        // The listening connection's checks count from when it is made.
+        let listening_since = Instant::now();
+        while connections() != 2 {
+            assert!(
+                listening_since.elapsed() < Duration::from_secs(5),
+                "round {round}: the waiter's locker never had its connection and a listening one"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep_until(Instant::now() + wait).await;
         let released_at = Instant::now();
         held.release().await.unwrap();
         let woke = waiting.await.unwrap() - released_at;
@@ -268,8 +285,17 @@ async fn an_idle_listening_connection_closes_and_comes_back() {
             woke < Duration::from_secs(1),
             "round {round}: the lock came {woke:?} after the release: the 3s poll, not a wake-up"
         );
-        // Closed within the linger (5s) and a check (3s) after the last wait began.
         let idle_since = Instant::now();
+        if round == 1 {
+            // The checks at 3, 6 and 9s saw the wait; the one at 12s sees nobody, 3s after.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            assert_eq!(
+                connections(),
+                2,
+                "the listening connection closed within 3s of the end of a 10.5s wait"
+            );
+        }
+        // Closed within the linger (5s) and a check (3s).
         while connections() != 1 {
             assert!(
                 idle_since.elapsed() < Duration::from_secs(15),
@@ -782,13 +808,7 @@ async fn terminated_connections_cause_no_false_loss() {
     let server = pg::shared_server();
     let name = format!("terminated_{}", std::process::id());
     let holder = named_locker(&server, &name, Duration::from_millis(900));
-    let waiter = Locker::builder()
-        .url(format!("{}?application_name={name}", server.url()))
-        .timeout(Duration::from_secs(20))
-        .retry(Duration::from_secs(3), Duration::from_secs(3))
-        .request_timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
+    let waiter = named_slow_poller(&server, &name, Duration::from_millis(300));
     let key = unique_key("terminated");
     let guard = holder
         .acquire(&key, LockOptions::new().expire_auto())
