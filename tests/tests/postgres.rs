@@ -312,6 +312,165 @@ async fn an_idle_listening_connection_closes_and_comes_back() {
     }
 }
 
+/// A waiter whose `LISTEN` is not confirmed within the request timeout (a proxy holds the reply
+/// back until after it) polls, and asks for the wake-up again a second later, during its
+/// pause: the release after that wakes it, long before its 8s poll. Before, the wait polled to
+/// its end (the lock came about 5.5s after the release).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_up_not_had_at_first_is_asked_for_again() {
+    let server = pg::shared_server();
+    let proxy = dlock_tests::proxy::Proxy::start(server.port());
+    let through_proxy = server.url().replace(
+        &format!(":{}/", server.port()),
+        &format!(":{}/", proxy.port()),
+    );
+    let holder = locker(&server.url());
+    let waiter = Locker::builder()
+        .url(through_proxy)
+        .timeout(Duration::from_secs(20))
+        .retry(Duration::from_secs(8), Duration::from_secs(8))
+        .request_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let key = unique_key("rewatch");
+    // The waiter's own connection, made before the cut.
+    dlock_tests::acquire_and_release(&waiter, &key).await;
+    let held = holder
+        .acquire(&key, LockOptions::new().expire(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    proxy.cut_replies_on(b"LISTEN");
+    let waiting = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        tokio::spawn(async move {
+            let guard = waiter.acquire(&key, LockOptions::new()).await.unwrap();
+            let at = Instant::now();
+            guard.release().await.unwrap();
+            at
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !proxy.replies_cut() {
+        assert!(Instant::now() < deadline, "the waiter never sent LISTEN");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Past the request timeout: the wait goes on without its wake-up.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    proxy.heal();
+    // The waiter asks again a second after it went without.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let woke = waiting.await.unwrap() - released_at;
+    assert!(
+        woke < Duration::from_secs(1),
+        "the lock came {woke:?} after the release: the 8s poll, not a wake-up"
+    );
+    waiter.close().await.unwrap();
+}
+
+/// A child process killed when dropped: a test that fails leaves no stopped worker behind.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// A fair waiter behind a live place, refused by a hold that lapsed (nobody released it), is
+/// told there is no holder and sleeps its pause while the place ahead takes the key or lapses:
+/// at most one attempt per 10-50ms pause (`pg_stat_statements`), not one every millisecond.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiter_behind_a_place_does_not_spin_on_a_lapsed_hold() {
+    let server = tokio::task::block_in_place(|| {
+        PostgresServer::try_start_with(&["shared_preload_libraries=pg_stat_statements"])
+    })
+    .unwrap();
+    let db = pg::client(&server.url()).await;
+    db.batch_execute(&format!(
+        "CREATE EXTENSION pg_stat_statements; {};",
+        pg::ORDER_TABLE
+    ))
+    .await
+    .unwrap();
+    let statements = async || -> i64 {
+        db.query_one("SELECT sum(calls)::bigint FROM pg_stat_statements", &[])
+            .await
+            .unwrap()
+            .get(0)
+    };
+    let key = unique_key("lapsed-fair");
+    // Kept 5s from now, then lapsing: its release announces nothing.
+    let kept = locker(&server.url())
+        .acquire(
+            &key,
+            LockOptions::new().hold_at_least(Duration::from_secs(5)),
+        )
+        .await
+        .unwrap();
+    kept.release().await.unwrap();
+    // First in line, then frozen: its place lives 8.2s after its last attempt.
+    let mut ahead = Reaped(
+        Command::new(env!("CARGO_BIN_EXE_dlock-worker"))
+            .args([&server.url(), &key, "ahead", "fair-waiter"])
+            .env("DLOCK_REQUEST_TIMEOUT", "2s")
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_line(&db, &key, 1).await;
+    dlock_tests::signal(&ahead.0, "-STOP");
+    let behind = {
+        let (locker, key) = (locker(&server.url()), key.clone());
+        tokio::spawn(async move {
+            let options = LockOptions::new().fair().timeout(Duration::from_secs(30));
+            let guard = locker.acquire(&key, options).await.unwrap();
+            guard.release().await.unwrap();
+        })
+    };
+    wait_for_line(&db, &key, 2).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let lapsed: i64 = db
+            .query_one(
+                "SELECT count(*) FROM dlock_locks WHERE key = $1 \
+                  AND expires_at <= clock_timestamp()",
+                &[&format!("dlock:{key}")],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if lapsed == 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the kept hold never lapsed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = statements().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let asked = statements().await - before - 1;
+    assert!(!behind.is_finished(), "the waiter passed the place ahead");
+    assert_eq!(
+        line_len(&db, &key).await,
+        2,
+        "the frozen place lapsed early"
+    );
+    assert!(
+        asked <= 120,
+        "{asked} statements in a second behind a place, on a lapsed hold: the waiter spins"
+    );
+    eprintln!("{asked} statements in a second");
+    // Thawed, the place ahead takes the key, then the waiter does.
+    dlock_tests::signal(&ahead.0, "-CONT");
+    assert!(ahead.0.wait().unwrap().success());
+    behind.await.unwrap();
+    assert_eq!(served(&db, &key).await, ["ahead"]);
+}
+
 /// Two lockers taking turns on one key, hundreds of hand-offs, with a 3s polling pause: every
 /// release that leaves a waiter wakes it, so no acquisition waits for the poll (each is bounded
 /// by 2s). A refusal's mark reaches the key's row as it is by then: a waiter refused while the

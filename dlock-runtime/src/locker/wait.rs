@@ -34,6 +34,11 @@ use crate::{
 /// The fallback pause of a waiter whose wake-up is a watch on its predecessor in line.
 const RELIABLE_WATCH_PAUSE: Duration = Duration::from_secs(1);
 
+/// How often a waiter whose release wake-up could not be armed asks for it again (during a
+/// pause, while it polls): a subscription or `LISTEN` slower than the request timeout, or a
+/// notification connection that was down, still wakes the rest of a long wait.
+const REWATCH_EVERY: Duration = Duration::from_secs(1);
+
 /// One acquisition's wait, between its steps.
 pub(super) struct Wait<'a> {
     locker: &'a Locker,
@@ -53,6 +58,8 @@ pub(super) struct Wait<'a> {
     /// attempt.
     watch: Option<Watch>,
     watch_asked: bool,
+    /// When to ask again for the wake-up, asked for and not had (see [`REWATCH_EVERY`]).
+    rewatch_at: Option<Instant>,
     /// A holder's answer to this waiter's offer to take the lock, once it came.
     passed: Option<Passed>,
     /// The waiter before this one took the lock, having heard this many release wake-ups:
@@ -102,6 +109,7 @@ impl<'a> Wait<'a> {
             turn: None,
             watch: None,
             watch_asked: !locker.inner.settings.notify || timeout.is_zero(),
+            rewatch_at: None,
             passed: None,
             handed_on: None,
             attempts: 0,
@@ -204,6 +212,7 @@ impl<'a> Wait<'a> {
             Some(watch) => Some(watch),
             None => backend.watch(key, token, place).await,
         };
+        self.rewatch_at = watch.is_none().then(|| Instant::now() + REWATCH_EVERY);
         self.watch = watch;
     }
 
@@ -431,7 +440,8 @@ impl<'a> Wait<'a> {
 
     /// Sleeps until a release wakes this waiter, a holder of this locker answers its offer to
     /// take the lock (made here, when the engine passes), the pause ends, or the locker closes;
-    /// the holder's answer, if that came.
+    /// the holder's answer, if that came. A waiter without the wake-up it asked for asks again
+    /// when due, and once it has it ends the pause (a release may have come before it).
     async fn pause(
         &mut self,
         holder_ttl: Option<Duration>,
@@ -458,13 +468,42 @@ impl<'a> Wait<'a> {
                 None => std::future::pending().await,
             }
         });
+        let rewatch_at = self.rewatch_at.filter(|_| self.watch.is_none());
+        let (locker, key, token) = (self.locker, &self.orphan.key, &self.orphan.token);
+        // Done only with the wake-up: asked in vain, it asks again a while later.
+        let rewatch = std::pin::pin!(async {
+            let Some(mut at) = rewatch_at else {
+                return std::future::pending().await;
+            };
+            loop {
+                tokio::time::sleep_until(at).await;
+                if let Some(watch) = locker.backend().watch(key, token, me).await {
+                    return watch;
+                }
+                at = Instant::now() + REWATCH_EVERY;
+            }
+        });
         let sleep = std::pin::pin!(tokio::time::sleep_until(wake_at));
         let closing = std::pin::pin!(self.locker.inner.closing.cancelled());
         let wake_up = match (notified, &self.watch, notify) {
             (Some(first), Some(watch), Some(notify)) => Some((first, watch, notify)),
             _ => None,
         };
-        sleep_until_woken(wake_up, me, answer, sleep, closing).await
+        let woke = sleep_until_woken(wake_up, me, answer, rewatch, sleep, closing).await;
+        if let Woke::Watch(watch) = woke {
+            tracing::debug!(key = %key, "release wake-up armed late; the wait asks again at once");
+            self.rewatch_at = None;
+            self.watch = Some(watch);
+            return None;
+        }
+        // A request for it was under way (or in vain): the next one a while from now.
+        if rewatch_at.is_some_and(|at| at <= Instant::now()) {
+            self.rewatch_at = Some(Instant::now() + REWATCH_EVERY);
+        }
+        match woke {
+            Woke::Passed(passed) => Some(passed),
+            Woke::Slept | Woke::Watch(_) => None,
+        }
     }
 
     /// The guard of the hold the wait got. The waiter leaves its line holding the lock, having
@@ -550,28 +589,41 @@ impl<'a> Wait<'a> {
     }
 }
 
+/// How a pause ended.
+enum Woke {
+    /// It ran out, a release woke the waiter, or the locker closes.
+    Slept,
+    /// A holder of this locker answered the waiter's offer to take the lock.
+    Passed(Passed),
+    /// The release wake-up, asked for again and had (the waiter had none).
+    Watch(Watch),
+}
+
 /// The pause itself: until `sleep` ends, the wake-up rings (for this waiter's place `me`, on an
 /// engine whose releases name one: the others keep waiting instead of all asking at once), a
-/// holder answers (`answer`), or the locker closes.
+/// holder answers (`answer`), the locker closes, or, without a wake-up, asking for it again
+/// (`rewatch`) has it.
 async fn sleep_until_woken(
     wake_up: Option<(Pin<&mut Notified<'_>>, &Watch, &Notify)>,
     me: Option<&Token>,
     mut answer: Pin<&mut impl std::future::Future<Output = Passed>>,
+    rewatch: Pin<&mut impl std::future::Future<Output = Watch>>,
     mut sleep: Pin<&mut tokio::time::Sleep>,
     mut closing: Pin<&mut impl std::future::Future<Output = ()>>,
-) -> Option<Passed> {
+) -> Woke {
     let Some((first, watch, notify)) = wake_up else {
         return tokio::select! {
-            () = &mut sleep => None,
-            answer = &mut answer => Some(answer),
-            () = &mut closing => None,
+            () = &mut sleep => Woke::Slept,
+            answer = &mut answer => Woke::Passed(answer),
+            watch = rewatch => Woke::Watch(watch),
+            () = &mut closing => Woke::Slept,
         };
     };
     let mut woken = tokio::select! {
         () = &mut sleep => false,
         () = first => true,
-        answer = &mut answer => return Some(answer),
-        () = &mut closing => return None,
+        answer = &mut answer => return Woke::Passed(answer),
+        () = &mut closing => return Woke::Slept,
     };
     while woken
         && let Some(me) = me
@@ -585,11 +637,11 @@ async fn sleep_until_woken(
         woken = tokio::select! {
             () = &mut sleep => false,
             () = again => true,
-            answer = &mut answer => return Some(answer),
-            () = &mut closing => return None,
+            answer = &mut answer => return Woke::Passed(answer),
+            () = &mut closing => return Woke::Slept,
         };
     }
-    None
+    Woke::Slept
 }
 
 /// How long a fair waiter keeps its place in the queue without trying again: several of its

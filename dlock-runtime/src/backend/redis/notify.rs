@@ -409,6 +409,7 @@ async fn run(shared: Arc<Shared>, ops: mpsc::UnboundedReceiver<Op>) {
         connection: None,
         subscribed: HashSet::new(),
         retry: Duration::from_millis(50),
+        failed_at: None,
         next_sweep: None,
     };
     loop {
@@ -431,6 +432,8 @@ struct Listener {
     subscribed: HashSet<String>,
     /// The pause before the next connection attempt while waiters poll.
     retry: Duration,
+    /// When the last connection attempt failed, since then.
+    failed_at: Option<Instant>,
     /// When the next lingering channel is due to be unsubscribed.
     next_sweep: Option<Instant>,
 }
@@ -452,10 +455,20 @@ impl Listener {
                 None => false,
                 Some(Op::Idle | Op::Reconnect) => true,
                 Some(Op::Subscribe(key, reply)) => {
+                    // A waiter asking again (every second while it has no wake-up) connects
+                    // no more often than the retry pause after a failed connection.
+                    if self.failed_at.is_some_and(|t| t.elapsed() < self.retry) {
+                        let _ = reply.send(false);
+                        return true;
+                    }
                     let Some(mut connection) = connect(&self.shared).await else {
+                        self.failed_at = Some(Instant::now());
+                        self.retry = (self.retry * 2).min(Duration::from_secs(2));
                         let _ = reply.send(false);
                         return true;
                     };
+                    self.failed_at = None;
+                    self.retry = Duration::from_millis(50);
                     let ok = self.subscribe(&mut connection.0, key).await;
                     let _ = reply.send(ok);
                     self.connection = Some(connection);
@@ -470,8 +483,10 @@ impl Listener {
             tracing::debug!("release notifications restored");
             self.connection = Some(connection);
             self.retry = Duration::from_millis(50);
+            self.failed_at = None;
             return true;
         }
+        self.failed_at = Some(Instant::now());
         tokio::select! {
             () = tokio::time::sleep(self.retry) => {}
             op = self.ops.recv() => match op {
