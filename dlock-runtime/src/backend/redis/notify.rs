@@ -430,18 +430,18 @@ struct Listener {
     ops: mpsc::UnboundedReceiver<Op>,
     connection: Option<(Sink, Stream)>,
     subscribed: HashSet<String>,
-    /// The pause before the next connection attempt while waiters poll.
+    /// The pause after a failed connection attempt before the next one (waiters poll).
     retry: Duration,
-    /// When the last connection attempt failed, since then.
+    /// When the last connection attempt failed, if none succeeded since.
     failed_at: Option<Instant>,
     /// When the next lingering channel is due to be unsubscribed.
     next_sweep: Option<Instant>,
 }
 
 impl Listener {
-    /// Without a connection: when someone waits, reconnect and resubscribe (or poll for a while
-    /// and try again); when nobody does, connect when someone asks. `false` when the locker is
-    /// gone.
+    /// Without a connection: when someone waits, reconnect and resubscribe; when nobody does,
+    /// connect when someone asks; within the retry pause after a failed attempt, neither.
+    /// `false` when the locker is gone.
     async fn connect(&mut self) -> bool {
         let wanted: Vec<String> = {
             let mut channels = self.shared.channels();
@@ -450,25 +450,40 @@ impl Listener {
             channels.keys().cloned().collect()
         };
         self.next_sweep = None;
+        // After a failed connection, none before the retry pause is over, whatever waiters ask
+        // meanwhile (each asks again about once a second while it has no wake-up): they are
+        // answered at once, and poll.
+        if let Some(failed) = self.failed_at
+            && failed.elapsed() < self.retry
+        {
+            return tokio::select! {
+                () = tokio::time::sleep_until(failed + self.retry) => true,
+                op = self.ops.recv() => match op {
+                    None => false,
+                    Some(Op::Subscribe(_, reply)) => {
+                        let _ = reply.send(false);
+                        true
+                    }
+                    Some(Op::Idle) => true,
+                    // Another server: worth trying at once.
+                    Some(Op::Reconnect) => {
+                        self.failed_at = None;
+                        true
+                    }
+                },
+            };
+        }
         if wanted.is_empty() {
             return match self.ops.recv().await {
                 None => false,
                 Some(Op::Idle | Op::Reconnect) => true,
                 Some(Op::Subscribe(key, reply)) => {
-                    // A waiter asking again (every second while it has no wake-up) connects
-                    // no more often than the retry pause after a failed connection.
-                    if self.failed_at.is_some_and(|t| t.elapsed() < self.retry) {
-                        let _ = reply.send(false);
-                        return true;
-                    }
                     let Some(mut connection) = connect(&self.shared).await else {
-                        self.failed_at = Some(Instant::now());
-                        self.retry = (self.retry * 2).min(Duration::from_secs(2));
+                        self.connect_failed();
                         let _ = reply.send(false);
                         return true;
                     };
-                    self.failed_at = None;
-                    self.retry = Duration::from_millis(50);
+                    self.connected();
                     let ok = self.subscribe(&mut connection.0, key).await;
                     let _ = reply.send(ok);
                     self.connection = Some(connection);
@@ -482,21 +497,25 @@ impl Listener {
             }
             tracing::debug!("release notifications restored");
             self.connection = Some(connection);
-            self.retry = Duration::from_millis(50);
-            self.failed_at = None;
+            self.connected();
             return true;
         }
-        self.failed_at = Some(Instant::now());
-        tokio::select! {
-            () = tokio::time::sleep(self.retry) => {}
-            op = self.ops.recv() => match op {
-                None => return false,
-                Some(Op::Subscribe(_, reply)) => { let _ = reply.send(false); }
-                Some(Op::Idle | Op::Reconnect) => {}
-            },
-        }
-        self.retry = (self.retry * 2).min(Duration::from_secs(2));
+        self.connect_failed();
         true
+    }
+
+    /// A connection attempt failed: the next one waits the retry pause, which doubles with each
+    /// failure in a row (50ms to 2s).
+    fn connect_failed(&mut self) {
+        if self.failed_at.is_some() {
+            self.retry = (self.retry * 2).min(Duration::from_secs(2));
+        }
+        self.failed_at = Some(Instant::now());
+    }
+
+    fn connected(&mut self) {
+        self.failed_at = None;
+        self.retry = Duration::from_millis(50);
     }
 
     /// Subscribes `key` on `sink` (unless it is already), recording it; whether it worked.
@@ -572,5 +591,65 @@ impl Listener {
             }
             channel.notify.notify_waiters();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the notification task logs, as text.
+    #[derive(Clone, Default)]
+    struct Log(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Log {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// While the server cannot be reached and nobody waits, waiters asking for a subscription
+    /// (each asks again about once a second while it has none) connect no more often than the
+    /// retry pause after a failed connection: 20 requests 10ms apart make a few connection
+    /// attempts (each logged), not one each.
+    #[tokio::test]
+    async fn requests_while_the_server_is_unreachable_back_off() {
+        // A port nobody listens on: every connection is refused.
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let log = Log::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer({
+                let log = log.clone();
+                move || log.clone()
+            })
+            .finish();
+        // The test's runtime has one thread, which the notification task runs on too.
+        let _default = tracing::subscriber::set_default(subscriber);
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+        let notifier = Notifier::new(Some(client), Duration::from_millis(200));
+        for _ in 0..20 {
+            assert!(notifier.watch("k").await.is_none());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        let attempts = text.matches("release notifications unavailable").count();
+        eprintln!("{attempts} connection attempts for 20 requests");
+        assert!(
+            (1..=6).contains(&attempts),
+            "{attempts} connection attempts for 20 requests"
+        );
     }
 }
