@@ -432,7 +432,8 @@ struct Listener {
     subscribed: HashSet<String>,
     /// The pause after a failed connection attempt before the next one (waiters poll).
     retry: Duration,
-    /// When the last connection attempt failed, if none succeeded since.
+    /// When the last connection attempt failed, if none succeeded since (cleared too when the
+    /// server moved: a Sentinel failover is tried at once).
     failed_at: Option<Instant>,
     /// When the next lingering channel is due to be unsubscribed.
     next_sweep: Option<Instant>,
@@ -505,7 +506,7 @@ impl Listener {
     }
 
     /// A connection attempt failed: the next one waits the retry pause, which doubles with each
-    /// failure in a row (50ms to 2s).
+    /// failure in a row up to 2s (from 50ms after a connection was made).
     fn connect_failed(&mut self) {
         if self.failed_at.is_some() {
             self.retry = (self.retry * 2).min(Duration::from_secs(2));
