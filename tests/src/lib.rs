@@ -154,20 +154,7 @@ pub async fn leaving_while_held_wakes_nobody(
     use dlock_runtime::LockOptions;
     use tokio::time::Instant;
 
-    let mut places = async |len: usize| {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let now: usize = redis::Commands::llen(&mut redis, queue).unwrap();
-            if now == len {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the queue has {now} places, never {len}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
+    let mut places = async |len: usize| queue_reaches(&mut redis, queue, len).await;
     let waiter = |locker: &Locker| {
         let (locker, key) = (locker.clone(), key.to_owned());
         tokio::spawn(async move {
@@ -217,6 +204,26 @@ pub async fn leaving_while_held_wakes_nobody(
     );
     b_holds.release().await.unwrap();
     places(0).await;
+}
+
+/// Waits (up to 15s) until the Redis list `queue` (a key's queue of places) holds `places`
+/// places.
+///
+/// # Panics
+/// When it never does, or the server does not answer.
+pub async fn queue_reaches(redis: &mut redis::Connection, queue: &str, places: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let now: usize = redis::Commands::llen(redis, queue).unwrap();
+        if now == places {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the queue has {now} places, never {places}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Runs the `dlock-env-check` binary (`exe`: its `CARGO_BIN_EXE_dlock-env-check`) with none of

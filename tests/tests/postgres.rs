@@ -207,6 +207,52 @@ async fn wait_for_line(db: &tokio_postgres::Client, key: &str, len: i64) {
     }
 }
 
+/// Waits (up to `within`) until `count`, a query of one count whose `$1` is `key` as stored,
+/// reads `want`; `what` names it in the failure.
+async fn wait_for_count(
+    db: &tokio_postgres::Client,
+    count: &str,
+    key: &str,
+    want: i64,
+    within: Duration,
+    what: &str,
+) {
+    let deadline = Instant::now() + within;
+    loop {
+        let now: i64 = db
+            .query_one(count, &[&format!("dlock:{key}")])
+            .await
+            .unwrap()
+            .get(0);
+        if now == want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what}: {now}, never {want}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A server of the test's own with `pg_stat_statements`, and a client of it.
+async fn statements_server() -> (PostgresServer, tokio_postgres::Client) {
+    let server = tokio::task::block_in_place(|| {
+        PostgresServer::try_start_with(&["shared_preload_libraries=pg_stat_statements"])
+    })
+    .unwrap();
+    let db = pg::client(&server.url()).await;
+    db.batch_execute("CREATE EXTENSION pg_stat_statements")
+        .await
+        .unwrap();
+    (server, db)
+}
+
+/// The statements the server has run so far, every client's (the asking included).
+async fn statements(db: &tokio_postgres::Client) -> i64 {
+    db.query_one("SELECT sum(calls)::bigint FROM pg_stat_statements", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
 async fn served(db: &tokio_postgres::Client, key: &str) -> Vec<String> {
     db.query(
         "SELECT name FROM dlock_test_order WHERE key = $1 ORDER BY seq",
@@ -386,23 +432,8 @@ impl Drop for Reaped {
 /// at most one attempt per 10-50ms pause (`pg_stat_statements`), not one every millisecond.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_waiter_behind_a_place_does_not_spin_on_a_lapsed_hold() {
-    let server = tokio::task::block_in_place(|| {
-        PostgresServer::try_start_with(&["shared_preload_libraries=pg_stat_statements"])
-    })
-    .unwrap();
-    let db = pg::client(&server.url()).await;
-    db.batch_execute(&format!(
-        "CREATE EXTENSION pg_stat_statements; {};",
-        pg::ORDER_TABLE
-    ))
-    .await
-    .unwrap();
-    let statements = async || -> i64 {
-        db.query_one("SELECT sum(calls)::bigint FROM pg_stat_statements", &[])
-            .await
-            .unwrap()
-            .get(0)
-    };
+    let (server, db) = statements_server().await;
+    db.batch_execute(pg::ORDER_TABLE).await.unwrap();
     let key = unique_key("lapsed-fair");
     // Kept 5s from now, then lapsing: its release announces nothing.
     let kept = locker(&server.url())
@@ -432,27 +463,19 @@ async fn a_fair_waiter_behind_a_place_does_not_spin_on_a_lapsed_hold() {
         })
     };
     wait_for_line(&db, &key, 2).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let lapsed: i64 = db
-            .query_one(
-                "SELECT count(*) FROM dlock_locks WHERE key = $1 \
-                  AND expires_at <= clock_timestamp()",
-                &[&format!("dlock:{key}")],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if lapsed == 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the kept hold never lapsed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_count(
+        &db,
+        "SELECT count(*) FROM dlock_locks WHERE key = $1 AND expires_at <= clock_timestamp()",
+        &key,
+        1,
+        Duration::from_secs(10),
+        "lapsed holds",
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let before = statements().await;
+    let before = statements(&db).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let asked = statements().await - before - 1;
+    let asked = statements(&db).await - before - 1;
     assert!(!behind.is_finished(), "the waiter passed the place ahead");
     assert_eq!(
         line_len(&db, &key).await,
@@ -1158,22 +1181,15 @@ async fn a_release_is_sent_to_the_process_it_names_alone() {
         })
         .collect();
     let db = pg::client(&server.url()).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let places: i64 = db
-            .query_one(
-                "SELECT count(*) FROM dlock_waiters WHERE key = $1",
-                &[&stored],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if places == 3 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{places} places in the queue");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_count(
+        &db,
+        "SELECT count(*) FROM dlock_waiters WHERE key = $1",
+        &key,
+        3,
+        Duration::from_secs(10),
+        "places in the queue",
+    )
+    .await;
     let released_at = Instant::now();
     held.release().await.unwrap();
     dlock_tests::woken_in_turn(tasks, released_at).await;
@@ -1193,20 +1209,7 @@ async fn a_release_is_sent_to_the_process_it_names_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_key_wakes_one_waiter_per_release() {
     const WAITERS: u64 = 64;
-    let server = tokio::task::block_in_place(|| {
-        PostgresServer::try_start_with(&["shared_preload_libraries=pg_stat_statements"])
-    })
-    .unwrap();
-    let db = pg::client(&server.url()).await;
-    db.batch_execute("CREATE EXTENSION pg_stat_statements")
-        .await
-        .unwrap();
-    let statements = async || -> i64 {
-        db.query_one("SELECT sum(calls)::bigint FROM pg_stat_statements", &[])
-            .await
-            .unwrap()
-            .get(0)
-    };
+    let (server, db) = statements_server().await;
     let locker = Locker::builder()
         .url(server.url())
         .timeout(Duration::from_secs(60))
@@ -1218,39 +1221,29 @@ async fn a_hot_key_wakes_one_waiter_per_release() {
     ] {
         let key = unique_key("hot");
         dlock_tests::acquire_and_release(&locker, &key).await;
-        let before = statements().await;
+        let before = statements(&db).await;
         assert_eq!(
             dlock_tests::contend(&locker, &key, &options, WAITERS).await,
             WAITERS,
             "{mode}: holders overlapped"
         );
         #[allow(clippy::cast_precision_loss)]
-        let per_acquisition = (statements().await - before - 1) as f64 / WAITERS as f64;
+        let per_acquisition = (statements(&db).await - before - 1) as f64 / WAITERS as f64;
         assert!(
             per_acquisition <= 6.0,
             "{mode}: {per_acquisition:.1} statements per acquisition: releases woke the herd"
         );
         eprintln!("{mode}: {per_acquisition:.1} statements per acquisition");
         // The place leaves in the background when the last waiter of the line goes.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let places: i64 = db
-                .query_one(
-                    "SELECT count(*) FROM dlock_waiters WHERE key = $1",
-                    &[&format!("dlock:{key}")],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            if places == 0 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{mode}: a place outlived its waiters"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_count(
+            &db,
+            "SELECT count(*) FROM dlock_waiters WHERE key = $1",
+            &key,
+            0,
+            Duration::from_secs(5),
+            &format!("{mode}: places left behind by their waiters"),
+        )
+        .await;
     }
 }
 

@@ -518,7 +518,7 @@ async fn a_release_wakes_the_process_it_names_alone() {
         .collect();
     let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
     let mut leader = masters.server(first).client().get_connection().unwrap();
-    queued(&mut leader, &queue, 4).await;
+    dlock_tests::queue_reaches(&mut leader, &queue, 4).await;
     for i in 0..5 {
         let mut master = masters.server(i).client().get_connection().unwrap();
         let on_key = subscribers(&mut master, &format!("dlock:{key}"));
@@ -576,7 +576,7 @@ async fn a_forced_release_wakes_the_first_place_and_pollers_keep_none() {
     let tasks: Vec<_> = (0..2)
         .map(|_| spawn_waiter(&slow_poller(&masters), &key))
         .collect();
-    queued(&mut leader, &queue, 2).await;
+    dlock_tests::queue_reaches(&mut leader, &queue, 2).await;
     // The first master lost the hold (a majority without it holds the key): its own forced
     // release finds nothing and announces nothing, so the line hears of it from the client.
     let _: () = leader.del(format!("dlock:{key}")).unwrap();
@@ -616,7 +616,7 @@ async fn a_process_that_closes_after_its_release_has_woken_the_line() {
     });
     held_rx.await.unwrap();
     let waiting = spawn_waiter(&slow_poller(&masters), &key);
-    queued(&mut leader, &queue, 1).await;
+    dlock_tests::queue_reaches(&mut leader, &queue, 1).await;
     let released_at = Instant::now();
     go_tx.send(()).unwrap();
     let woken_at = waiting.await.unwrap();
@@ -654,22 +654,6 @@ async fn a_place_leaving_while_the_key_is_held_wakes_nobody() {
         || leader.calls("publish"),
     )
     .await;
-}
-
-/// Waits (up to 10s) until `places` places are in `queue` on the first master `leader`.
-async fn queued(leader: &mut redis::Connection, queue: &str, places: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let queued: usize = leader.llen(queue).unwrap();
-        if queued == places {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{queued} places in the first master's queue, not {places}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// A locker on `masters` whose polling pause is 3s: a quicker hand-off is a wake-up.

@@ -490,19 +490,20 @@ impl<'a> Wait<'a> {
             _ => None,
         };
         let woke = sleep_until_woken(wake_up, me, answer, rewatch, sleep, closing).await;
-        if let Woke::Watch(watch) = woke {
-            tracing::debug!(key = %key, "release wake-up armed late; the wait asks again at once");
-            self.rewatch_at = None;
-            self.watch = Some(watch);
-            return None;
-        }
-        // A request for it was under way (or in vain): the next one a while from now.
+        // A request for the wake-up was under way, or was made in vain: the next one a while
+        // from now.
         if rewatch_at.is_some_and(|at| at <= Instant::now()) {
             self.rewatch_at = Some(Instant::now() + REWATCH_EVERY);
         }
         match woke {
             Woke::Passed(passed) => Some(passed),
-            Woke::Slept | Woke::Watch(_) => None,
+            Woke::Watch(watch) => {
+                tracing::debug!(key = %key, "release wake-up armed late; the wait asks again at once");
+                self.rewatch_at = None;
+                self.watch = Some(watch);
+                None
+            }
+            Woke::Slept => None,
         }
     }
 
