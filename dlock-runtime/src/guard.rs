@@ -127,29 +127,15 @@ impl Hold {
         }
     }
 
-    /// Marks the hold lost when the engine reports it gone (`signal`), for as long as the hold
-    /// lives: the task ends with the hold, or once it is lost anyway.
+    /// Marks the hold lost when the engine reports it gone (`signal`) while the hold lives.
     pub(crate) fn follow_engine(self: &Arc<Self>, signal: Option<crate::lease::LossSignal>) {
-        let (Some(signal), Some(runtime)) = (signal, &self.runtime) else {
+        let Some(signal) = signal else {
             return;
         };
         let hold = Arc::downgrade(self);
-        let mut state = self.state.subscribe();
-        runtime.spawn(async move {
-            let ended = async {
-                while state.changed().await.is_ok() {
-                    if *state.borrow() == State::Lost {
-                        return;
-                    }
-                }
-            };
-            tokio::select! {
-                () = signal.0 => {
-                    if let Some(hold) = hold.upgrade() {
-                        hold.mark_lost("the engine reported the lease gone");
-                    }
-                }
-                () = ended => {}
+        signal.on_fire(move || {
+            if let Some(hold) = hold.upgrade() {
+                hold.mark_lost("the engine reported the lease gone");
             }
         });
     }

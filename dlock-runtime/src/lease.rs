@@ -2,7 +2,10 @@
 //! hold, whether a watchdog renews it, and the client's clock of it (the part of the lease the
 //! client counts on).
 
-use std::time::Duration;
+use std::{
+    sync::{Arc, Mutex, PoisonError},
+    time::Duration,
+};
 
 use tokio::time::Instant;
 
@@ -30,15 +33,93 @@ pub(crate) fn check_lease(lease: Duration) -> Result<(), LockError> {
     }
 }
 
-/// A future that resolves when the engine itself reports a hold lost (etcd's watch on the
-/// holder's key, a ZooKeeper session's end): the hold is then lost at once.
-pub(crate) struct LossSignal(
-    pub(crate) std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>,
-);
+/// The engine's own report that a hold is lost (a ZooKeeper or etcd session's end, etcd's watch
+/// on the holder's key, the engine letting the hold go at its `expire`): the engine keeps the
+/// [`LossAlarm`] and fires it; the hold hooks its reaction on this end. No task waits for it.
+pub(crate) struct LossSignal(Arc<Mutex<Link>>);
+
+/// The engine's end of a [`LossSignal`].
+#[derive(Clone)]
+#[cfg_attr(
+    not(any(feature = "zookeeper", feature = "etcd")),
+    allow(
+        dead_code,
+        reason = "only the ZooKeeper and etcd engines report losses"
+    )
+)]
+pub(crate) struct LossAlarm(Arc<Mutex<Link>>);
+
+#[cfg_attr(
+    not(any(feature = "zookeeper", feature = "etcd")),
+    allow(
+        dead_code,
+        reason = "only the ZooKeeper and etcd engines report losses"
+    )
+)]
+enum Link {
+    Armed,
+    Fired,
+    Hooked(Box<dyn FnOnce() + Send>),
+}
+
+/// A loss signal and its alarm.
+#[cfg_attr(
+    not(any(feature = "zookeeper", feature = "etcd")),
+    allow(
+        dead_code,
+        reason = "only the ZooKeeper and etcd engines report losses"
+    )
+)]
+pub(crate) fn loss_signal() -> (LossAlarm, LossSignal) {
+    let link = Arc::new(Mutex::new(Link::Armed));
+    (LossAlarm(link.clone()), LossSignal(link))
+}
+
+impl LossSignal {
+    /// Runs `reaction` when the alarm fires, or at once when it has fired already.
+    pub(crate) fn on_fire(self, reaction: impl FnOnce() + Send + 'static) {
+        let mut link = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if matches!(*link, Link::Fired) {
+            drop(link);
+            reaction();
+        } else {
+            *link = Link::Hooked(Box::new(reaction));
+        }
+    }
+}
+
+#[cfg_attr(
+    not(any(feature = "zookeeper", feature = "etcd")),
+    allow(
+        dead_code,
+        reason = "only the ZooKeeper and etcd engines report losses"
+    )
+)]
+impl LossAlarm {
+    /// Reports the loss: the hold's reaction runs now (on the caller), or when it is hooked.
+    pub(crate) fn fire(&self) {
+        let reaction = {
+            let mut link = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            match std::mem::replace(&mut *link, Link::Fired) {
+                Link::Hooked(reaction) => Some(reaction),
+                Link::Armed | Link::Fired => None,
+            }
+        };
+        if let Some(reaction) = reaction {
+            reaction();
+        }
+    }
+}
 
 impl std::fmt::Debug for LossSignal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("LossSignal")
+    }
+}
+
+impl std::fmt::Debug for LossAlarm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LossAlarm")
     }
 }
 

@@ -6,6 +6,8 @@
 use crate::{LockError, url::EngineUrl};
 
 pub(crate) mod api;
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+mod deadlines;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod memory;

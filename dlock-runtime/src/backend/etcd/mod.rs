@@ -44,11 +44,7 @@ use etcd_client::{
     Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, GetResponse, PutOptions,
     SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
-use tokio::{
-    sync::{Notify, watch},
-    task::JoinHandle,
-    time::Instant,
-};
+use tokio::{sync::Notify, task::JoinHandle, time::Instant};
 
 use self::{
     conn::{Conn, lease_gone, tls_options},
@@ -60,12 +56,13 @@ use super::api::{
     Attempt, Backend, BoxFuture, Built, Capabilities, EngineOption, FairOrder, NextInLine, Request,
     Token, Watch, option,
 };
+use super::deadlines::{Deadlines, Due, Scheduled};
 use crate::{
     LockError, LockInfo, LockKind,
     config::Settings,
     error::BackendError,
     holder::{self, Identity},
-    lease::LossSignal,
+    lease::{LossAlarm, loss_signal},
     url::{EngineUrl, HostList, query_params, tls_needs_feature},
 };
 
@@ -174,12 +171,37 @@ struct Entry {
     granted: bool,
     /// Its wake-up found it first in line at this revision: the next attempt's fence.
     first_at: Option<i64>,
-    /// While held: the client-side end of the hold (moved on by renewals).
-    deadline: Option<watch::Sender<Instant>>,
-    /// While held: deletes the key when the deadline passes.
-    timer: Option<AbortOnDrop>,
-    /// Sent `true` when the engine let the hold go (its `expire` ran out).
-    gone: watch::Sender<bool>,
+    /// While held: its fence.
+    fence: i64,
+    /// While held: the client-side end of the hold in the engine's clock (moved on by
+    /// renewals), when the key is deleted.
+    expiry: Option<Scheduled<Timed>>,
+    /// While held: when its loss watch starts, in the engine's clock (a hold that lasts
+    /// [`LOSS_WATCH_AFTER`]).
+    loss_watch: Option<Scheduled<Timed>>,
+    /// While held, from then: the watch of its key's deletion.
+    watching: Option<AbortOnDrop>,
+    /// While held: fired when the hold is lost (its session ended, its key was deleted, or
+    /// its `expire` ran out).
+    alarm: Option<LossAlarm>,
+}
+
+impl Entry {
+    /// Stops what its hold has running on the client: the end of its `expire`, its loss watch.
+    fn stop_clocks(&mut self) {
+        self.expiry = None;
+        self.loss_watch = None;
+        self.watching = None;
+    }
+}
+
+/// What the engine's clock holds for an acquisition (by token).
+#[derive(Debug)]
+enum Timed {
+    /// The hold's `expire` runs out.
+    Expire(String),
+    /// The hold lasted [`LOSS_WATCH_AFTER`]: its key's deletion is watched from now on.
+    WatchLoss(String),
 }
 
 /// Entries by token.
@@ -188,9 +210,11 @@ type Entries = Arc<Mutex<HashMap<String, Entry>>>;
 /// The etcd engine.
 pub(crate) struct EtcdBackend {
     conn: Arc<Conn>,
-    sessions: Sessions,
+    sessions: Arc<Sessions>,
     watches: Arc<WatchHub>,
     entries: Entries,
+    /// The holds' `expire` on the client, and when their loss watches start.
+    deadlines: Deadlines<Timed>,
     /// Numbers the keys a session puts.
     next_key: AtomicU64,
     prefix_len: usize,
@@ -252,11 +276,30 @@ impl EtcdBackend {
             .map(|(host, port)| format!("{host}:{port}"))
             .collect();
         let conn = Arc::new(Conn::new(endpoints, options, settings.request_timeout));
+        let entries = Entries::default();
+        let sessions = Arc::new(Sessions::new(
+            conn.clone(),
+            session_ttl,
+            Box::new({
+                let entries = Arc::downgrade(&entries);
+                move |epoch| session_ended(&entries, epoch)
+            }),
+        ));
+        let watches = Arc::new(WatchHub::new(conn.clone()));
+        let deadlines = Deadlines::new(Box::new({
+            let (conn, watches, entries) = (conn.clone(), watches.clone(), entries.clone());
+            let sessions = Arc::downgrade(&sessions);
+            move |due, timed| match timed {
+                Timed::Expire(token) => expire(&conn, &sessions, &entries, due, &token),
+                Timed::WatchLoss(token) => watch_loss(&conn, &watches, &entries, due, &token),
+            }
+        }));
         Ok(Self {
-            sessions: Sessions::new(conn.clone(), session_ttl),
-            watches: Arc::new(WatchHub::new(conn.clone())),
+            sessions,
+            watches,
             conn,
-            entries: Arc::default(),
+            entries,
+            deadlines,
             next_key: AtomicU64::new(0),
             prefix_len: settings.key_prefix.len(),
             key_prefix: settings.key_prefix.clone(),
@@ -285,9 +328,11 @@ impl EtcdBackend {
                 rev: None,
                 granted: false,
                 first_at: None,
-                deadline: None,
-                timer: None,
-                gone: watch::Sender::new(false),
+                fence: 0,
+                expiry: None,
+                loss_watch: None,
+                watching: None,
+                alarm: None,
             },
         );
     }
@@ -546,9 +591,9 @@ impl EtcdBackend {
         }
     }
 
-    /// The grant: the hold's deadline on the client, the task that deletes the key when it
-    /// passes, and the signal of its loss.
-    fn acquired(&self, token: &Token, session: &Session, fence: i64, lease: Duration) -> Attempt {
+    /// The grant: the hold's deadline on the client (the engine's clock deletes the key when it
+    /// passes, and starts its loss watch should it last), and the signal of its loss.
+    fn acquired(&self, token: &Token, fence: i64, lease: Duration) -> Attempt {
         let sent_at = Instant::now();
         let mut entries = self.entries();
         let Some(entry) = entries.get_mut(&token.0) else {
@@ -559,36 +604,27 @@ impl EtcdBackend {
         };
         entry.granted = true;
         entry.first_at = None;
-        let (deadline, until) = watch::channel(sent_at + lease);
-        entry.deadline = Some(deadline);
-        let gone = entry.gone.subscribe();
-        let own_key = entry.own_key.clone();
-        let rev = entry.rev.unwrap_or_default();
-        entry.timer = Some(AbortOnDrop(tokio::spawn(expire_at_deadline(
-            until,
-            session.clone(),
-            self.conn.clone(),
-            self.entries.clone(),
-            token.0.clone(),
-            (own_key.clone(), rev),
-        ))));
+        entry.fence = fence;
+        entry.stop_clocks();
+        let ends_at = sent_at + lease;
+        entry.expiry = Some(
+            self.deadlines
+                .schedule(ends_at, Timed::Expire(token.0.clone())),
+        );
+        let watch_at = sent_at + LOSS_WATCH_AFTER;
+        if watch_at < ends_at {
+            entry.loss_watch = Some(
+                self.deadlines
+                    .schedule(watch_at, Timed::WatchLoss(token.0.clone())),
+            );
+        }
+        let (alarm, lost) = loss_signal();
+        entry.alarm = Some(alarm);
         drop(entries);
         Attempt::Acquired {
             fence: u64::try_from(fence).unwrap_or(0),
             granted: None,
-            lost: Some(loss_signal(
-                session.clone(),
-                self.entries.clone(),
-                token.0.clone(),
-                gone,
-                KeyDeletion {
-                    conn: self.conn.clone(),
-                    hub: self.watches.clone(),
-                    own_key,
-                    rev,
-                    fence,
-                },
-            )),
+            lost: Some(lost),
         }
     }
 
@@ -759,45 +795,90 @@ fn header_revision(header: Option<&etcd_client::ResponseHeader>) -> i64 {
     header.map_or(0, etcd_client::ResponseHeader::revision)
 }
 
-/// A grant's `expire` clock: sleeps until the deadline on `until` (moved by each renewal), then
-/// forgets the hold (`key` in `all`), tells its loss signal and deletes its key. Ends at once
-/// when the session ends (the key goes with it).
-async fn expire_at_deadline(
-    mut until: watch::Receiver<Instant>,
-    session: Session,
-    conn: Arc<Conn>,
-    all: Entries,
-    key: String,
-    (own_key, rev): (String, i64),
+/// A hold's `expire` ran out on the client (`due`, its entry in the engine's clock, unless a
+/// renewal moved it since): it is forgotten, its loss reported, and its key deleted.
+fn expire(
+    conn: &Arc<Conn>,
+    sessions: &std::sync::Weak<Sessions>,
+    entries: &Entries,
+    due: Due,
+    token: &str,
 ) {
-    loop {
-        let at = *until.borrow_and_update();
-        tokio::select! {
-            () = session.end() => return,
-            () = tokio::time::sleep_until(at) => {
-                if *until.borrow() == at {
-                    break;
-                }
-            }
-            changed = until.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
+    let entry = {
+        let mut all = entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if all
+            .get(token)
+            .and_then(|e| e.expiry.as_ref())
+            .is_none_or(|expiry| expiry.due() != due)
+        {
+            return;
         }
-    }
-    // The hold's `expire` ran out: it is let go on the server too.
-    let entry = all
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .remove(&key);
+        all.remove(token)
+    };
     let Some(mut entry) = entry else { return };
-    let _ = entry.gone.send(true);
-    // This very task: not aborted by dropping the entry.
-    if let Some(timer) = entry.timer.take() {
-        std::mem::forget(timer);
+    entry.stop_clocks();
+    if let Some(alarm) = &entry.alarm {
+        alarm.fire();
     }
-    delete_until_gone(&conn, &session, own_key, Some(rev)).await;
+    // Its session ended: its key went with it.
+    let live = sessions.upgrade().and_then(|s| s.live());
+    let Some(session) = live.filter(|s| s.epoch == entry.epoch) else {
+        return;
+    };
+    let conn = conn.clone();
+    let (own_key, rev) = (entry.own_key, entry.rev);
+    tokio::spawn(async move { delete_until_gone(&conn, &session, own_key, rev).await });
+}
+
+/// A hold lasted [`LOSS_WATCH_AFTER`] (`due`, its entry in the engine's clock): from now on,
+/// its key's deletion (by hand) is watched, and reported as its loss.
+fn watch_loss(conn: &Arc<Conn>, hub: &Arc<WatchHub>, entries: &Entries, due: Due, token: &str) {
+    let mut all = entries.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(entry) = all.get_mut(token).filter(|e| {
+        e.loss_watch
+            .as_ref()
+            .is_some_and(|watch| watch.due() == due)
+    }) else {
+        return;
+    };
+    entry.loss_watch = None;
+    let (Some(rev), Some(alarm)) = (entry.rev, entry.alarm.clone()) else {
+        return;
+    };
+    let deletion = KeyDeletion {
+        conn: conn.clone(),
+        hub: hub.clone(),
+        own_key: entry.own_key.clone(),
+        rev,
+        fence: entry.fence,
+    };
+    let (weak, token, epoch) = (Arc::downgrade(entries), token.to_owned(), entry.epoch);
+    entry.watching = Some(AbortOnDrop(tokio::spawn(async move {
+        deletion.deleted().await;
+        if weak.upgrade().is_some_and(|all| {
+            (all.lock().unwrap_or_else(PoisonError::into_inner))
+                .get(&token)
+                .is_some_and(|e| e.epoch == epoch && e.granted)
+        }) {
+            alarm.fire();
+        }
+    })));
+}
+
+/// A session ended: every hold of it is lost (its keys went with it, or will once etcd
+/// expires its lease).
+fn session_ended(entries: &std::sync::Weak<Mutex<HashMap<String, Entry>>>, epoch: u64) {
+    let Some(entries) = entries.upgrade() else {
+        return;
+    };
+    let alarms: Vec<LossAlarm> = (entries.lock().unwrap_or_else(PoisonError::into_inner))
+        .values()
+        .filter(|e| e.epoch == epoch && e.granted)
+        .filter_map(|e| e.alarm.clone())
+        .collect();
+    for alarm in alarms {
+        alarm.fire();
+    }
 }
 
 /// Deletes `own_key` (only while its create revision is `rev`, when given), asking again until
@@ -843,11 +924,10 @@ struct KeyDeletion {
 
 impl KeyDeletion {
     /// Resolves when the key is deleted (or re-created: another acquisition's) after the fence.
-    /// Watched from the revision after the fence, once the hold has lasted
-    /// [`LOSS_WATCH_AFTER`], so nothing in between is missed; a watch the stream cannot keep
+    /// Watched from the revision after the fence (started once the hold has lasted
+    /// [`LOSS_WATCH_AFTER`]), so nothing in between is missed; a watch the stream cannot keep
     /// (a compacted history) is followed by a look at the key and a new watch from there.
     async fn deleted(self) {
-        tokio::time::sleep(LOSS_WATCH_AFTER).await;
         let mut start = self.fence + 1;
         loop {
             let mut watch = self.hub.deletion(self.own_key.clone(), Some(start));
@@ -875,41 +955,6 @@ impl KeyDeletion {
             }
         }
     }
-}
-
-/// The loss signal of a grant: fires when the session ends, or the key is deleted (by hand),
-/// while the hold (`key` in `all`, of this session) is still there; never after a release
-/// (which drops the entry and so closes `gone`).
-fn loss_signal(
-    session: Session,
-    all: Entries,
-    key: String,
-    mut gone: watch::Receiver<bool>,
-    deletion: KeyDeletion,
-) -> LossSignal {
-    LossSignal(Box::pin(async move {
-        let epoch = session.epoch;
-        let held = || {
-            all.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&key)
-                .is_some_and(|e| e.epoch == epoch && e.granted)
-        };
-        tokio::select! {
-            () = session.end() => {}
-            dropped = async { gone.wait_for(|g| *g).await.is_err() } => {
-                // Dropped: the entry went with a release, nothing was lost. Else the engine
-                // let the hold go at its deadline.
-                if !dropped {
-                    return;
-                }
-            }
-            () = deletion.deleted() => {}
-        }
-        if !held() {
-            std::future::pending::<()>().await;
-        }
-    }))
 }
 
 /// Waits until no key created before `rev` is left in `line` (etcd's `waitDeletes`), then
@@ -1047,7 +1092,7 @@ impl Backend for EtcdBackend {
                 }
                 match self.attempt(token, &session).await? {
                     Place::First(fence) => {
-                        return Ok(self.acquired(token, &session, fence, request.lease));
+                        return Ok(self.acquired(token, fence, request.lease));
                     }
                     Place::Behind => {
                         return Ok(Attempt::Held {
@@ -1078,10 +1123,10 @@ impl Backend for EtcdBackend {
         token: &'a Token,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            let Some(entry) = self.entries().remove(&token.0) else {
+            let Some(mut entry) = self.entries().remove(&token.0) else {
                 return Ok(false);
             };
-            drop(entry.timer);
+            entry.stop_clocks();
             let live = self.sessions.live().is_some_and(|s| s.epoch == entry.epoch);
             let (own_key, epoch) = (entry.own_key.clone(), entry.epoch);
             // A waiter, a put whose reply was lost (or never came), or a hold whose session
@@ -1254,16 +1299,16 @@ impl Backend for EtcdBackend {
         rest: Duration,
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
-            let Some(entry) = self.entries().remove(&token.0) else {
+            let Some(mut entry) = self.entries().remove(&token.0) else {
                 return Ok(false);
             };
+            entry.stop_clocks();
             let Some(session) = self.sessions.live().filter(|s| s.epoch == entry.epoch) else {
                 return Ok(false);
             };
             let (Some(rev), true) = (entry.rev, entry.granted) else {
                 return Ok(false);
             };
-            drop(entry.timer);
             let own_key = entry.own_key;
             match self.move_to_own_lease(&own_key, rev, rest).await {
                 Ok(moved) => Ok(moved),
@@ -1363,11 +1408,14 @@ impl Backend for EtcdBackend {
                 self.entries().remove(&token.0);
                 return Ok(false);
             }
-            let entries = self.entries();
-            let Some(deadline) = entries.get(&token.0).and_then(|e| e.deadline.as_ref()) else {
+            let mut entries = self.entries();
+            let Some(entry) = entries.get_mut(&token.0).filter(|e| e.expiry.is_some()) else {
                 return Ok(false);
             };
-            deadline.send_replace(sent_at + lease);
+            entry.expiry = Some(
+                self.deadlines
+                    .schedule(sent_at + lease, Timed::Expire(token.0.clone())),
+            );
             Ok(true)
         })
     }

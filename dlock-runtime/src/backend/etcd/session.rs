@@ -37,12 +37,6 @@ impl Session {
         *self.ended.borrow()
     }
 
-    /// Resolves when the session has ended.
-    pub(super) async fn end(&self) {
-        let mut ended = self.ended.subscribe();
-        let _ = ended.wait_for(|ended| *ended).await;
-    }
-
     /// Ends the session on the client: a request found its lease gone.
     pub(super) fn lapsed(&self) {
         self.ended.send_replace(true);
@@ -57,15 +51,22 @@ pub(super) struct Sessions {
     current: Mutex<Option<Session>>,
     /// How many sessions there have been (taken while one opens).
     opening: tokio::sync::Mutex<u64>,
+    /// Told each session's number when it ends (its holds are lost then).
+    on_end: Arc<dyn Fn(u64) + Send + Sync>,
 }
 
 impl Sessions {
-    pub(super) fn new(conn: Arc<Conn>, ttl: Duration) -> Self {
+    pub(super) fn new(
+        conn: Arc<Conn>,
+        ttl: Duration,
+        on_end: Box<dyn Fn(u64) + Send + Sync>,
+    ) -> Self {
         Self {
             conn,
             ttl: i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX),
             current: Mutex::new(None),
             opening: tokio::sync::Mutex::new(0),
+            on_end: Arc::from(on_end),
         }
     }
 
@@ -105,6 +106,13 @@ impl Sessions {
             valid_until(sent_at, ttl),
             ended.clone(),
         ));
+        // However it ends (the keep-alives, a request that found the lease gone, closing),
+        // or when the locker is gone.
+        let (mut end, on_end, epoch) = (ended.subscribe(), self.on_end.clone(), *epochs);
+        tokio::spawn(async move {
+            let _ = end.wait_for(|ended| *ended).await;
+            on_end(epoch);
+        });
         let session = Session {
             lease: granted.id(),
             epoch: *epochs,

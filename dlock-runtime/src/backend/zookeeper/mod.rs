@@ -86,7 +86,8 @@ use super::api::{
     Attempt, Backend, BoxFuture, Built, Capabilities, EngineOption, FairOrder, NextInLine, Request,
     Token, Watch, option,
 };
-use crate::lease::LossSignal;
+use super::deadlines::{Deadlines, Due, Scheduled};
+use crate::lease::{LossAlarm, loss_signal};
 use crate::{
     LockError, LockInfo, LockKind,
     config::Settings,
@@ -246,18 +247,13 @@ fn prefix_error(prefix: &str) -> Option<String> {
     None
 }
 
-/// A task aborted when this is dropped (unless detached first).
+/// A task aborted when this is dropped.
 #[derive(Debug)]
 struct AbortOnDrop(Option<JoinHandle<()>>);
 
 impl AbortOnDrop {
     fn new(task: JoinHandle<()>) -> Self {
         Self(Some(task))
-    }
-
-    /// Lets the task run on when this is dropped.
-    fn detach(mut self) {
-        self.0 = None;
     }
 }
 
@@ -297,6 +293,8 @@ struct Conn {
     request_timeout: Duration,
     current: Mutex<Option<Session>>,
     connecting: tokio::sync::Mutex<u64>,
+    /// The engine's acquisitions: the holds of a session that ends are lost.
+    entries: std::sync::Weak<Mutex<HashMap<String, Entry>>>,
 }
 
 impl Conn {
@@ -343,6 +341,7 @@ impl Conn {
             ended_tx,
             Arc::downgrade(self),
             *epochs,
+            self.entries.clone(),
         ));
         let session = Session {
             client,
@@ -438,12 +437,11 @@ struct Entry {
     granted: bool,
     /// A look at the line found its node and no lock of another kind on the key.
     checked: bool,
-    /// While held: the client-side end of the hold (moved on by renewals).
-    deadline: Option<watch::Sender<Instant>>,
-    /// While held: deletes the node when the deadline passes.
-    timer: Option<AbortOnDrop>,
-    /// Sent `true` when the engine let the hold go (its `expire` ran out).
-    gone: watch::Sender<bool>,
+    /// While held: the client-side end of the hold in the engine's clock (moved on by
+    /// renewals), when the node is deleted.
+    expiry: Option<Scheduled<String>>,
+    /// While held: fired when the hold is lost (its session ended, or its `expire` ran out).
+    alarm: Option<LossAlarm>,
     /// While it waits: what it waits for, as the last look at the line found it.
     waits_on: Option<WaitOn>,
     /// While it waits with a wake-up ([`Backend::watch`]): the wake-up, and the watch that
@@ -503,6 +501,8 @@ type Entries = Arc<Mutex<HashMap<String, Entry>>>;
 pub(crate) struct ZooKeeperBackend {
     conn: Arc<Conn>,
     entries: Entries,
+    /// The holds' `expire` on the client: when it passes, the node is deleted.
+    deadlines: Deadlines<String>,
     prefix_len: usize,
     /// Who this locker is: each node's data.
     identity: Identity,
@@ -569,15 +569,23 @@ impl ZooKeeperBackend {
                 "DLOCK_KEY_PREFIX: on ZooKeeper, {why}"
             )));
         }
+        let entries = Entries::default();
+        let conn = Arc::new(Conn {
+            connect,
+            session_timeout,
+            request_timeout: settings.request_timeout,
+            current: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(0),
+            entries: Arc::downgrade(&entries),
+        });
+        let deadlines = Deadlines::new(Box::new({
+            let (conn, entries) = (conn.clone(), entries.clone());
+            move |due, token: String| expire(&conn, &entries, due, &token)
+        }));
         Ok(Self {
-            conn: Arc::new(Conn {
-                connect,
-                session_timeout,
-                request_timeout: settings.request_timeout,
-                current: Mutex::new(None),
-                connecting: tokio::sync::Mutex::new(0),
-            }),
-            entries: Arc::default(),
+            conn,
+            entries,
+            deadlines,
             prefix_len: settings.key_prefix.len(),
             identity: settings.identity.clone(),
         })
@@ -643,9 +651,8 @@ impl ZooKeeperBackend {
                 epoch: session.epoch,
                 granted: false,
                 checked: false,
-                deadline: None,
-                timer: None,
-                gone: watch::channel(false).0,
+                expiry: None,
+                alarm: None,
                 waits_on: None,
                 waiting: None,
             },
@@ -881,9 +888,9 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// The grant: the hold's deadline on the client, the task that deletes the node when it
-    /// passes, and the signal of its loss.
-    fn acquired(&self, token: &Token, session: &Session, fence: u64, lease: Duration) -> Attempt {
+    /// The grant: the hold's deadline on the client (the engine's clock deletes the node when
+    /// it passes), and the signal of its loss.
+    fn acquired(&self, token: &Token, fence: u64, lease: Duration) -> Attempt {
         let sent_at = Instant::now();
         let mut entries = self.entries();
         let Some(entry) = entries.get_mut(&token.0) else {
@@ -895,28 +902,14 @@ impl ZooKeeperBackend {
         entry.granted = true;
         entry.waits_on = None;
         entry.waiting = None;
-        let (deadline, until) = watch::channel(sent_at + lease);
-        entry.deadline = Some(deadline);
-        let gone = entry.gone.subscribe();
-        let path = entry.held_path().unwrap_or_default();
-        entry.timer = Some(AbortOnDrop::new(tokio::spawn(expire_at_deadline(
-            until,
-            session.clone(),
-            self.conn.clone(),
-            self.entries.clone(),
-            token.0.clone(),
-            path,
-        ))));
+        entry.expiry = Some(self.deadlines.schedule(sent_at + lease, token.0.clone()));
+        let (alarm, lost) = loss_signal();
+        entry.alarm = Some(alarm);
         drop(entries);
         Attempt::Acquired {
             fence,
             granted: None,
-            lost: Some(loss_signal(
-                session.clone(),
-                self.entries.clone(),
-                token.0.clone(),
-                gone,
-            )),
+            lost: Some(lost),
         }
     }
 
@@ -1097,6 +1090,7 @@ async fn watch_session(
     ended_tx: watch::Sender<bool>,
     conn: std::sync::Weak<Conn>,
     epoch: u64,
+    entries: std::sync::Weak<Mutex<HashMap<String, Entry>>>,
 ) {
     let mut disconnected = false;
     loop {
@@ -1126,6 +1120,17 @@ async fn watch_session(
         }
     }
     let _ = ended_tx.send(true);
+    // Its holds are lost (their nodes went with it, or will once the servers expire it).
+    if let Some(entries) = entries.upgrade() {
+        let alarms: Vec<LossAlarm> = (entries.lock().unwrap_or_else(PoisonError::into_inner))
+            .values()
+            .filter(|e| e.epoch == epoch && e.granted)
+            .filter_map(|e| e.alarm.clone())
+            .collect();
+        for alarm in alarms {
+            alarm.fire();
+        }
+    }
     // Its client goes with the last task holding it: a session still open on the
     // servers is closed then, deleting its nodes.
     if let Some(conn) = conn.upgrade() {
@@ -1136,79 +1141,36 @@ async fn watch_session(
     }
 }
 
-/// A grant's `expire` clock: sleeps until the deadline on `until` (moved by each renewal), then
-/// forgets the hold (`key` in `all`), tells its loss signal and deletes its node at `path`. Ends
-/// at once when the session ends (the node goes with it).
-async fn expire_at_deadline(
-    mut until: watch::Receiver<Instant>,
-    live: Session,
-    conn: Arc<Conn>,
-    all: Entries,
-    key: String,
-    path: String,
-) {
-    loop {
-        let at = *until.borrow_and_update();
-        tokio::select! {
-            // The node went with the session (and the hold is lost through it).
-            () = live.clone().end() => return,
-            () = tokio::time::sleep_until(at) => {
-                if *until.borrow() == at {
-                    break;
-                }
-            }
-            changed = until.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
+/// A hold's `expire` ran out on the client (`due`, its entry in the engine's clock, unless a
+/// renewal moved it since): it is forgotten, its loss reported, and its node deleted.
+fn expire(conn: &Arc<Conn>, entries: &Entries, due: Due, token: &str) {
+    let entry = {
+        let mut all = entries.lock().unwrap_or_else(PoisonError::into_inner);
+        if all
+            .get(token)
+            .and_then(|e| e.expiry.as_ref())
+            .is_none_or(|expiry| expiry.due() != due)
+        {
+            return;
         }
+        all.remove(token)
+    };
+    let Some(entry) = entry else { return };
+    if let Some(alarm) = &entry.alarm {
+        alarm.fire();
     }
-    // The hold's `expire` ran out: it is let go on the server too.
-    let entry = all
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .remove(&key);
-    let Some(mut entry) = entry else { return };
-    let _ = entry.gone.send(true);
-    // This very task: not aborted by dropping the entry.
-    if let Some(timer) = entry.timer.take() {
-        timer.detach();
-    }
-    delete_until_gone(&conn, &live.client, &live, &path).await;
-}
-
-/// The loss signal of a grant: fires when the session ends while the hold (`key` in `all`, of
-/// this session) is still there; never after a release (which drops the entry and so closes
-/// `gone`).
-fn loss_signal(
-    session: Session,
-    all: Entries,
-    key: String,
-    mut gone: watch::Receiver<bool>,
-) -> LossSignal {
-    LossSignal(Box::pin(async move {
-        let epoch = session.epoch;
-        tokio::select! {
-            () = session.end() => {
-                // Released before its session ended: nothing was lost.
-                let held = all
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .get(&key)
-                    .is_some_and(|e| e.epoch == epoch);
-                if !held {
-                    std::future::pending::<()>().await;
-                }
-            }
-            dropped = async { gone.wait_for(|g| *g).await.is_err() } => {
-                // The entry was dropped (a release): nothing was lost.
-                if dropped {
-                    std::future::pending::<()>().await;
-                }
-            }
-        }
-    }))
+    let Some(path) = entry.held_path() else {
+        return;
+    };
+    // Its session ended: its node went with it.
+    let live = conn.current().clone();
+    let Some(session) = live.filter(|s| s.epoch == entry.epoch && !s.is_ended()) else {
+        return;
+    };
+    let conn = conn.clone();
+    tokio::spawn(async move {
+        delete_until_gone(&conn, &session.client, &session, &path).await;
+    });
 }
 
 /// Looks for the node of `session` under `dir` whose name starts with `protected` (a create
@@ -1326,7 +1288,7 @@ impl Backend for ZooKeeperBackend {
                 };
                 match self.look(&session, &request, &known).await? {
                     Place::First(fence) => {
-                        return Ok(self.acquired(token, &session, fence, request.lease));
+                        return Ok(self.acquired(token, fence, request.lease));
                     }
                     Place::Behind(on) => {
                         if let Some(entry) = self.entries().get_mut(&token.0) {
@@ -1445,11 +1407,11 @@ impl Backend for ZooKeeperBackend {
                 self.entries().remove(&token.0);
                 return Ok(false);
             }
-            let entries = self.entries();
-            let Some(deadline) = entries.get(&token.0).and_then(|e| e.deadline.as_ref()) else {
+            let mut entries = self.entries();
+            let Some(entry) = entries.get_mut(&token.0).filter(|e| e.expiry.is_some()) else {
                 return Ok(false);
             };
-            deadline.send_replace(sent_at + lease);
+            entry.expiry = Some(self.deadlines.schedule(sent_at + lease, token.0.clone()));
             Ok(true)
         })
     }
