@@ -521,6 +521,33 @@ async fn a_deleted_holder_key_is_lost_at_once() {
     }
 }
 
+/// The session's lease revoked by hand (its keep-alives then hear it is gone): every hold of the
+/// session is reported lost at once, well before its own 60s `expire`, and the locker's next
+/// acquisition opens a new session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_session_loses_every_hold_at_once() {
+    let etcd = single();
+    let locker = etcd.locker();
+    let (one, two) = (unique_key("revoked-1"), unique_key("revoked-2"));
+    let options = LockOptions::new().expire(Duration::from_secs(60));
+    let first = locker.acquire(&one, options.clone()).await.unwrap();
+    let second = locker.acquire(&two, options.clone()).await.unwrap();
+    let lease = lease_of(&only_key(&etcd, &format!("dlock:{one}")).await);
+    client(&etcd).await.lease_revoke(lease).await.unwrap();
+    for guard in [&first, &second] {
+        tokio::time::timeout(Duration::from_secs(15), guard.lost())
+            .await
+            .expect("the session's end was reported well before the 60s lease ran out");
+        assert!(!guard.is_held());
+    }
+    let again = locker.acquire(&one, options).await.unwrap();
+    let new_lease = lease_of(&only_key(&etcd, &format!("dlock:{one}")).await);
+    assert_ne!(new_lease, lease);
+    again.release().await.unwrap();
+    assert!(first.release().await.unwrap_err().is_lost());
+    assert!(second.release().await.unwrap_err().is_lost());
+}
+
 /// A hold's key deleted by hand and then put again under the same name on the same lease (what a
 /// first attempt that timed out, applied late, does): the release says `Lost` (the key there is
 /// not the hold's) and deletes it all the same (it is the token's, and would hold the line up
