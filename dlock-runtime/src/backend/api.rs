@@ -107,8 +107,9 @@ pub(crate) enum Attempt {
         /// The lease the engine granted when it differs from the one asked for (etcd rounds up to
         /// whole seconds); the guard's lease clock counts this one.
         granted: Option<Duration>,
-        /// Resolves when the engine itself learns the hold is gone (etcd's watch on the holder
-        /// key, a ZooKeeper session expiry); the hold is then lost at once.
+        /// Fired when the engine itself learns the hold is gone (etcd's watch on the holder
+        /// key, a ZooKeeper or etcd session's end, the engine's client-side `expire`); the hold
+        /// is then lost at once.
         lost: Option<LossSignal>,
     },
     /// Someone else holds it, or is ahead in line.
