@@ -269,7 +269,8 @@ impl Drop for AbortOnDrop {
 /// has ended (expired, closed, or refused).
 #[derive(Clone)]
 struct Session {
-    client: Client,
+    /// Shared: a `Client`'s clone copies its session's password.
+    client: Arc<Client>,
     epoch: u64,
     ended: watch::Receiver<bool>,
 }
@@ -344,7 +345,7 @@ impl Conn {
             self.entries.clone(),
         ));
         let session = Session {
-            client,
+            client: Arc::new(client),
             epoch: *epochs,
             ended,
         };
