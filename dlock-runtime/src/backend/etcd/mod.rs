@@ -593,7 +593,7 @@ impl EtcdBackend {
 
     /// The grant: the hold's deadline on the client (the engine's clock deletes the key when it
     /// passes, and starts its loss watch should it last), and the signal of its loss.
-    fn acquired(&self, token: &Token, fence: i64, lease: Duration) -> Attempt {
+    fn acquired(&self, token: &Token, session: &Session, fence: i64, lease: Duration) -> Attempt {
         let sent_at = Instant::now();
         let mut entries = self.entries();
         let Some(entry) = entries.get_mut(&token.0) else {
@@ -611,16 +611,19 @@ impl EtcdBackend {
             self.deadlines
                 .schedule(ends_at, Timed::Expire(token.0.clone())),
         );
-        let watch_at = sent_at + LOSS_WATCH_AFTER;
-        if watch_at < ends_at {
-            entry.loss_watch = Some(
-                self.deadlines
-                    .schedule(watch_at, Timed::WatchLoss(token.0.clone())),
-            );
-        }
+        // Even when the lease is shorter: an extension may keep the hold past it.
+        entry.loss_watch = Some(self.deadlines.schedule(
+            sent_at + LOSS_WATCH_AFTER,
+            Timed::WatchLoss(token.0.clone()),
+        ));
         let (alarm, lost) = loss_signal();
-        entry.alarm = Some(alarm);
+        entry.alarm = Some(alarm.clone());
         drop(entries);
+        // A reply that came after the session ended (its end's look at the entries may have
+        // come before this grant): the hold is lost already.
+        if session.is_ended() {
+            alarm.fire();
+        }
         Attempt::Acquired {
             fence: u64::try_from(fence).unwrap_or(0),
             granted: None,
@@ -1092,7 +1095,7 @@ impl Backend for EtcdBackend {
                 }
                 match self.attempt(token, &session).await? {
                     Place::First(fence) => {
-                        return Ok(self.acquired(token, fence, request.lease));
+                        return Ok(self.acquired(token, &session, fence, request.lease));
                     }
                     Place::Behind => {
                         return Ok(Attempt::Held {

@@ -891,7 +891,7 @@ impl ZooKeeperBackend {
 
     /// The grant: the hold's deadline on the client (the engine's clock deletes the node when
     /// it passes), and the signal of its loss.
-    fn acquired(&self, token: &Token, fence: u64, lease: Duration) -> Attempt {
+    fn acquired(&self, token: &Token, session: &Session, fence: u64, lease: Duration) -> Attempt {
         let sent_at = Instant::now();
         let mut entries = self.entries();
         let Some(entry) = entries.get_mut(&token.0) else {
@@ -905,8 +905,13 @@ impl ZooKeeperBackend {
         entry.waiting = None;
         entry.expiry = Some(self.deadlines.schedule(sent_at + lease, token.0.clone()));
         let (alarm, lost) = loss_signal();
-        entry.alarm = Some(alarm);
+        entry.alarm = Some(alarm.clone());
         drop(entries);
+        // A reply that came after the session ended (its end's look at the entries may have
+        // come before this grant): the hold is lost already.
+        if session.is_ended() {
+            alarm.fire();
+        }
         Attempt::Acquired {
             fence,
             granted: None,
@@ -1289,7 +1294,7 @@ impl Backend for ZooKeeperBackend {
                 };
                 match self.look(&session, &request, &known).await? {
                     Place::First(fence) => {
-                        return Ok(self.acquired(token, fence, request.lease));
+                        return Ok(self.acquired(token, &session, fence, request.lease));
                     }
                     Place::Behind(on) => {
                         if let Some(entry) = self.entries().get_mut(&token.0) {
@@ -1523,7 +1528,8 @@ impl Backend for ZooKeeperBackend {
         Box::pin(async move {
             // Every hold was released and every cleanup done. Ending the session deletes what
             // is left of it (a node whose removal failed): the client closes it once its last
-            // handle is gone, and the tasks holding one end with the entries.
+            // handle is gone, and the tasks holding one end (waiters' watches, deletions asked again) end
+            // with the session.
             self.entries().clear();
             let Some(session) = self.conn.current().take() else {
                 return Ok(());
