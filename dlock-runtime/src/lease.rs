@@ -2,10 +2,7 @@
 //! hold, whether a watchdog renews it, and the client's clock of it (the part of the lease the
 //! client counts on).
 
-use std::{
-    sync::{Arc, Mutex, PoisonError},
-    time::Duration,
-};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -33,13 +30,11 @@ pub(crate) fn check_lease(lease: Duration) -> Result<(), LockError> {
     }
 }
 
-/// The engine's own report that a hold is lost (a ZooKeeper or etcd session's end, etcd's watch
-/// on the holder's key, the engine letting the hold go at its `expire`): the engine keeps the
-/// [`LossAlarm`] and fires it; the hold hooks its reaction on this end. No task waits for it.
-pub(crate) struct LossSignal(Arc<Mutex<Link>>);
+pub(crate) use loss::LossSignal;
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+pub(crate) use loss::{LossAlarm, fire_held, loss_signal};
 
-/// The engine's end of a [`LossSignal`].
-#[derive(Clone)]
+/// The engines' reports of a lost hold (see [`LossSignal`]).
 #[cfg_attr(
     not(any(feature = "zookeeper", feature = "etcd")),
     allow(
@@ -47,79 +42,87 @@ pub(crate) struct LossSignal(Arc<Mutex<Link>>);
         reason = "only the ZooKeeper and etcd engines report losses"
     )
 )]
-pub(crate) struct LossAlarm(Arc<Mutex<Link>>);
+mod loss {
+    use std::{
+        collections::HashMap,
+        sync::{Arc, Mutex, PoisonError},
+    };
 
-#[cfg_attr(
-    not(any(feature = "zookeeper", feature = "etcd")),
-    allow(
-        dead_code,
-        reason = "only the ZooKeeper and etcd engines report losses"
-    )
-)]
-enum Link {
-    Armed,
-    Fired,
-    Hooked(Box<dyn FnOnce() + Send>),
-}
+    /// The engine's own report that a hold is lost (a ZooKeeper or etcd session's end, etcd's watch
+    /// on the holder's key, the engine letting the hold go at its `expire`): the engine keeps the
+    /// [`LossAlarm`] and fires it; the hold hooks its reaction on this end. No task waits for it.
+    pub(crate) struct LossSignal(Arc<Mutex<Link>>);
 
-/// A loss signal and its alarm.
-#[cfg_attr(
-    not(any(feature = "zookeeper", feature = "etcd")),
-    allow(
-        dead_code,
-        reason = "only the ZooKeeper and etcd engines report losses"
-    )
-)]
-pub(crate) fn loss_signal() -> (LossAlarm, LossSignal) {
-    let link = Arc::new(Mutex::new(Link::Armed));
-    (LossAlarm(link.clone()), LossSignal(link))
-}
+    /// The engine's end of a [`LossSignal`].
+    #[derive(Clone)]
+    pub(crate) struct LossAlarm(Arc<Mutex<Link>>);
 
-impl LossSignal {
-    /// Runs `reaction` when the alarm fires, or at once when it has fired already.
-    pub(crate) fn on_fire(self, reaction: impl FnOnce() + Send + 'static) {
-        let mut link = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if matches!(*link, Link::Fired) {
-            drop(link);
-            reaction();
-        } else {
-            *link = Link::Hooked(Box::new(reaction));
+    enum Link {
+        Armed,
+        Fired,
+        Hooked(Box<dyn FnOnce() + Send>),
+    }
+
+    /// A loss signal and its alarm.
+    pub(crate) fn loss_signal() -> (LossAlarm, LossSignal) {
+        let link = Arc::new(Mutex::new(Link::Armed));
+        (LossAlarm(link.clone()), LossSignal(link))
+    }
+
+    /// Fires the alarm `alarm_of` picks from each of `entries` (a session's holds when it ended),
+    /// collected under the lock and fired after it.
+    pub(crate) fn fire_held<T>(
+        entries: &Mutex<HashMap<String, T>>,
+        alarm_of: impl Fn(&T) -> Option<&LossAlarm>,
+    ) {
+        let alarms: Vec<LossAlarm> = (entries.lock().unwrap_or_else(PoisonError::into_inner))
+            .values()
+            .filter_map(|e| alarm_of(e).cloned())
+            .collect();
+        for alarm in alarms {
+            alarm.fire();
         }
     }
-}
 
-#[cfg_attr(
-    not(any(feature = "zookeeper", feature = "etcd")),
-    allow(
-        dead_code,
-        reason = "only the ZooKeeper and etcd engines report losses"
-    )
-)]
-impl LossAlarm {
-    /// Reports the loss: the hold's reaction runs now (on the caller), or when it is hooked.
-    pub(crate) fn fire(&self) {
-        let reaction = {
+    impl LossSignal {
+        /// Runs `reaction` when the alarm fires, or at once when it has fired already.
+        pub(crate) fn on_fire(self, reaction: impl FnOnce() + Send + 'static) {
             let mut link = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-            match std::mem::replace(&mut *link, Link::Fired) {
-                Link::Hooked(reaction) => Some(reaction),
-                Link::Armed | Link::Fired => None,
+            if matches!(*link, Link::Fired) {
+                drop(link);
+                reaction();
+            } else {
+                *link = Link::Hooked(Box::new(reaction));
             }
-        };
-        if let Some(reaction) = reaction {
-            reaction();
         }
     }
-}
 
-impl std::fmt::Debug for LossSignal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("LossSignal")
+    impl LossAlarm {
+        /// Reports the loss: the hold's reaction runs now (on the caller), or when it is hooked.
+        pub(crate) fn fire(&self) {
+            let reaction = {
+                let mut link = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+                match std::mem::replace(&mut *link, Link::Fired) {
+                    Link::Hooked(reaction) => Some(reaction),
+                    Link::Armed | Link::Fired => None,
+                }
+            };
+            if let Some(reaction) = reaction {
+                reaction();
+            }
+        }
     }
-}
 
-impl std::fmt::Debug for LossAlarm {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("LossAlarm")
+    impl std::fmt::Debug for LossSignal {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("LossSignal")
+        }
+    }
+
+    impl std::fmt::Debug for LossAlarm {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("LossAlarm")
+        }
     }
 }
 

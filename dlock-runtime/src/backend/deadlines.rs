@@ -4,7 +4,7 @@
 //! and wakes nothing (a later time than the earliest needs no wake-up); its release, a removal.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     sync::{Arc, Mutex, PoisonError, Weak},
 };
 
@@ -51,6 +51,25 @@ impl<E> Scheduled<E> {
     pub(crate) fn due(&self) -> Due {
         self.due
     }
+}
+
+/// Takes `token`'s acquisition out of `entries` when its entry `scheduled` picks is the one that
+/// came due (`due`); `None` when a renewal moved it since, or the acquisition is gone.
+pub(crate) fn take_due<T, E>(
+    entries: &Mutex<HashMap<String, T>>,
+    token: &str,
+    due: Due,
+    scheduled: impl Fn(&T) -> Option<&Scheduled<E>>,
+) -> Option<T> {
+    let mut all = entries.lock().unwrap_or_else(PoisonError::into_inner);
+    if all
+        .get(token)
+        .and_then(&scheduled)
+        .is_none_or(|s| s.due() != due)
+    {
+        return None;
+    }
+    all.remove(token)
 }
 
 impl<E> Drop for Scheduled<E> {

@@ -56,13 +56,13 @@ use super::api::{
     Attempt, Backend, BoxFuture, Built, Capabilities, EngineOption, FairOrder, NextInLine, Request,
     Token, Watch, option,
 };
-use super::deadlines::{Deadlines, Due, Scheduled};
+use super::deadlines::{Deadlines, Due, Scheduled, take_due};
 use crate::{
     LockError, LockInfo, LockKind,
     config::Settings,
     error::BackendError,
     holder::{self, Identity},
-    lease::{LossAlarm, loss_signal},
+    lease::{LossAlarm, fire_held, loss_signal},
     url::{EngineUrl, HostList, query_params, tls_needs_feature},
 };
 
@@ -807,17 +807,7 @@ fn expire(
     due: Due,
     token: &str,
 ) {
-    let entry = {
-        let mut all = entries.lock().unwrap_or_else(PoisonError::into_inner);
-        if all
-            .get(token)
-            .and_then(|e| e.expiry.as_ref())
-            .is_none_or(|expiry| expiry.due() != due)
-        {
-            return;
-        }
-        all.remove(token)
-    };
+    let entry = take_due(entries, token, due, |e: &Entry| e.expiry.as_ref());
     let Some(mut entry) = entry else { return };
     entry.stop_clocks();
     if let Some(alarm) = &entry.alarm {
@@ -874,14 +864,9 @@ fn session_ended(entries: &std::sync::Weak<Mutex<HashMap<String, Entry>>>, epoch
     let Some(entries) = entries.upgrade() else {
         return;
     };
-    let alarms: Vec<LossAlarm> = (entries.lock().unwrap_or_else(PoisonError::into_inner))
-        .values()
-        .filter(|e| e.epoch == epoch && e.granted)
-        .filter_map(|e| e.alarm.clone())
-        .collect();
-    for alarm in alarms {
-        alarm.fire();
-    }
+    fire_held(&entries, |e| {
+        e.alarm.as_ref().filter(|_| e.epoch == epoch && e.granted)
+    });
 }
 
 /// Deletes `own_key` (only while its create revision is `rev`, when given), asking again until

@@ -86,8 +86,8 @@ use super::api::{
     Attempt, Backend, BoxFuture, Built, Capabilities, EngineOption, FairOrder, NextInLine, Request,
     Token, Watch, option,
 };
-use super::deadlines::{Deadlines, Due, Scheduled};
-use crate::lease::{LossAlarm, loss_signal};
+use super::deadlines::{Deadlines, Due, Scheduled, take_due};
+use crate::lease::{LossAlarm, fire_held, loss_signal};
 use crate::{
     LockError, LockInfo, LockKind,
     config::Settings,
@@ -1128,14 +1128,9 @@ async fn watch_session(
     let _ = ended_tx.send(true);
     // Its holds are lost (their nodes went with it, or will once the servers expire it).
     if let Some(entries) = entries.upgrade() {
-        let alarms: Vec<LossAlarm> = (entries.lock().unwrap_or_else(PoisonError::into_inner))
-            .values()
-            .filter(|e| e.epoch == epoch && e.granted)
-            .filter_map(|e| e.alarm.clone())
-            .collect();
-        for alarm in alarms {
-            alarm.fire();
-        }
+        fire_held(&entries, |e| {
+            e.alarm.as_ref().filter(|_| e.epoch == epoch && e.granted)
+        });
     }
     // Its client goes with the last task holding it: a session still open on the
     // servers is closed then, deleting its nodes.
@@ -1150,17 +1145,7 @@ async fn watch_session(
 /// A hold's `expire` ran out on the client (`due`, its entry in the engine's clock, unless a
 /// renewal moved it since): it is forgotten, its loss reported, and its node deleted.
 fn expire(conn: &Arc<Conn>, entries: &Entries, due: Due, token: &str) {
-    let entry = {
-        let mut all = entries.lock().unwrap_or_else(PoisonError::into_inner);
-        if all
-            .get(token)
-            .and_then(|e| e.expiry.as_ref())
-            .is_none_or(|expiry| expiry.due() != due)
-        {
-            return;
-        }
-        all.remove(token)
-    };
+    let entry = take_due(entries, token, due, |e: &Entry| e.expiry.as_ref());
     let Some(entry) = entry else { return };
     if let Some(alarm) = &entry.alarm {
         alarm.fire();
