@@ -80,6 +80,12 @@ async fn lease_revoked(etcd: &EtcdCluster, lease: i64, within: Duration) -> bool
     true
 }
 
+/// A TCP proxy to the cluster's first member.
+fn proxy_to(etcd: &EtcdCluster) -> Proxy {
+    let endpoint = &etcd.endpoints()[0];
+    Proxy::start(endpoint.rsplit(':').next().unwrap().parse().unwrap())
+}
+
 /// Waits up to `within` for `name`'s line to have `n` keys.
 async fn line_has(etcd: &EtcdCluster, name: &str, n: usize, within: Duration) -> Vec<String> {
     let deadline = Instant::now() + within;
@@ -309,9 +315,7 @@ async fn a_waiter_whose_put_reply_was_lost_queues_once_and_leaves_nothing() {
         .acquire(&key, LockOptions::new())
         .await
         .unwrap();
-    let endpoint = etcd.endpoints()[0].clone();
-    let port: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
-    let proxy = Proxy::start(port);
+    let proxy = proxy_to(&etcd);
     let waiter = Locker::builder()
         .url(format!("etcd://127.0.0.1:{}", proxy.port()))
         .request_timeout(Duration::from_millis(250))
@@ -494,18 +498,30 @@ async fn tasks_of_one_locker_on_one_key_do_not_wait_for_each_other() {
 /// An operator deletes the holder's key (its 30s lease still running): the watch on the key
 /// (set once the hold has lasted a second, from the revision after its fence) reports the hold
 /// lost, and a `#[dlock]`-style body would be aborted; the release then says `Lost` and deletes
-/// nothing. Deleted both before and after the watch starts.
+/// nothing. Deleted both before and after the watch starts, and from a hold whose first lease
+/// (500ms) was shorter than the second after which the watch starts, extended to 30s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_holder_key_is_lost_at_once() {
     let etcd = single();
     let locker = etcd.locker();
-    for delay in [Duration::ZERO, Duration::from_millis(1500)] {
+    for (delay, short) in [
+        (Duration::ZERO, false),
+        (Duration::from_millis(1500), false),
+        (Duration::from_millis(1500), true),
+    ] {
         let key = unique_key("deleted");
         let name = format!("dlock:{key}");
+        let first = if short { 500 } else { 30_000 };
         let guard = locker
-            .acquire(&key, LockOptions::new().expire(Duration::from_secs(30)))
+            .acquire(
+                &key,
+                LockOptions::new().expire(Duration::from_millis(first)),
+            )
             .await
             .unwrap();
+        if short {
+            guard.extend(Duration::from_secs(30)).await.unwrap();
+        }
         tokio::time::sleep(delay).await;
         let own_key = only_key(&etcd, &name).await;
         client(&etcd)
@@ -528,9 +544,7 @@ async fn a_deleted_holder_key_is_lost_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_that_ends_loses_every_hold_at_once() {
     let etcd = single();
-    let endpoint = etcd.endpoints()[0].clone();
-    let port: u16 = endpoint.rsplit(':').next().unwrap().parse().unwrap();
-    let proxy = Proxy::start(port);
+    let proxy = proxy_to(&etcd);
     let locker = Locker::builder()
         .url(format!("etcd://127.0.0.1:{}?session_ttl=5s", proxy.port()))
         .request_timeout(Duration::from_millis(500))
