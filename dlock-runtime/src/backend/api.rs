@@ -454,6 +454,16 @@ fn random_128() -> Result<[u8; 16], BackendError> {
     })
 }
 
+/// Appends 128 fresh bits from the OS random generator (see [`random_128`]) to `out`, as 32
+/// hex digits.
+pub(crate) fn push_random_hex(out: &mut String) -> Result<(), BackendError> {
+    for b in random_128()? {
+        out.push(char::from_digit(u32::from(b >> 4), 16).unwrap_or('0'));
+        out.push(char::from_digit(u32::from(b & 0xf), 16).unwrap_or('0'));
+    }
+    Ok(())
+}
+
 /// 128 random bits from the OS generator, unique to one acquisition, as 32 hex digits.
 /// `Debug` never shows it.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -461,12 +471,8 @@ pub(crate) struct Token(pub(super) String);
 
 impl Token {
     pub(crate) fn generate() -> Result<Self, BackendError> {
-        let bytes = random_128()?;
         let mut hex = String::with_capacity(32);
-        for b in bytes {
-            hex.push(char::from_digit(u32::from(b >> 4), 16).unwrap_or('0'));
-            hex.push(char::from_digit(u32::from(b & 0xf), 16).unwrap_or('0'));
-        }
+        push_random_hex(&mut hex)?;
         Ok(Self(hex))
     }
 

@@ -29,6 +29,9 @@ pub(super) struct Lines {
     pub(super) open: AtomicUsize,
     /// The engine, for a line's place that leaves its queue.
     backend: Arc<dyn Backend>,
+    /// The engine keeps a queue of places ([`FairOrder::Queue`](crate::backend::FairOrder::Queue), or RedLock's places for
+    /// wake-ups); on the others a line's place is never used, and left empty.
+    places: bool,
     /// The locker's background tasks, which closing waits for.
     background: TaskTracker,
     /// The locker's closing, which ends a wait for a turn.
@@ -129,6 +132,7 @@ const NOT_HANDED_ON: u64 = 0;
 impl Lines {
     pub(super) fn new(
         backend: Arc<dyn Backend>,
+        places: bool,
         background: TaskTracker,
         closing: CancellationToken,
     ) -> Self {
@@ -136,14 +140,19 @@ impl Lines {
             map: std::sync::Mutex::default(),
             open: AtomicUsize::new(0),
             backend,
+            places,
             background,
             closing,
             tag: std::sync::OnceLock::new(),
         }
     }
 
-    /// A new line's place: random, but for the locker's tag.
+    /// A new line's place: random, but for the locker's tag (empty on an engine without
+    /// places).
     fn new_place(&self) -> Result<Token, LockError> {
+        if !self.places {
+            return Ok(Token::default());
+        }
         let place = Token::generate()?;
         let tag = self.tag.get_or_init(|| place.clone());
         Ok(place.tagged(tag))

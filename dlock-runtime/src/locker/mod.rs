@@ -23,7 +23,7 @@ pub(crate) mod release;
 mod wait;
 
 use crate::{
-    backend::{Backend, BoxFuture, Capabilities},
+    backend::{Backend, BoxFuture, Capabilities, FairOrder},
     config::Settings,
     error::BackendError,
     url::EngineUrl,
@@ -148,11 +148,14 @@ impl fmt::Debug for Locker {
 impl Locker {
     fn with_backend(settings: Settings, backend: Arc<dyn Backend>) -> Self {
         let (background, closing) = (TaskTracker::new(), CancellationToken::new());
+        let capabilities = backend.capabilities();
+        // A line's place serves an engine that keeps a queue of them.
+        let places = capabilities.fair == FairOrder::Queue || capabilities.places;
         Self {
             inner: Arc::new(Inner {
                 settings,
-                capabilities: backend.capabilities(),
-                lines: Lines::new(backend.clone(), background.clone(), closing.clone()),
+                capabilities,
+                lines: Lines::new(backend.clone(), places, background.clone(), closing.clone()),
                 backend,
                 acquiring: TaskTracker::new(),
                 background,

@@ -1,7 +1,7 @@
 //! The names of Curator's lock nodes: what a child of a lock node is, its place in line, the
 //! protected prefixes dlock creates, and the permit count a semaphore's `leases` records.
 
-use super::super::api::Token;
+use super::super::api::push_random_hex;
 use crate::{LockKind, error::BackendError};
 
 /// The name Curator's `InterProcessMutex` gives its nodes after the protected prefix (also the
@@ -94,15 +94,17 @@ pub(super) fn line_of(children: &[String], keep: impl Fn(Mark) -> bool) -> Vec<I
 
 /// `_c_<uuid>-<name>`: Curator's protected prefix, the uuid fresh from the OS generator.
 pub(super) fn protected_prefix(name: &str) -> Result<String, BackendError> {
-    let hex = Token::generate()?.0;
-    Ok(format!(
-        "_c_{}-{}-{}-{}-{}-{name}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    ))
+    const START: usize = "_c_".len();
+    let mut prefix = String::with_capacity(START + 36 + 1 + name.len());
+    prefix.push_str("_c_");
+    push_random_hex(&mut prefix)?;
+    // The uuid's dashes, from the last (the digits after each insertion move).
+    for at in [20, 16, 12, 8] {
+        prefix.insert(START + at, '-');
+    }
+    prefix.push('-');
+    prefix.push_str(name);
+    Ok(prefix)
 }
 
 /// The data dlock gives a semaphore's `leases`: its permit count.
@@ -187,6 +189,13 @@ mod tests {
         let p = protected_prefix(LOCK_NAME).unwrap();
         assert!(p.starts_with("_c_") && p.ends_with("-lock-"), "{p}");
         assert_eq!(p.len(), "_c_".len() + 36 + "-lock-".len());
+        // A uuid's shape, 8-4-4-4-12 hex digits.
+        let groups: Vec<_> = p[3..39].split('-').map(str::len).collect();
+        assert_eq!(groups, [8, 4, 4, 4, 12], "{p}");
+        assert!(
+            p[3..39].bytes().all(|b| b == b'-' || b.is_ascii_hexdigit()),
+            "{p}"
+        );
         assert_ne!(p, protected_prefix(LOCK_NAME).unwrap());
         assert!(protected_prefix(READ_NAME).unwrap().ends_with("-__READ__"));
     }

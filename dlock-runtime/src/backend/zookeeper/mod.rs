@@ -308,6 +308,14 @@ impl Conn {
         if let Some(session) = self.current().as_ref().filter(|s| !s.is_ended()) {
             return Ok(session.clone());
         }
+        // Boxed: inline, the connection's future made every request's future 2.3 KiB, too
+        // large for the allocator's per-thread cache, where a request with a session is one
+        // lookup.
+        Box::pin(self.open_session()).await
+    }
+
+    /// A new session, unless another request opened one meanwhile.
+    async fn open_session(self: &Arc<Self>) -> Result<Session, BackendError> {
         let mut epochs = self.connecting.lock().await;
         if let Some(session) = self.current().as_ref().filter(|s| !s.is_ended()) {
             return Ok(session.clone());
@@ -422,11 +430,11 @@ fn error(what: &str, e: &zookeeper_client::Error) -> BackendError {
 #[derive(Debug)]
 struct Entry {
     /// The lock node.
-    root: String,
+    root: Arc<str>,
     /// The line its node is in: the lock node, or a semaphore's `locks` (its internal mutex).
-    dir: String,
+    dir: Arc<str>,
     /// `_c_<uuid>-lock-` (`-__READ__`, `-__WRIT__`): the protected prefix of its node.
-    protected: String,
+    protected: Arc<str>,
     /// Its node's name in the line, once a reply (or a search by uuid) told it. A permit's
     /// node goes with its grant.
     node: Option<String>,
@@ -522,11 +530,11 @@ impl fmt::Debug for ZooKeeperBackend {
 /// What an acquisition's entry says of its place in line, for its next attempt.
 struct Known {
     /// The lock node.
-    root: String,
+    root: Arc<str>,
     /// The line its node is in (see [`Entry::dir`]).
-    dir: String,
+    dir: Arc<str>,
     /// Its protected prefix, `_c_<uuid>-lock-` (`-__READ__`, `-__WRIT__`).
-    protected: String,
+    protected: Arc<str>,
     /// Its node, once known.
     node: Option<String>,
     /// An attempt granted it.
@@ -542,7 +550,7 @@ struct Known {
 /// reply was lost).
 enum Target {
     Node(String),
-    Protected { dir: String, protected: String },
+    Protected { dir: Arc<str>, protected: Arc<str> },
 }
 
 /// What one look at the line found.
@@ -624,10 +632,11 @@ impl ZooKeeperBackend {
             self.entries().remove(&token.0);
             return Ok(None);
         }
-        let root = path_of(self.prefix_len, request.key);
+        // Shared by the entry and each attempt's copy of what it knows: a clone is a count.
+        let root: Arc<str> = path_of(self.prefix_len, request.key).into();
         let (dir, lease) = match request.kind {
             LockKind::Semaphore { .. } => (
-                format!("{root}/{LOCKS}"),
+                Arc::from(format!("{root}/{LOCKS}")),
                 Some(LeaseNode {
                     protected: layout::protected_prefix(LEASE_NAME)?,
                     node: None,
@@ -636,11 +645,12 @@ impl ZooKeeperBackend {
             ),
             _ => (root.clone(), None),
         };
-        let protected = layout::protected_prefix(match request.kind {
+        let protected: Arc<str> = layout::protected_prefix(match request.kind {
             LockKind::Read => READ_NAME,
             LockKind::Write => WRITE_NAME,
             _ => LOCK_NAME,
-        })?;
+        })?
+        .into();
         self.entries().insert(
             token.0.clone(),
             Entry {
@@ -1018,8 +1028,8 @@ impl ZooKeeperBackend {
             match &lease.node {
                 Some(node) => targets.push(Target::Node(format!("{dir}/{node}"))),
                 None if lease.sent => targets.push(Target::Protected {
-                    dir,
-                    protected: lease.protected.clone(),
+                    dir: dir.into(),
+                    protected: lease.protected.as_str().into(),
                 }),
                 None => {}
             }
