@@ -30,7 +30,7 @@ pub(super) struct Lines {
     /// The engine, for a line's place that leaves its queue.
     backend: Arc<dyn Backend>,
     /// The engine keeps a queue of places ([`FairOrder::Queue`](crate::backend::FairOrder::Queue), or RedLock's places for
-    /// wake-ups); on the others a line's place is never used, and left empty.
+    /// wake-ups); on the others a line has none.
     places: bool,
     /// The locker's background tasks, which closing waits for.
     background: TaskTracker,
@@ -45,8 +45,10 @@ pub(super) struct Lines {
 /// The waiters of one key on one locker.
 pub(super) struct Line {
     pub(super) turns: tokio::sync::Semaphore,
-    /// This line's place in the engine's queue, held for its waiters in turn.
-    pub(super) place: Token,
+    /// This line's place in the engine's queue, held for its waiters in turn; `None` on an
+    /// engine without places (etcd, ZooKeeper), whose waiters then wait as on any engine
+    /// without a queue.
+    pub(super) place: Option<Token>,
     /// The place may be in the engine's queue: set before every request that may queue it, and
     /// cleared only by a grant that gave it up.
     pub(super) queued: AtomicBool,
@@ -147,15 +149,15 @@ impl Lines {
         }
     }
 
-    /// A new line's place: random, but for the locker's tag (empty on an engine without
+    /// A new line's place: random, but for the locker's tag (none on an engine without
     /// places).
-    fn new_place(&self) -> Result<Token, LockError> {
+    fn new_place(&self) -> Result<Option<Token>, LockError> {
         if !self.places {
-            return Ok(Token::default());
+            return Ok(None);
         }
         let place = Token::generate()?;
         let tag = self.tag.get_or_init(|| place.clone());
-        Ok(place.tagged(tag))
+        Ok(Some(place.tagged(tag)))
     }
 
     fn map(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<Line>>> {
@@ -324,7 +326,9 @@ impl Turn<'_> {
             last
         };
         // Nobody here waits any more: the place leaves the engine's queue.
-        (last && self.line.queued.load(Ordering::Acquire)).then(|| self.line.place.clone())
+        (last && self.line.queued.load(Ordering::Acquire))
+            .then(|| self.line.place.clone())
+            .flatten()
     }
 }
 

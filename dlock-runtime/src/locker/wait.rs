@@ -221,7 +221,7 @@ impl<'a> Wait<'a> {
     fn place(&self) -> Option<&Token> {
         (self.turn.as_ref())
             .filter(|_| self.queue_engine())
-            .map(|t| &t.line.place)
+            .and_then(|t| t.line.place.as_ref())
     }
 
     /// The offer to take the lock from a holder is withdrawn before anything else; when a holder
@@ -278,8 +278,9 @@ impl<'a> Wait<'a> {
         let liveness = waiter_liveness(&self.locker.inner.settings);
         let queue = (self.turn.as_ref())
             .filter(|_| self.queue_engine())
-            .map(|t| Queued {
-                place: &t.line.place,
+            .and_then(|t| Some((t, t.line.place.as_ref()?)))
+            .map(|(t, place)| Queued {
+                place,
                 liveness,
                 keep: t.others_waiting(),
                 strict: self.options.fair,
@@ -460,7 +461,7 @@ impl<'a> Wait<'a> {
         // anyone, on an engine without one.
         let me = (self.turn.as_ref())
             .filter(|_| self.queue_engine())
-            .map(|t| &t.line.place);
+            .and_then(|t| t.line.place.as_ref());
         let answer = &mut self.orphan.baton;
         let answer = std::pin::pin!(async move {
             match answer {
