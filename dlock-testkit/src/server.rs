@@ -139,11 +139,23 @@ impl RedisServer {
         let dir = Self::make_dir(port).expect("create a directory for redis-server");
         make_certificates(&dir);
         let file = |name: &str| dir.join(name).to_string_lossy().into_owned();
-        let tls_port = free_port();
         let mut server = Self {
             port,
             child: None,
-            extra_args: vec![
+            extra_args: Vec::new(),
+            tls_port: None,
+            dir: dir.clone(),
+        };
+        // Either port, free when probed, can be taken before the server binds it (another
+        // test starting a server at the same moment): try others, as `start` does.
+        let mut last = None;
+        for attempt in 0..3 {
+            if attempt > 0 {
+                server.port = free_port();
+            }
+            let tls_port = free_port();
+            server.tls_port = Some(tls_port);
+            server.extra_args = vec![
                 "--tls-port".into(),
                 tls_port.to_string(),
                 "--tls-cert-file".into(),
@@ -154,12 +166,17 @@ impl RedisServer {
                 file("ca.crt"),
                 "--tls-auth-clients".into(),
                 "no".into(),
-            ],
-            tls_port: Some(tls_port),
-            dir,
-        };
-        server.spawn();
-        server
+            ];
+            match server.try_spawn() {
+                Ok(()) => return server,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{e}"),
+                Err(e) => last = Some(e),
+            }
+        }
+        panic!(
+            "{}",
+            last.unwrap_or_else(|| std::io::Error::other("redis-server did not start"))
+        )
     }
 
     /// `rediss://localhost:<tls port>` for a server started with [`start_tls`](Self::start_tls).
