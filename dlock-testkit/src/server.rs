@@ -94,16 +94,7 @@ impl RedisServer {
     /// # Errors
     /// As [`try_start`](Self::try_start).
     pub fn try_start_with_args(args: &[&str]) -> std::io::Result<Self> {
-        // A port free when probed can be taken before the server binds it: try another.
-        let mut last = None;
-        for _ in 0..3 {
-            match Self::start_once(args) {
-                Ok(server) => return Ok(server),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(e),
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| std::io::Error::other("redis-server did not start")))
+        on_other_ports(|| Self::start_once(args))
     }
 
     /// One attempt on one free port: the error says why the server did not come up (the port,
@@ -146,13 +137,9 @@ impl RedisServer {
             tls_port: None,
             dir: dir.clone(),
         };
-        // Either port, free when probed, can be taken before the server binds it (another
-        // test starting a server at the same moment): try others, as `start` does.
-        let mut last = None;
-        for attempt in 0..3 {
-            if attempt > 0 {
-                server.port = free_port();
-            }
+        // Both ports fresh at each try (the first names the directory only).
+        let started = on_other_ports(|| {
+            server.port = free_port();
             let tls_port = free_port();
             server.tls_port = Some(tls_port);
             server.extra_args = vec![
@@ -167,16 +154,12 @@ impl RedisServer {
                 "--tls-auth-clients".into(),
                 "no".into(),
             ];
-            match server.try_spawn() {
-                Ok(()) => return server,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!("{e}"),
-                Err(e) => last = Some(e),
-            }
+            server.try_spawn()
+        });
+        if let Err(e) = started {
+            panic!("{e}");
         }
-        panic!(
-            "{}",
-            last.unwrap_or_else(|| std::io::Error::other("redis-server did not start"))
-        )
+        server
     }
 
     /// `rediss://localhost:<tls port>` for a server started with [`start_tls`](Self::start_tls).
@@ -370,6 +353,21 @@ impl Drop for RedisServer {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// `start` until it succeeds, 3 times at most: a port free when probed can be taken before the
+/// server binds it (another test starting a server at the same moment), and `start` takes
+/// other ports each time. A missing binary (`NotFound`) is not tried again.
+fn on_other_ports<T>(mut start: impl FnMut() -> std::io::Result<T>) -> std::io::Result<T> {
+    let mut last = None;
+    for _ in 0..3 {
+        match start() {
+            Ok(started) => return Ok(started),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(e),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("redis-server did not start")))
 }
 
 /// A CA and a server certificate for `localhost` / `127.0.0.1`, written into `dir` (`ca.crt`,
