@@ -39,6 +39,13 @@ const RELIABLE_WATCH_PAUSE: Duration = Duration::from_secs(1);
 /// notification connection that was down, still wakes the rest of a long wait.
 const REWATCH_EVERY: Duration = Duration::from_secs(1);
 
+/// The turn and its line's place, when the wait uses one (`uses`: see `Wait::queue_engine`)
+/// and the line has one.
+fn line_place<'t>(turn: Option<&'t Turn<'_>>, uses: bool) -> Option<(&'t Turn<'t>, &'t Token)> {
+    let turn = turn.filter(|_| uses)?;
+    Some((turn, turn.line.place.as_ref()?))
+}
+
 /// One acquisition's wait, between its steps.
 pub(super) struct Wait<'a> {
     locker: &'a Locker,
@@ -219,9 +226,7 @@ impl<'a> Wait<'a> {
     /// The place in the engine's queue this waiter waits from (its line's), if it has one: the
     /// releases that name it are the ones to hear.
     fn place(&self) -> Option<&Token> {
-        (self.turn.as_ref())
-            .filter(|_| self.queue_engine())
-            .and_then(|t| t.line.place.as_ref())
+        line_place(self.turn.as_ref(), self.queue_engine()).map(|(_, place)| place)
     }
 
     /// The offer to take the lock from a holder is withdrawn before anything else; when a holder
@@ -276,16 +281,13 @@ impl<'a> Wait<'a> {
         }
         self.attempts += 1;
         let liveness = waiter_liveness(&self.locker.inner.settings);
-        let queue = (self.turn.as_ref())
-            .filter(|_| self.queue_engine())
-            .and_then(|t| Some((t, t.line.place.as_ref()?)))
-            .map(|(t, place)| Queued {
-                place,
-                liveness,
-                keep: t.others_waiting(),
-                strict: self.options.fair,
-                refresh: !t.line.refreshed_within(liveness / 4),
-            });
+        let queue = line_place(self.turn.as_ref(), self.queue_engine()).map(|(t, place)| Queued {
+            place,
+            liveness,
+            keep: t.others_waiting(),
+            strict: self.options.fair,
+            refresh: !t.line.refreshed_within(liveness / 4),
+        });
         if let (Some(t), Some(_)) = (&self.turn, queue) {
             t.line
                 .queued
@@ -459,9 +461,8 @@ impl<'a> Wait<'a> {
         }
         // Who a release must name for this waiter to look: its line's place in the queue;
         // anyone, on an engine without one.
-        let me = (self.turn.as_ref())
-            .filter(|_| self.queue_engine())
-            .and_then(|t| t.line.place.as_ref());
+        // (Not `self.place()`: the offer's answer below borrows `self.orphan` meanwhile.)
+        let me = line_place(self.turn.as_ref(), self.queue_engine()).map(|(_, place)| place);
         let answer = &mut self.orphan.baton;
         let answer = std::pin::pin!(async move {
             match answer {
