@@ -89,7 +89,7 @@ enum Attempted {
 }
 
 impl<'a> Wait<'a> {
-    pub(super) fn new(
+    fn new(
         locker: &'a Locker,
         key: String,
         timeout: Duration,
@@ -125,42 +125,60 @@ impl<'a> Wait<'a> {
         })
     }
 
-    pub(super) async fn run(mut self) -> Result<LockGuard, LockError> {
-        if !self.join_line_first().await? {
-            return Err(self.orphan.timed_out(self.started, self.options.name));
+    /// The whole wait, from the wait's making. Not an `async fn` taking a `Wait`: that keeps
+    /// two copies of it in the future (the argument and its binding), and the future is moved
+    /// whole at each layer above; the block below holds one.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an `async fn` keeps each argument twice in its future"
+    )]
+    pub(super) fn run(
+        locker: &'a Locker,
+        key: String,
+        timeout: Duration,
+        lease: Lease,
+        options: &'a LockOptions,
+    ) -> impl Future<Output = Result<LockGuard, LockError>> + Send + 'a {
+        async move {
+            let mut wait = Self::new(locker, key, timeout, lease, options)?;
+            if !wait.join_line_first().await? {
+                return Err(wait.orphan.timed_out(wait.started, wait.options.name));
+            }
+            loop {
+                match wait.take_answer().await {
+                    Ok(Some(grant)) => return Ok(wait.holding(grant)),
+                    Ok(None) if !wait.locker.is_closing() => {}
+                    // Late, or closing.
+                    Ok(None) | Err(()) => break,
+                }
+                // Armed before the request, so a release published while it is in flight still
+                // wakes this waiter.
+                let notify = wait.watch.as_ref().map(Watch::notify);
+                let mut notified = std::pin::pin!(notify.as_deref().map(Notify::notified));
+                if let Some(notified) = notified.as_mut().as_pin_mut() {
+                    notified.enable();
+                }
+                let holder_ttl = match wait.attempt().await {
+                    Attempted::Acquired(grant) => return Ok(wait.holding(grant)),
+                    Attempted::Again => continue,
+                    Attempted::Refused(ttl) => ttl,
+                    Attempted::GiveUp => break,
+                };
+                if Instant::now() >= wait.deadline {
+                    break;
+                }
+                wait.passed = wait
+                    .pause(
+                        holder_ttl,
+                        notified.as_mut().as_pin_mut(),
+                        notify.as_deref(),
+                    )
+                    .await;
+            }
+            // Boxed: the failure path's future is the largest of the wait's steps, and inline it
+            // would make every acquisition's future that large.
+            Box::pin(wait.give_up()).await
         }
-        loop {
-            match self.take_answer().await {
-                Ok(Some(grant)) => return Ok(self.holding(grant)),
-                Ok(None) if !self.locker.is_closing() => {}
-                // Late, or closing.
-                Ok(None) | Err(()) => break,
-            }
-            // Armed before the request, so a release published while it is in flight still
-            // wakes this waiter.
-            let notify = self.watch.as_ref().map(Watch::notify);
-            let mut notified = std::pin::pin!(notify.as_deref().map(Notify::notified));
-            if let Some(notified) = notified.as_mut().as_pin_mut() {
-                notified.enable();
-            }
-            let holder_ttl = match self.attempt().await {
-                Attempted::Acquired(grant) => return Ok(self.holding(grant)),
-                Attempted::Again => continue,
-                Attempted::Refused(ttl) => ttl,
-                Attempted::GiveUp => break,
-            };
-            if Instant::now() >= self.deadline {
-                break;
-            }
-            self.passed = self
-                .pause(
-                    holder_ttl,
-                    notified.as_mut().as_pin_mut(),
-                    notify.as_deref(),
-                )
-                .await;
-        }
-        self.give_up().await
     }
 
     /// A mutex on an engine with a queue of places ([`FairOrder::Queue`]): the wait takes its
@@ -542,7 +560,10 @@ impl<'a> Wait<'a> {
     /// have set, its place in line, the line's place in the queue when it was the last waiter
     /// here. The offer is withdrawn while the waiter is still first in line. Then one event
     /// per failed acquisition, saying what it left to lapse, if anything.
-    async fn give_up(self) -> Result<LockGuard, LockError> {
+    ///
+    /// Not an `async fn`: the wait is taken apart first, so the future holds only what the
+    /// removal needs.
+    fn give_up(self) -> impl Future<Output = Result<LockGuard, LockError>> + Send + 'a {
         let Self {
             locker,
             options,
@@ -553,40 +574,45 @@ impl<'a> Wait<'a> {
             attempts,
             last_error,
             fatal,
+            watch,
             ..
         } = self;
         let (key, token) = orphan.give_up();
         let place = turn.as_mut().and_then(Turn::depart);
         drop(turn);
-        let left = locker
-            .remove_leftovers((&key, options.kind), token, place, lease.length)
-            .await;
-        let left = left.as_deref();
-        let waited = started.elapsed();
-        let name = options.name;
-        if let Some(error) = fatal {
-            return Err(error);
-        }
-        if locker.is_closing() {
-            tracing::debug!(key = %key, name, attempts, ?waited, left, "lock wait ended: the locker was closed");
-            return Err(LockError::Closed { key });
-        }
-        match last_error {
-            Some(error) if error.is_refused() => {
-                tracing::error!(key = %key, name, attempts, ?waited, error = %error, left, "lock backend refused the acquisition");
-                Err(LockError::Backend(error))
+        async move {
+            // The wake-up's subscription ends after the removal, as it did inside the wait.
+            let _watch = watch;
+            let left = locker
+                .remove_leftovers((&key, options.kind), token, place, lease.length)
+                .await;
+            let left = left.as_deref();
+            let waited = started.elapsed();
+            let name = options.name;
+            if let Some(error) = fatal {
+                return Err(error);
             }
-            Some(error) => {
-                tracing::error!(key = %key, name, attempts, ?waited, error = %error, left, "lock backend unreachable until the deadline");
-                Err(LockError::Backend(error))
+            if locker.is_closing() {
+                tracing::debug!(key = %key, name, attempts, ?waited, left, "lock wait ended: the locker was closed");
+                return Err(LockError::Closed { key });
             }
-            None if left.is_some() => {
-                tracing::warn!(key = %key, name, attempts, ?waited, left, "lock wait timed out; what it left in the engine lapses on its own");
-                Err(LockError::Timeout { key, waited })
-            }
-            None => {
-                tracing::info!(key = %key, name, attempts, ?waited, "lock wait timed out");
-                Err(LockError::Timeout { key, waited })
+            match last_error {
+                Some(error) if error.is_refused() => {
+                    tracing::error!(key = %key, name, attempts, ?waited, error = %error, left, "lock backend refused the acquisition");
+                    Err(LockError::Backend(error))
+                }
+                Some(error) => {
+                    tracing::error!(key = %key, name, attempts, ?waited, error = %error, left, "lock backend unreachable until the deadline");
+                    Err(LockError::Backend(error))
+                }
+                None if left.is_some() => {
+                    tracing::warn!(key = %key, name, attempts, ?waited, left, "lock wait timed out; what it left in the engine lapses on its own");
+                    Err(LockError::Timeout { key, waited })
+                }
+                None => {
+                    tracing::info!(key = %key, name, attempts, ?waited, "lock wait timed out");
+                    Err(LockError::Timeout { key, waited })
+                }
             }
         }
     }
