@@ -457,10 +457,14 @@ fn random_128() -> Result<[u8; 16], BackendError> {
 /// Appends 128 fresh bits from the OS random generator (see [`random_128`]) to `out`, as 32
 /// hex digits.
 pub(crate) fn push_random_hex(out: &mut String) -> Result<(), BackendError> {
-    for b in random_128()? {
-        out.push(char::from_digit(u32::from(b >> 4), 16).unwrap_or('0'));
-        out.push(char::from_digit(u32::from(b & 0xf), 16).unwrap_or('0'));
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = [0u8; 32];
+    for (pair, b) in hex.chunks_exact_mut(2).zip(random_128()?) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0xf)];
     }
+    // ASCII digits only: the conversion cannot fail.
+    out.push_str(std::str::from_utf8(&hex).unwrap_or_default());
     Ok(())
 }
 
@@ -511,9 +515,30 @@ mod tests {
         let a = Token::generate().unwrap();
         let b = Token::generate().unwrap();
         assert_eq!(a.as_str().len(), 32);
-        assert!(a.as_str().chars().all(|c| c.is_ascii_hexdigit()));
+        assert!(
+            a.as_str()
+                .bytes()
+                .all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+        );
         assert_ne!(a, b);
         assert_eq!(format!("{a:?}"), "Token(***)");
+    }
+
+    #[test]
+    fn every_digit_shows_in_both_halves_of_a_byte() {
+        // Both nibbles of each random byte are written, each as any of the 16 lower-case digits.
+        let (mut high, mut low) = ([false; 16], [false; 16]);
+        for _ in 0..400 {
+            let token = Token::generate().unwrap();
+            for pair in token.as_str().as_bytes().chunks_exact(2) {
+                for (seen, digit) in [(&mut high, pair[0]), (&mut low, pair[1])] {
+                    let value = char::from(digit).to_digit(16).unwrap();
+                    assert!(!digit.is_ascii_uppercase());
+                    seen[value as usize] = true;
+                }
+            }
+        }
+        assert_eq!((high, low), ([true; 16], [true; 16]));
     }
 
     #[test]
