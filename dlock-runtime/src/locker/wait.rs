@@ -175,9 +175,7 @@ impl<'a> Wait<'a> {
                     )
                     .await;
             }
-            // Boxed: the failure path's future is the largest of the wait's steps, and inline it
-            // would make every acquisition's future that large.
-            Box::pin(wait.give_up()).await
+            wait.give_up().await
         }
     }
 
@@ -581,7 +579,8 @@ impl<'a> Wait<'a> {
         let place = turn.as_mut().and_then(Turn::depart);
         drop(turn);
         async move {
-            // The wake-up's subscription ends after the removal, as it did inside the wait.
+            // Kept until the removal is done: dropping the wake-up may unsubscribe, a request
+            // of its own that the removal need not wait behind.
             let _watch = watch;
             let left = locker
                 .remove_leftovers((&key, options.kind), token, place, lease.length)
