@@ -597,6 +597,14 @@ impl PostgresBackend {
         if let Some(connection) = self.live_connection() {
             return Ok(connection);
         }
+        // Boxed: opening a connection (connecting, checking the schema, preparing every
+        // statement) is a future of over 6 KiB, which inline would size every request's future,
+        // moved and allocated at each request.
+        Box::pin(self.open_connection()).await
+    }
+
+    /// A new connection, set up, once no live one is left (one opening at a time).
+    async fn open_connection(&self) -> Result<Arc<Connection>, BackendError> {
         let _one_at_a_time = self.connecting.lock().await;
         if let Some(connection) = self.live_connection() {
             return Ok(connection);
