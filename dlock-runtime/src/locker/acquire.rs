@@ -27,7 +27,7 @@ impl Locker {
     /// - [`LockError::Conflict`] when the key is held as another kind of lock (see
     ///   [`LockOptions::permits`], [`LockOptions::read`], [`LockOptions::write`]).
     pub async fn acquire(&self, key: &str, options: LockOptions) -> Result<LockGuard, LockError> {
-        self.acquire_full(self.full_key(key)?, options).await
+        self.acquire_full(self.full_key(key)?, &options).await
     }
 
     /// Waits for one of `permits` permits of the counting semaphore `key`: at most `permits`
@@ -109,78 +109,72 @@ impl Locker {
         key: String,
         options: LockOptions,
     ) -> Result<LockGuard, LockError> {
-        self.acquire_full(self.full_key_from(key)?, options).await
+        self.acquire_full(self.full_key_from(key)?, &options).await
     }
 
-    /// Not an `async fn`: its arguments would be kept twice in the future (each argument and
-    /// its binding), which is moved whole at each layer above.
-    #[expect(
-        clippy::manual_async_fn,
-        reason = "an `async fn` keeps each argument twice in its future"
-    )]
-    fn acquire_full(
+    /// `options` by reference: an `async fn` keeps each argument twice in its future (the
+    /// argument and its binding), and the caller's future holds the options already.
+    async fn acquire_full(
         &self,
         full_key: String,
-        options: LockOptions,
-    ) -> impl Future<Output = Result<LockGuard, LockError>> + Send + '_ {
-        async move {
-            let settings = &self.inner.settings;
-            let timeout = options.timeout.unwrap_or(settings.timeout);
-            let lease = match options.expire {
-                Some(Expire::Fixed(length)) => Lease {
-                    length,
-                    renewed: false,
-                },
-                Some(Expire::Auto) => Lease {
-                    length: settings.expire,
-                    renewed: true,
-                },
-                None => Lease {
-                    length: settings.expire,
-                    renewed: false,
-                },
-            };
-            crate::lease::check_lease(lease.length)?;
-            if options.max_hold.is_some() && !lease.renewed {
-                // A fixed lease already ends on its own; a ceiling on renewal would be ignored.
+        options: &LockOptions,
+    ) -> Result<LockGuard, LockError> {
+        let settings = &self.inner.settings;
+        let timeout = options.timeout.unwrap_or(settings.timeout);
+        let lease = match options.expire {
+            Some(Expire::Fixed(length)) => Lease {
+                length,
+                renewed: false,
+            },
+            Some(Expire::Auto) => Lease {
+                length: settings.expire,
+                renewed: true,
+            },
+            None => Lease {
+                length: settings.expire,
+                renewed: false,
+            },
+        };
+        crate::lease::check_lease(lease.length)?;
+        if options.max_hold.is_some() && !lease.renewed {
+            // A fixed lease already ends on its own; a ceiling on renewal would be ignored.
+            return Err(LockError::config(
+                "max_hold: only a renewed lease (`expire_auto`) has a ceiling to set",
+            ));
+        }
+        self.check_kind(options)?;
+        if let Some(minimum) = options.hold_at_least {
+            if let Some(why) = self.inner.capabilities.cannot_keep {
+                return Err(LockError::config(format!("hold_at_least: {why}")));
+            }
+            if minimum.is_zero() || minimum > crate::MAX_LEASE {
                 return Err(LockError::config(
-                    "max_hold: only a renewed lease (`expire_auto`) has a ceiling to set",
+                    "hold_at_least: expected a positive duration of at most 365 days",
                 ));
             }
-            self.check_kind(&options)?;
-            if let Some(minimum) = options.hold_at_least {
-                if let Some(why) = self.inner.capabilities.cannot_keep {
-                    return Err(LockError::config(format!("hold_at_least: {why}")));
-                }
-                if minimum.is_zero() || minimum > crate::MAX_LEASE {
-                    return Err(LockError::config(
-                        "hold_at_least: expected a positive duration of at most 365 days",
-                    ));
-                }
-            }
-            if let Some(guard) = self.reenter(&full_key, options.kind)? {
-                return Ok(guard);
-            }
-            if self.is_closing() {
-                let closed = Err(LockError::Closed { key: full_key });
-                crate::stats::Waiting::start(options.name).finish(&closed);
-                return closed;
-            }
-            // Counted until it returns (or is dropped): `close` waits for it to give up.
-            let _acquiring = self.inner.acquiring.token();
-            if options.fair
-                && let FairOrder::Unsupported(why) = self.inner.capabilities.fair
-            {
-                return Err(LockError::config(format!("fair: {why}")));
-            }
-            let span = tracing::debug_span!("dlock.acquire", key = %full_key, name = options.name, ?timeout, expire = ?lease.length, renewed = lease.renewed);
-            let waiting = crate::stats::Waiting::start(options.name);
-            let result = Wait::run(self, full_key, timeout, lease, &options)
-                .instrument(span)
-                .await;
-            waiting.finish(&result);
-            result
         }
+        if let Some(guard) = self.reenter(&full_key, options.kind)? {
+            return Ok(guard);
+        }
+        if self.is_closing() {
+            let closed = Err(LockError::Closed { key: full_key });
+            crate::stats::Waiting::start(options.name).finish(&closed);
+            return closed;
+        }
+        // Counted until it returns (or is dropped): `close` waits for it to give up.
+        let _acquiring = self.inner.acquiring.token();
+        if options.fair
+            && let FairOrder::Unsupported(why) = self.inner.capabilities.fair
+        {
+            return Err(LockError::config(format!("fair: {why}")));
+        }
+        let span = tracing::debug_span!("dlock.acquire", key = %full_key, name = options.name, ?timeout, expire = ?lease.length, renewed = lease.renewed);
+        let waiting = crate::stats::Waiting::start(options.name);
+        let result = Wait::run(self, full_key, timeout, lease, options)
+            .instrument(span)
+            .await;
+        waiting.finish(&result);
+        result
     }
 
     /// One attempt: the guard when the lock was free, `None` when it is held.

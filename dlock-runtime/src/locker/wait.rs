@@ -125,58 +125,52 @@ impl<'a> Wait<'a> {
         })
     }
 
-    /// The whole wait, from the wait's making. Not an `async fn` taking a `Wait`: that keeps
-    /// two copies of it in the future (the argument and its binding), and the future is moved
-    /// whole at each layer above; the block below holds one.
-    #[expect(
-        clippy::manual_async_fn,
-        reason = "an `async fn` keeps each argument twice in its future"
-    )]
-    pub(super) fn run(
+    /// The whole wait, from the wait's making. Made here, not by the caller: an `async fn`
+    /// keeps each argument twice in its future (the argument and its binding), and a `Wait`
+    /// is large; the future is moved whole at each layer above.
+    pub(super) async fn run(
         locker: &'a Locker,
         key: String,
         timeout: Duration,
         lease: Lease,
         options: &'a LockOptions,
-    ) -> impl Future<Output = Result<LockGuard, LockError>> + Send + 'a {
-        async move {
-            let mut wait = Self::new(locker, key, timeout, lease, options)?;
-            if !wait.join_line_first().await? {
-                return Err(wait.orphan.timed_out(wait.started, wait.options.name));
-            }
-            loop {
-                match wait.take_answer().await {
-                    Ok(Some(grant)) => return Ok(wait.holding(grant)),
-                    Ok(None) if !wait.locker.is_closing() => {}
-                    // Late, or closing.
-                    Ok(None) | Err(()) => break,
-                }
-                // Armed before the request, so a release published while it is in flight still
-                // wakes this waiter.
-                let notify = wait.watch.as_ref().map(Watch::notify);
-                let mut notified = std::pin::pin!(notify.as_deref().map(Notify::notified));
-                if let Some(notified) = notified.as_mut().as_pin_mut() {
-                    notified.enable();
-                }
-                let holder_ttl = match wait.attempt().await {
-                    Attempted::Acquired(grant) => return Ok(wait.holding(grant)),
-                    Attempted::Again => continue,
-                    Attempted::Refused(ttl) => ttl,
-                    Attempted::GiveUp => break,
-                };
-                if Instant::now() >= wait.deadline {
-                    break;
-                }
-                wait.passed = wait
-                    .pause(
-                        holder_ttl,
-                        notified.as_mut().as_pin_mut(),
-                        notify.as_deref(),
-                    )
-                    .await;
-            }
-            wait.give_up().await
+    ) -> Result<LockGuard, LockError> {
+        let mut wait = Self::new(locker, key, timeout, lease, options)?;
+        if !wait.join_line_first().await? {
+            return Err(wait.orphan.timed_out(wait.started, wait.options.name));
         }
+        loop {
+            match wait.take_answer().await {
+                Ok(Some(grant)) => return Ok(wait.holding(grant)),
+                Ok(None) if !wait.locker.is_closing() => {}
+                // Late, or closing.
+                Ok(None) | Err(()) => break,
+            }
+            // Armed before the request, so a release published while it is in flight still
+            // wakes this waiter.
+            let notify = wait.watch.as_ref().map(Watch::notify);
+            let mut notified = std::pin::pin!(notify.as_deref().map(Notify::notified));
+            if let Some(notified) = notified.as_mut().as_pin_mut() {
+                notified.enable();
+            }
+            let holder_ttl = match wait.attempt().await {
+                Attempted::Acquired(grant) => return Ok(wait.holding(grant)),
+                Attempted::Again => continue,
+                Attempted::Refused(ttl) => ttl,
+                Attempted::GiveUp => break,
+            };
+            if Instant::now() >= wait.deadline {
+                break;
+            }
+            wait.passed = wait
+                .pause(
+                    holder_ttl,
+                    notified.as_mut().as_pin_mut(),
+                    notify.as_deref(),
+                )
+                .await;
+        }
+        wait.give_up().await
     }
 
     /// A mutex on an engine with a queue of places ([`FairOrder::Queue`]): the wait takes its
