@@ -909,6 +909,78 @@ async fn a_pass_from_a_holder_that_lost_the_majority_passes_nothing() {
     other.await.unwrap();
 }
 
+/// A pass that no majority answers (3 of 5 masters stopped) fails, and leaves nothing behind:
+/// the release is a backend error (not a loss: nobody else holds the key), the waiter it was
+/// for is not given the lock while no majority answers, and once the masters resume and run
+/// what they were sent (the pass, its undoing, the holder's release), the waiter gets the lock
+/// with a higher fence, and after its release no master holds anything of the key's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_no_majority_answers_leaves_nothing_behind() {
+    let masters = RedLockServers::start();
+    let holders = locker(&masters.url(), Duration::from_millis(300));
+    drained(&holders).await;
+    let key = unique_key("pass-unanswered");
+    let stored = format!("dlock:{key}");
+    let holder = holders.acquire(&key, LockOptions::new()).await.unwrap();
+    let fence = holder.fencing_token();
+    let waiter = {
+        let (holders, key) = (holders.clone(), key.clone());
+        tokio::spawn(async move {
+            holders
+                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(30)))
+                .await
+        })
+    };
+    // In line, and offering to take the lock.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 2..5 {
+        masters.server(i).pause();
+    }
+    let before = masters.server(0).calls("evalsha");
+    let released = holder.release().await;
+    let resume = || {
+        for i in 2..5 {
+            masters.server(i).resume();
+        }
+    };
+    let Err(error) = released else {
+        resume();
+        panic!("a pass 3 of 5 masters did not answer: {released:?}");
+    };
+    // The pass, its undoing and the holder's release: a plain release is one script there.
+    let scripts = masters.server(0).calls("evalsha") - before;
+    let waiting = !waiter.is_finished();
+    resume();
+    assert!(error.is_backend(), "not a backend error: {error:?}");
+    assert!(
+        scripts >= 3,
+        "{scripts} scripts on master 0: the release did not pass"
+    );
+    assert!(
+        waiting,
+        "the waiter got the lock while no majority answered"
+    );
+    let guard = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the waiter got the lock once the masters answered")
+        .unwrap()
+        .expect("the waiter's acquisition");
+    assert!(
+        guard.fencing_token() > fence,
+        "fence {} after {fence}",
+        guard.fencing_token()
+    );
+    guard.release().await.expect("a majority releases");
+    drained(&holders).await;
+    for i in 0..5 {
+        assert_eq!(
+            value(masters.server(i), &stored),
+            None,
+            "master {i} kept a token of the key"
+        );
+    }
+}
+
 /// A pass that 3 of 5 masters refuse because their fence counters are ahead of the proposal (as
 /// after a client with a clock running ahead) is made once more, above them, by the masters
 /// that passed already too: the waiter holds the lock with a fence above every counter, and the
