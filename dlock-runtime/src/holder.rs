@@ -106,11 +106,10 @@ impl Identity {
     /// The record with `since` (by this process's clock; left out when the clock is outside
     /// years 1970 to 9999).
     pub(crate) fn since(&self, since: SystemTime) -> String {
-        let mut record = String::with_capacity(self.0.len() + 32);
+        let since = Since::at(since);
+        let mut record = String::with_capacity(self.0.len() + since.as_str().len());
         record.push_str(&self.0);
-        if let Some(since) = rfc3339(since) {
-            let _ = write!(record, " since={since}");
-        }
+        record.push_str(since.as_str());
         record
     }
 }
@@ -121,12 +120,74 @@ impl Default for Identity {
     }
 }
 
-/// `time` in RFC 3339 to the millisecond, when it lies in years 1970 to 9999 (humantime's
-/// formatter panics before 1970 and fails after 9999).
-pub(crate) fn rfc3339(time: SystemTime) -> Option<humantime::Rfc3339Timestamp> {
-    const YEAR_10000: Duration = Duration::from_secs(253_402_300_800);
-    let since_epoch = time.duration_since(SystemTime::UNIX_EPOCH).ok()?;
-    (since_epoch < YEAR_10000).then(|| humantime::format_rfc3339_millis(time))
+/// A record's time part: ` since=` and the time in RFC 3339 to the millisecond
+/// (`2026-11-25T08:00:00.123Z`), or nothing when the time lies outside years 1970 to 9999
+/// (humantime's formatter panics before 1970 and fails after 9999). Made at every acquisition:
+/// the date and the second are formatted once a second on each thread, and the milliseconds
+/// written into them.
+pub(crate) struct Since {
+    text: [u8; Self::LEN],
+    len: usize,
+}
+
+impl Since {
+    const LEN: usize = " since=2026-11-25T08:00:00.123Z".len();
+
+    /// The time now.
+    pub(crate) fn now() -> Self {
+        Self::at(SystemTime::now())
+    }
+
+    pub(crate) fn at(time: SystemTime) -> Self {
+        const YEAR_10000: Duration = Duration::from_secs(253_402_300_800);
+        thread_local! {
+            /// The last second formatted here, and its `YYYY-MM-DDTHH:MM:SS`.
+            static SECOND: std::cell::Cell<(u64, [u8; 19])> =
+                const { std::cell::Cell::new((u64::MAX, [0; 19])) };
+        }
+        let mut text = [0; Self::LEN];
+        let Some(since_epoch) = time
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .ok()
+            .filter(|d| *d < YEAR_10000)
+        else {
+            return Self { text, len: 0 };
+        };
+        let second = since_epoch.as_secs();
+        let date = SECOND.with(|last| {
+            let (at, date) = last.get();
+            if at == second {
+                return date;
+            }
+            // `YYYY-MM-DDTHH:MM:SSZ`
+            let formatted = humantime::format_rfc3339_seconds(time).to_string();
+            let mut date = [0; 19];
+            date.copy_from_slice(&formatted.as_bytes()[..19]);
+            last.set((second, date));
+            date
+        });
+        let millis = since_epoch.subsec_millis();
+        text[..7].copy_from_slice(b" since=");
+        text[7..26].copy_from_slice(&date);
+        text[26] = b'.';
+        for (i, digit) in [millis / 100, millis / 10 % 10, millis % 10]
+            .into_iter()
+            .enumerate()
+        {
+            // A digit: below 10.
+            text[27 + i] = b'0' + u8::try_from(digit).unwrap_or(0);
+        }
+        text[30] = b'Z';
+        Self {
+            text,
+            len: Self::LEN,
+        }
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        // ASCII, written above.
+        std::str::from_utf8(&self.text[..self.len]).unwrap_or_default()
+    }
 }
 
 /// Reads a holder record; `None` when `record` is not one (another program's value).
@@ -218,6 +279,33 @@ mod tests {
             parse(Identity::default().as_str()).unwrap().owner,
             host_name()
         );
+    }
+
+    /// The time part, formatted once a second and the milliseconds written in, reads as
+    /// humantime formats the whole time, at and around second boundaries, in either order.
+    #[test]
+    fn the_time_is_written_as_rfc3339_to_the_millisecond() {
+        let at = |ms: u64| SystemTime::UNIX_EPOCH + Duration::from_millis(ms);
+        let mut times = vec![at(0), at(999), at(1_000), at(253_402_300_799_999)];
+        for second in [1_764_057_600_000, 1_764_057_601_000, 951_782_400_000] {
+            for ms in [0, 1, 9, 10, 99, 100, 458, 999] {
+                times.push(at(second + ms));
+            }
+            times.push(at(second - 1));
+        }
+        times.push(at(1_764_057_600_458) + Duration::from_nanos(999_999));
+        for time in times.iter().chain(times.iter().rev()) {
+            assert_eq!(
+                Since::at(*time).as_str(),
+                format!(" since={}", humantime::format_rfc3339_millis(*time)),
+            );
+        }
+        assert_eq!(Since::at(at(253_402_300_800_000)).as_str(), "");
+        assert_eq!(
+            Since::at(SystemTime::UNIX_EPOCH - Duration::from_nanos(1)).as_str(),
+            ""
+        );
+        assert!(Since::now().as_str().starts_with(" since=20"));
     }
 
     #[test]

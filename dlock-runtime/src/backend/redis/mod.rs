@@ -209,38 +209,30 @@ fn extend_shared_script() -> &'static Script {
 }
 
 /// A lock's value: its acquisition's token, a space, and its holder's record with the time now
-/// (the scripts add `fence=N`), formatted straight into the command.
+/// (the scripts add `fence=N`), written straight into the command.
 pub(crate) fn lock_value<'a>(
     token: &'a Token,
     identity: &'a Identity,
 ) -> impl redis::ToRedisArgs + 'a {
-    struct Value<'a>(&'a Token, &'a Identity);
-    impl fmt::Display for Value<'_> {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            write!(f, "{} {}", self.0.as_str(), self.1.as_str())?;
-            match holder::rfc3339(std::time::SystemTime::now()) {
-                Some(since) => write!(f, " since={since}"),
-                None => Ok(()),
-            }
+    struct Value<'a>(&'a Token, &'a Identity, holder::Since);
+    impl redis::ToRedisArgs for Value<'_> {
+        fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+            Pieces([self.0.as_str(), " ", self.1.as_str(), self.2.as_str()]).write_redis_args(out);
         }
     }
-    Formatted(Value(token, identity))
+    Value(token, identity, holder::Since::now())
 }
 
 /// The holder's record with the time now, for a hold of a semaphore or read/write lock (its
 /// token is the hash field; see shared.lua).
 fn record_value(identity: &Identity) -> impl redis::ToRedisArgs + '_ {
-    struct Record<'a>(&'a Identity);
-    impl fmt::Display for Record<'_> {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str(self.0.as_str())?;
-            match holder::rfc3339(std::time::SystemTime::now()) {
-                Some(since) => write!(f, " since={since}"),
-                None => Ok(()),
-            }
+    struct Record<'a>(&'a Identity, holder::Since);
+    impl redis::ToRedisArgs for Record<'_> {
+        fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+            Pieces([self.0.as_str(), self.1.as_str()]).write_redis_args(out);
         }
     }
-    Formatted(Record(identity))
+    Record(identity, holder::Since::now())
 }
 
 /// What a hold of a semaphore or read/write lock (a hash field's value: `<end ms> <mode>
@@ -360,12 +352,19 @@ impl Call {
     }
 }
 
-/// A key or argument formatted straight into the command's buffer, with no `String` of its own.
-struct Formatted<D>(D);
+/// One key or argument written in pieces straight into the command's buffer: no `String` of
+/// its own, and no formatting machinery (redis-rs formats a `Display` argument through
+/// `io::Write`, a call per piece).
+struct Pieces<'a, const N: usize>([&'a str; N]);
 
-impl<D: fmt::Display> redis::ToRedisArgs for Formatted<D> {
+impl<const N: usize> redis::ToRedisArgs for Pieces<'_, N> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        out.write_arg_fmt(&self.0);
+        use std::io::Write as _;
+        let mut arg = out.writer_for_next_arg();
+        for piece in self.0 {
+            // Into the command's `Vec`: it cannot fail.
+            let _ = arg.write_all(piece.as_bytes());
+        }
     }
 }
 
@@ -560,6 +559,14 @@ impl RedisBackend {
         if let Some(connection) = self.live_connection() {
             return Ok(connection);
         }
+        // Boxed: asking the sentinels for the master is a future of over 3 KiB, which inline
+        // would size every request's future, moved and allocated at each request.
+        Box::pin(self.open_connection()).await
+    }
+
+    /// A new connection, once no live one is left: to the one server, the Cluster, or the
+    /// master the sentinels name now.
+    async fn open_connection(&self) -> Result<Conn, BackendError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
             BackendError::new("the Redis backend runs on a tokio runtime; none is running")
         })?;
@@ -642,7 +649,19 @@ impl RedisBackend {
     /// acknowledged the acquisition just made on `key`'s master; otherwise undoes it by token
     /// and fails the attempt. `WAIT` counts the writes of the connection it is sent on, so it
     /// goes on the same multiplexed connection (for a Cluster, the one to `key`'s master).
-    async fn replicated(
+    ///
+    /// Boxed: its future (over 1.5 KiB) would otherwise size every acquisition's, though
+    /// only `DLOCK_REDIS_WAIT` runs it.
+    fn replicated<'a>(
+        &'a self,
+        key: &'a str,
+        kind: LockKind,
+        token: &'a Token,
+    ) -> BoxFuture<'a, Result<(), BackendError>> {
+        Box::pin(self.wait_for_replicas(key, kind, token))
+    }
+
+    async fn wait_for_replicas(
         &self,
         key: &str,
         kind: LockKind,
@@ -920,13 +939,7 @@ impl RedisBackend {
     /// The fencing counter in the same cluster slot as `key`: one counter per slot, so storage
     /// stays bounded (at most 16384 counters) however many lock names come and go.
     fn fence_key(&self, key: &str) -> impl redis::ToRedisArgs + '_ {
-        struct FenceKey<'a>(&'a str, &'static str);
-        impl fmt::Display for FenceKey<'_> {
-            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "{}{{{}}}", self.0, self.1)
-            }
-        }
-        Formatted(FenceKey(&self.fence_prefix, slot_tag(slot(key.as_bytes()))))
+        Pieces([&self.fence_prefix, "{", slot_tag(slot(key.as_bytes())), "}"])
     }
 }
 
@@ -994,25 +1007,35 @@ struct Companion<'a> {
     suffix: &'static str,
 }
 
-impl fmt::Display for Companion<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl<'a> Companion<'a> {
+    /// `<prefix>{<key>}:<suffix>`, or `<prefix>{<tag>}<key>:<suffix>` for a key with braces.
+    fn pieces(&self) -> Pieces<'a, 7> {
         let Self {
             fair_prefix,
             key,
             suffix,
-        } = self;
-        if key.contains(['{', '}']) {
-            let tag = slot_tag(slot(key.as_bytes()));
-            write!(f, "{fair_prefix}{{{tag}}}{key}:{suffix}")
+        } = *self;
+        let (tagged, after) = if key.contains(['{', '}']) {
+            (slot_tag(slot(key.as_bytes())), key)
         } else {
-            write!(f, "{fair_prefix}{{{key}}}:{suffix}")
-        }
+            (key, "")
+        };
+        Pieces([fair_prefix, "{", tagged, "}", after, ":", suffix])
+    }
+}
+
+impl fmt::Display for Companion<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.pieces()
+            .0
+            .into_iter()
+            .try_for_each(|piece| f.write_str(piece))
     }
 }
 
 impl redis::ToRedisArgs for Companion<'_> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        out.write_arg_fmt(self);
+        self.pieces().write_redis_args(out);
     }
 }
 
