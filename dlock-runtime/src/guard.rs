@@ -10,7 +10,7 @@ use std::{
     time::Duration,
 };
 
-use tokio::{sync::watch, task::JoinHandle, time::Instant};
+use tokio::{sync::Notify, task::JoinHandle, time::Instant};
 
 use crate::{
     LockError, LockKind, Locker,
@@ -42,7 +42,11 @@ pub(crate) struct Hold {
     fence: u64,
     acquired_at: Instant,
     lease: Duration,
-    state: watch::Sender<State>,
+    /// Held until when, or lost; changed under its lock, then `changed` wakes those who wait
+    /// for a loss. (A `watch` channel did both in a separate allocation of 8 `Notify`s, made
+    /// and dropped at every acquisition.)
+    state: Mutex<State>,
+    changed: Notify,
     /// Guards sharing this hold: the first acquisition plus re-entries in its scope.
     holders: AtomicUsize,
     watchdog: Mutex<Option<JoinHandle<()>>>,
@@ -78,7 +82,7 @@ impl Hold {
     ) -> Arc<Self> {
         let acquired_at = Instant::now();
         let (fence, lease) = (grant.fence, grant.lease.length);
-        let (state, _) = watch::channel(State::Held {
+        let state = Mutex::new(State::Held {
             valid_until: valid_until(grant.sent_at, lease),
         });
         let id = locker.next_hold_id();
@@ -91,6 +95,7 @@ impl Hold {
             acquired_at,
             lease,
             state,
+            changed: Notify::new(),
             holders: AtomicUsize::new(1),
             watchdog: Mutex::new(None),
             runtime: tokio::runtime::Handle::try_current().ok(),
@@ -217,30 +222,41 @@ impl Hold {
     /// Records a successful extension whose request was sent at `sent_at`; `false` when the hold
     /// was already counted lost, which it stays: the body may have been stopped on it.
     fn renewed(&self, sent_at: Instant, lease: Duration) -> bool {
-        self.state.send_if_modified(|state| match state {
+        let renewed = match &mut *self.state_lock() {
             State::Held { valid_until: until } => {
                 *until = valid_until(sent_at, lease);
                 true
             }
             State::Lost => false,
-        })
+        };
+        if renewed {
+            self.changed.notify_waiters();
+        }
+        renewed
+    }
+
+    fn state_lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn state(&self) -> State {
+        *self.state_lock()
     }
 
     /// Marks the hold lost; reports it once.
     fn mark_lost(&self, why: &'static str) {
-        let newly = self.state.send_if_modified(|state| {
-            let newly = *state != State::Lost;
-            *state = State::Lost;
-            newly
-        });
+        let newly = std::mem::replace(&mut *self.state_lock(), State::Lost) != State::Lost;
         if newly {
+            self.changed.notify_waiters();
             tracing::warn!(key = %self.key, name = self.name, fencing_token = self.fence, why, "lock lost while held");
             crate::stats::lost(self.name);
         }
     }
 
     fn is_held(&self) -> bool {
-        match *self.state.borrow() {
+        match self.state() {
             State::Held { valid_until } => Instant::now() < valid_until,
             State::Lost => false,
         }
@@ -257,24 +273,22 @@ impl Hold {
     }
 
     pub(crate) async fn lost(&self) {
-        let mut rx = self.state.subscribe();
         loop {
-            let state = *rx.borrow_and_update();
+            // Registered before the state is read: a change from then on wakes it.
+            let mut changed = std::pin::pin!(self.changed.notified());
+            changed.as_mut().enable();
+            let state = self.state();
             let State::Held { valid_until } = state else {
                 return;
             };
             tokio::select! {
                 () = tokio::time::sleep_until(valid_until) => {
                     // Only if nothing renewed it in the meantime.
-                    if *self.state.borrow() == state {
+                    if self.state() == state {
                         self.mark_lost("the lease ran out on the client's clock");
                     }
                 }
-                changed = rx.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                }
+                () = changed => {}
             }
         }
     }
