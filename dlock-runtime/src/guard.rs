@@ -247,7 +247,23 @@ impl Hold {
 
     /// Marks the hold lost; reports it once.
     fn mark_lost(&self, why: &'static str) {
-        let newly = std::mem::replace(&mut *self.state_lock(), State::Lost) != State::Lost;
+        self.lose(None, why);
+    }
+
+    /// Marks the hold lost because its lease ran out on the client's clock while it was
+    /// `seen`: not when a renewal changed it since (checked under the same lock).
+    fn lapsed(&self, seen: State) {
+        self.lose(Some(seen), "the lease ran out on the client's clock");
+    }
+
+    fn lose(&self, unless_changed_from: Option<State>, why: &'static str) {
+        let newly = {
+            let mut state = self.state_lock();
+            if unless_changed_from.is_some_and(|seen| *state != seen) {
+                return;
+            }
+            std::mem::replace(&mut *state, State::Lost) != State::Lost
+        };
         if newly {
             self.changed.notify_waiters();
             tracing::warn!(key = %self.key, name = self.name, fencing_token = self.fence, why, "lock lost while held");
@@ -265,11 +281,15 @@ impl Hold {
     /// [`is_held`](Self::is_held), marking the hold lost (and reporting it) when the lease ran
     /// out on the clock: a timer may not have fired yet, as when the thread was blocked.
     pub(crate) fn still_held(&self) -> bool {
-        let held = self.is_held();
-        if !held {
-            self.mark_lost("the lease ran out on the client's clock");
+        let seen = self.state();
+        match seen {
+            State::Held { valid_until } if Instant::now() < valid_until => true,
+            State::Held { .. } => {
+                self.lapsed(seen);
+                self.is_held()
+            }
+            State::Lost => false,
         }
-        held
     }
 
     pub(crate) async fn lost(&self) {
@@ -282,12 +302,7 @@ impl Hold {
                 return;
             };
             tokio::select! {
-                () = tokio::time::sleep_until(valid_until) => {
-                    // Only if nothing renewed it in the meantime.
-                    if self.state() == state {
-                        self.mark_lost("the lease ran out on the client's clock");
-                    }
-                }
+                () = tokio::time::sleep_until(valid_until) => self.lapsed(state),
                 () = changed => {}
             }
         }
