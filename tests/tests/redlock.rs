@@ -164,6 +164,57 @@ fn counter(server: &RedisServer, name: &str) -> u64 {
     c.get::<_, Option<u64>>(name).expect("GET").unwrap_or(0)
 }
 
+/// A master whose fence counter is ahead of the proposal refuses it and keeps its counter as
+/// it was (the grant sets the counter and, refusing, sets it back in the same script), while
+/// the other 4 grant: the lock is held with the proposed fence, below that counter, and the
+/// refusing master holds neither the lock nor a lower counter that a later proposal between the
+/// two could pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_ahead_refuses_a_proposal_and_keeps_its_counter() {
+    let masters = RedLockServers::start();
+    let key = unique_key("ahead-kept");
+    let stored = format!("dlock:{key}");
+    let first = locker(&masters.url(), Duration::from_millis(500));
+    let guard = first.acquire(&key, LockOptions::new()).await.unwrap();
+    let name = fence_counters(masters.server(0))
+        .into_iter()
+        .find(|name| counter(masters.server(0), name) == guard.fencing_token())
+        .expect("the key's fence counter");
+    guard.release().await.unwrap();
+    // About 11 days of microseconds ahead, on master 0 alone.
+    let ahead = counter(masters.server(0), &name) + 1_000_000_000_000;
+    {
+        let mut c = masters.server(0).client().get_connection().unwrap();
+        let () = c.set(&name, ahead).unwrap();
+    }
+    // A new client: it has not seen that counter, so it proposes its clock.
+    let second = locker(&masters.url(), Duration::from_millis(500));
+    let guard = second.acquire(&key, LockOptions::new()).await.unwrap();
+    assert!(
+        guard.fencing_token() < ahead,
+        "fence {} is not the proposal below {ahead}",
+        guard.fencing_token()
+    );
+    assert_eq!(
+        counter(masters.server(0), &name),
+        ahead,
+        "master 0's counter was not kept"
+    );
+    assert_eq!(
+        value(masters.server(0), &stored),
+        None,
+        "master 0 holds the lock"
+    );
+    for i in 1..5 {
+        assert_eq!(
+            counter(masters.server(i), &name),
+            guard.fencing_token(),
+            "master {i}'s counter"
+        );
+    }
+    guard.release().await.unwrap();
+}
+
 /// Majorities chosen to differ, one after another on one key: every 3 of the 5 masters, each
 /// majority after one it shares a single master with where it can, with one master's counter
 /// far ahead of the others' (as after many more locks there, or a clock running ahead). The
