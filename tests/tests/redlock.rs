@@ -168,13 +168,15 @@ fn counter(server: &RedisServer, name: &str) -> u64 {
 /// it was (the grant sets the counter and, refusing, sets it back in the same script), while
 /// the other 4 grant: the lock is held with the proposed fence, below that counter, and the
 /// refusing master holds neither the lock nor a lower counter that a later proposal between the
-/// two could pass.
+/// two could pass. A counter that is not a number counts as none there (as on one server): the
+/// master grants, and its counter is the fence.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_ahead_refuses_a_proposal_and_keeps_its_counter() {
     let masters = RedLockServers::start();
     let key = unique_key("ahead-kept");
     let stored = format!("dlock:{key}");
-    let first = locker(&masters.url(), Duration::from_millis(500));
+    // Long request timeouts: every master answers the first round.
+    let first = locker(&masters.url(), Duration::from_secs(2));
     let guard = first.acquire(&key, LockOptions::new()).await.unwrap();
     let name = fence_counters(masters.server(0))
         .into_iter()
@@ -188,7 +190,7 @@ async fn a_master_ahead_refuses_a_proposal_and_keeps_its_counter() {
         let () = c.set(&name, ahead).unwrap();
     }
     // A new client: it has not seen that counter, so it proposes its clock.
-    let second = locker(&masters.url(), Duration::from_millis(500));
+    let second = locker(&masters.url(), Duration::from_secs(2));
     let guard = second.acquire(&key, LockOptions::new()).await.unwrap();
     assert!(
         guard.fencing_token() < ahead,
@@ -212,6 +214,23 @@ async fn a_master_ahead_refuses_a_proposal_and_keeps_its_counter() {
             "master {i}'s counter"
         );
     }
+    guard.release().await.unwrap();
+    {
+        let mut c = masters.server(0).client().get_connection().unwrap();
+        let () = c.set(&name, "not-a-number").unwrap();
+    }
+    let guard = second.acquire(&key, LockOptions::new()).await.unwrap();
+    for i in 0..5 {
+        assert_eq!(
+            counter(masters.server(i), &name),
+            guard.fencing_token(),
+            "master {i}'s counter"
+        );
+    }
+    assert!(
+        value(masters.server(0), &stored).is_some(),
+        "master 0 did not grant"
+    );
     guard.release().await.unwrap();
 }
 

@@ -5,7 +5,7 @@
 -- Reply: > 0 the lock is ours, with the proposed fence (now this master's counter);
 --        < 0 someone else holds it for another (-1 - reply) ms;
 --        {counter} it is free, but this master's counter is at or above the proposal (a lagging
---        clock): nothing changed; propose more than the counter.
+--        clock): the counter is left as it was; propose more than the counter.
 -- A fence lands on every master of the majority that grants it, and every later majority
 -- shares one of them, whose counter then refuses anything not above it: fences strictly
 -- increase across majorities, in one round.

@@ -6,7 +6,8 @@
 -- lease in ms, ARGV[4] the proposed fence
 -- Reply: > 0 passed, with the proposed fence (now this master's counter); 0 the key is neither
 -- the holder's nor already the next holder's (nothing changed); {counter} this master's counter
--- is at or above the proposal (nothing changed; propose more than the counter).
+-- is at or above the proposal (the lock and the counter are left as they were; propose more
+-- than the counter).
 -- A key already the next holder's is a pass asked again (a lagging clock, or a lost reply):
 -- granted again with the new proposal, the lease from now.
 local held = redis.pcall('GET', KEYS[1])
