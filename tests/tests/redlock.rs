@@ -989,13 +989,34 @@ async fn a_pass_from_a_holder_that_lost_the_majority_passes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_no_majority_answers_leaves_nothing_behind() {
     let masters = RedLockServers::start();
-    let holders = locker(&masters.url(), Duration::from_millis(300));
+    let holders = locker(&masters.url(), Duration::from_millis(500));
     drained(&holders).await;
     // Led by master 0, which stays up: the waiter's place and the wake-ups are there.
     let key = key_led_by("pass-unanswered", 0, 5);
     let holder = holders.acquire(&key, LockOptions::new()).await.unwrap();
     let fence = holder.fencing_token();
     let waiter = offering_waiter(&holders, &key).await;
+    // Its place in the key's queue on master 0 (under load its first refusal can take longer
+    // than that pause), then a moment for its offer, which follows the arming of its wake-up.
+    let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut c = masters
+            .server(0)
+            .client()
+            .get_connection()
+            .expect("connect");
+        let places: u64 = redis::cmd("LLEN").arg(&queue).query(&mut c).expect("LLEN");
+        if places > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never joined the line"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
     for i in 2..5 {
         masters.server(i).pause();
     }
