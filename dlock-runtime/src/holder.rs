@@ -125,10 +125,7 @@ impl Default for Identity {
 /// (humantime's formatter panics before 1970 and fails after 9999). Made at every acquisition:
 /// the date and the second are formatted once a second on each thread, and the milliseconds
 /// written into them.
-pub(crate) struct Since {
-    text: [u8; Self::LEN],
-    len: usize,
-}
+pub(crate) struct Since(Option<[u8; Self::LEN]>);
 
 impl Since {
     const LEN: usize = " since=2026-11-25T08:00:00.123Z".len();
@@ -146,13 +143,12 @@ impl Since {
             static SECOND: std::cell::Cell<(u64, [u8; 19])> =
                 const { std::cell::Cell::new((u64::MAX, [0; 19])) };
         }
-        let mut text = [0; Self::LEN];
         let Some(since_epoch) = time
             .duration_since(SystemTime::UNIX_EPOCH)
             .ok()
             .filter(|d| *d < YEAR_10000)
         else {
-            return Self { text, len: 0 };
+            return Self(None);
         };
         let second = since_epoch.as_secs();
         let date = SECOND.with(|last| {
@@ -168,6 +164,7 @@ impl Since {
             date
         });
         let millis = since_epoch.subsec_millis();
+        let mut text = [0; Self::LEN];
         text[..7].copy_from_slice(b" since=");
         text[7..26].copy_from_slice(&date);
         text[26] = b'.';
@@ -179,15 +176,14 @@ impl Since {
             text[27 + i] = b'0' + u8::try_from(digit).unwrap_or(0);
         }
         text[30] = b'Z';
-        Self {
-            text,
-            len: Self::LEN,
-        }
+        Self(Some(text))
     }
 
     pub(crate) fn as_str(&self) -> &str {
         // ASCII, written above.
-        std::str::from_utf8(&self.text[..self.len]).unwrap_or_default()
+        self.0
+            .as_ref()
+            .map_or("", |text| std::str::from_utf8(text).unwrap_or_default())
     }
 }
 

@@ -214,25 +214,16 @@ pub(crate) fn lock_value<'a>(
     token: &'a Token,
     identity: &'a Identity,
 ) -> impl redis::ToRedisArgs + 'a {
-    struct Value<'a>(&'a Token, &'a Identity, holder::Since);
-    impl redis::ToRedisArgs for Value<'_> {
-        fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-            Pieces([self.0.as_str(), " ", self.1.as_str(), self.2.as_str()]).write_redis_args(out);
-        }
-    }
-    Value(token, identity, holder::Since::now())
+    Stamped(
+        [token.as_str(), " ", identity.as_str()],
+        holder::Since::now(),
+    )
 }
 
 /// The holder's record with the time now, for a hold of a semaphore or read/write lock (its
 /// token is the hash field; see shared.lua).
 fn record_value(identity: &Identity) -> impl redis::ToRedisArgs + '_ {
-    struct Record<'a>(&'a Identity, holder::Since);
-    impl redis::ToRedisArgs for Record<'_> {
-        fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-            Pieces([self.0.as_str(), self.1.as_str()]).write_redis_args(out);
-        }
-    }
-    Record(identity, holder::Since::now())
+    Stamped([identity.as_str()], holder::Since::now())
 }
 
 /// What a hold of a semaphore or read/write lock (a hash field's value: `<end ms> <mode>
@@ -359,12 +350,28 @@ struct Pieces<'a, const N: usize>([&'a str; N]);
 
 impl<const N: usize> redis::ToRedisArgs for Pieces<'_, N> {
     fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
-        use std::io::Write as _;
-        let mut arg = out.writer_for_next_arg();
-        for piece in self.0 {
-            // Into the command's `Vec`: it cannot fail.
-            let _ = arg.write_all(piece.as_bytes());
-        }
+        write_pieces(out, self.0);
+    }
+}
+
+/// [`Pieces`] followed by a holder record's time: one argument.
+struct Stamped<'a, const N: usize>([&'a str; N], holder::Since);
+
+impl<const N: usize> redis::ToRedisArgs for Stamped<'_, N> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        write_pieces(out, self.0.iter().copied().chain([self.1.as_str()]));
+    }
+}
+
+fn write_pieces<'a, W: ?Sized + redis::RedisWrite>(
+    out: &mut W,
+    pieces: impl IntoIterator<Item = &'a str>,
+) {
+    use std::io::Write as _;
+    let mut arg = out.writer_for_next_arg();
+    for piece in pieces {
+        // Into the command's `Vec`: it cannot fail.
+        let _ = arg.write_all(piece.as_bytes());
     }
 }
 
