@@ -28,18 +28,23 @@ fn locker(url: &str, request_timeout: Duration) -> Locker {
         .expect("a valid RedLock URL")
 }
 
+/// A connection to `server` (running, not stopped).
+fn connect(server: &RedisServer) -> redis::Connection {
+    server.client().get_connection().expect("connect")
+}
+
 /// The value of `key` on a running (not stopped) master.
 /// The token of the lock `key` on `server` (its value's first 32 characters; the holder's record
 /// follows it).
 fn value(server: &RedisServer, key: &str) -> Option<String> {
-    let mut c = server.client().get_connection().expect("connect");
+    let mut c = connect(server);
     let value: Option<String> = c.get(key).expect("GET");
     value.map(|v| v.chars().take(32).collect())
 }
 
 /// Another holder's value on `key`, for 60s: the master refuses us the key.
 fn clog(server: &RedisServer, key: &str) {
-    let mut c = server.client().get_connection().expect("connect");
+    let mut c = connect(server);
     let () = c
         .set_options(
             key,
@@ -50,7 +55,7 @@ fn clog(server: &RedisServer, key: &str) {
 }
 
 fn unclog(server: &RedisServer, key: &str) {
-    let mut c = server.client().get_connection().expect("connect");
+    let mut c = connect(server);
     let _: i64 = c.del(key).expect("DEL");
 }
 
@@ -155,12 +160,22 @@ async fn every_mask_of_five_masters_grants_exactly_with_a_majority() {
 /// The fencing counter of the key space on master `server` (there is one counter per slot; the
 /// tests use keys of one slot-free shape, so after the first lock there is one).
 fn fence_counters(server: &RedisServer) -> Vec<String> {
-    let mut c = server.client().get_connection().expect("connect");
+    let mut c = connect(server);
     c.keys("dlock:__fence:*").expect("KEYS")
 }
 
+/// Sets the fence counter `name` on `server` to `value`.
+fn set_counter(server: &RedisServer, name: &str, value: impl redis::ToSingleRedisArg) {
+    let () = connect(server).set(name, value).expect("SET");
+}
+
+/// Every key on `server` whose name contains `key`.
+fn keys_of(server: &RedisServer, key: &str) -> Vec<String> {
+    connect(server).keys(format!("*{key}*")).expect("KEYS")
+}
+
 fn counter(server: &RedisServer, name: &str) -> u64 {
-    let mut c = server.client().get_connection().expect("connect");
+    let mut c = connect(server);
     c.get::<_, Option<u64>>(name).expect("GET").unwrap_or(0)
 }
 
@@ -185,10 +200,7 @@ async fn a_master_ahead_refuses_a_proposal_and_keeps_its_counter() {
     guard.release().await.unwrap();
     // About 11 days of microseconds ahead, on master 0 alone.
     let ahead = counter(masters.server(0), &name) + 1_000_000_000_000;
-    {
-        let mut c = masters.server(0).client().get_connection().unwrap();
-        let () = c.set(&name, ahead).unwrap();
-    }
+    set_counter(masters.server(0), &name, ahead);
     // A new client: it has not seen that counter, so it proposes its clock.
     let second = locker(&masters.url(), Duration::from_secs(2));
     let guard = second.acquire(&key, LockOptions::new()).await.unwrap();
@@ -215,10 +227,7 @@ async fn a_master_ahead_refuses_a_proposal_and_keeps_its_counter() {
         );
     }
     guard.release().await.unwrap();
-    {
-        let mut c = masters.server(0).client().get_connection().unwrap();
-        let () = c.set(&name, "not-a-number").unwrap();
-    }
+    set_counter(masters.server(0), &name, "not-a-number");
     let guard = second.acquire(&key, LockOptions::new()).await.unwrap();
     for i in 0..5 {
         assert_eq!(
@@ -254,8 +263,7 @@ async fn fences_increase_across_differing_majorities() {
     let name = names[0].clone();
     // Master 0 far ahead: about 11 days of microseconds.
     let ahead = counter(masters.server(0), &name) + 1_000_000_000_000;
-    let mut c = masters.server(0).client().get_connection().unwrap();
-    let () = c.set(&name, ahead).unwrap();
+    set_counter(masters.server(0), &name, ahead);
 
     let majorities: [[usize; 3]; 10] = [
         [0, 1, 2],
@@ -927,7 +935,7 @@ async fn a_pass_from_a_holder_that_lost_the_majority_passes_nothing() {
     let stored = format!("dlock:{key}");
     let holder = holders.acquire(&key, LockOptions::new()).await.unwrap();
     let token = value(masters.server(3), &stored).expect("the holder's token");
-    let waiter = offering_waiter(&holders, &key).await;
+    let waiter = offering_waiter(&masters, &holders, &key).await;
     for i in 0..3 {
         clog(masters.server(i), &stored);
     }
@@ -995,28 +1003,7 @@ async fn a_pass_no_majority_answers_leaves_nothing_behind() {
     let key = key_led_by("pass-unanswered", 0, 5);
     let holder = holders.acquire(&key, LockOptions::new()).await.unwrap();
     let fence = holder.fencing_token();
-    let waiter = offering_waiter(&holders, &key).await;
-    // Its place in the key's queue on master 0 (under load its first refusal can take longer
-    // than that pause), then a moment for its offer, which follows the arming of its wake-up.
-    let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let mut c = masters
-            .server(0)
-            .client()
-            .get_connection()
-            .expect("connect");
-        let places: u64 = redis::cmd("LLEN").arg(&queue).query(&mut c).expect("LLEN");
-        if places > 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the waiter never joined the line"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let waiter = offering_waiter(&masters, &holders, &key).await;
     for i in 2..5 {
         masters.server(i).pause();
     }
@@ -1043,15 +1030,7 @@ async fn a_pass_no_majority_answers_leaves_nothing_behind() {
     guard.release().await.expect("a majority releases");
     drained(&holders).await;
     for i in 0..5 {
-        let mut c = masters
-            .server(i)
-            .client()
-            .get_connection()
-            .expect("connect");
-        let left: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("*{key}*"))
-            .query(&mut c)
-            .expect("KEYS");
+        let left = keys_of(masters.server(i), &key);
         assert!(left.is_empty(), "master {i} kept {left:?}");
     }
 }
@@ -1073,12 +1052,11 @@ async fn a_pass_refused_by_counters_ahead_is_made_again_above_them() {
         .into_iter()
         .find(|name| counter(masters.server(0), name) == holder.fencing_token())
         .expect("the key's fence counter");
-    let waiter = offering_waiter(&holders, &key).await;
+    let waiter = offering_waiter(&masters, &holders, &key).await;
     // About 11 days of microseconds ahead, on masters 0, 2 and 4.
     let ahead = holder.fencing_token() + 1_000_000_000_000;
     for i in [0, 2, 4] {
-        let mut c = masters.server(i).client().get_connection().unwrap();
-        let () = c.set(&name, ahead + i as u64).unwrap();
+        set_counter(masters.server(i), &name, ahead + i as u64);
     }
     holder
         .release()
@@ -1221,18 +1199,26 @@ async fn across_two_processes_a_hot_key_is_passed_and_goes_round() {
     }
 }
 
-/// A waiter of `key` on `locker` (10s), once it has been refused, is in line and has offered
-/// to take the lock from a holder of the same locker.
+/// A waiter of `key` on `locker` (10s), once it has been refused, is in line (its place in the
+/// key's queue on the key's first master) and has offered to take the lock from a holder of
+/// the same locker (the offer follows the arming of its wake-up: a moment more). Waiting for
+/// the place, not a fixed pause: under load the first refusal can take longer.
 async fn offering_waiter(
+    masters: &RedLockServers,
     locker: &Locker,
     key: &str,
 ) -> tokio::task::JoinHandle<Result<dlock_runtime::LockGuard, LockError>> {
-    let (locker, key) = (locker.clone(), key.to_owned());
-    let waiter = tokio::spawn(async move {
-        locker
-            .acquire(&key, LockOptions::new().timeout(Duration::from_secs(10)))
-            .await
-    });
+    let waiter = {
+        let (locker, key) = (locker.clone(), key.to_owned());
+        tokio::spawn(async move {
+            locker
+                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(10)))
+                .await
+        })
+    };
+    let first = slot(&format!("dlock:{key}")) % 5;
+    let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
+    dlock_tests::queue_reaches(&mut connect(masters.server(first)), &queue, 1).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     waiter
 }
