@@ -33,8 +33,7 @@ fn connect(server: &RedisServer) -> redis::Connection {
     server.client().get_connection().expect("connect")
 }
 
-/// The value of `key` on a running (not stopped) master.
-/// The token of the lock `key` on `server` (its value's first 32 characters; the holder's record
+/// The token of the lock `key` on `server` (running, not stopped) (its value's first 32 characters; the holder's record
 /// follows it).
 fn value(server: &RedisServer, key: &str) -> Option<String> {
     let mut c = connect(server);
@@ -539,11 +538,21 @@ fn slot(key: &str) -> usize {
     usize::from(crc) % 16384
 }
 
+/// The index of `key`'s first master of `n` (the one that keeps its queue of places).
+fn first_master(key: &str, n: usize) -> usize {
+    slot(&format!("dlock:{key}")) % n
+}
+
+/// The name of `key`'s queue of waiting places (on its first master).
+fn queue_of(key: &str) -> String {
+    format!("dlock:__fair:{{dlock:{key}}}:queue")
+}
+
 /// A key (of `prefix`) whose first master is master `first` of `n`.
 fn key_led_by(prefix: &str, first: usize, n: usize) -> String {
     loop {
         let key = unique_key(prefix);
-        if slot(&format!("dlock:{key}")) % n == first {
+        if first_master(&key, n) == first {
             return key;
         }
     }
@@ -594,11 +603,11 @@ async fn a_release_wakes_the_process_it_names_alone() {
     let tasks: Vec<_> = (0..4)
         .map(|_| spawn_waiter(&slow_poller(&masters), &key))
         .collect();
-    let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
-    let mut leader = masters.server(first).client().get_connection().unwrap();
+    let queue = queue_of(&key);
+    let mut leader = connect(masters.server(first));
     dlock_tests::queue_reaches(&mut leader, &queue, 4).await;
     for i in 0..5 {
-        let mut master = masters.server(i).client().get_connection().unwrap();
+        let mut master = connect(masters.server(i));
         let on_key = subscribers(&mut master, &format!("dlock:{key}"));
         assert_eq!(
             on_key, 0,
@@ -631,8 +640,8 @@ async fn a_forced_release_wakes_the_first_place_and_pollers_keep_none() {
     let masters = RedLockServers::start();
     let first = 1;
     let key = key_led_by("forced", first, 5);
-    let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
-    let mut leader = masters.server(first).client().get_connection().unwrap();
+    let queue = queue_of(&key);
+    let mut leader = connect(masters.server(first));
     let holder = locker(&masters.url(), Duration::from_millis(200));
 
     let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
@@ -673,8 +682,8 @@ async fn a_process_that_closes_after_its_release_has_woken_the_line() {
     let masters = RedLockServers::start();
     let first = 2;
     let key = key_led_by("closing", first, 5);
-    let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
-    let mut leader = masters.server(first).client().get_connection().unwrap();
+    let queue = queue_of(&key);
+    let mut leader = connect(masters.server(first));
     let (held_tx, held_rx) = tokio::sync::oneshot::channel();
     let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
     let (url, held_key) = (masters.url(), key.clone());
@@ -718,7 +727,7 @@ async fn a_place_leaving_while_the_key_is_held_wakes_nobody() {
     let masters = RedLockServers::start();
     let first = 4;
     let key = key_led_by("leave-held", first, 5);
-    let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
+    let queue = queue_of(&key);
     let (a, b, c) = (
         slow_poller(&masters),
         slow_poller(&masters),
@@ -728,7 +737,7 @@ async fn a_place_leaving_while_the_key_is_held_wakes_nobody() {
     dlock_tests::leaving_while_held_wakes_nobody(
         [&a, &b, &c],
         &key,
-        (leader.client().get_connection().unwrap(), &queue),
+        (connect(leader), &queue),
         || leader.calls("publish"),
     )
     .await;
@@ -1152,7 +1161,7 @@ async fn across_two_processes_a_hot_key_is_passed_and_goes_round() {
         "hot",
     );
     // The workers' data is on the first master.
-    let mut data = masters.server(0).client().get_connection().unwrap();
+    let mut data = connect(masters.server(0));
     let counted: u64 = data.get(format!("{key}:counter")).unwrap();
     assert_eq!(counted, made, "holders overlapped");
     assert!(made >= 2 * PER_PROCESS * 4 * 7 / 8, "only {made} made");
@@ -1184,10 +1193,7 @@ async fn across_two_processes_a_hot_key_is_passed_and_goes_round() {
         "{per_acquisition:.2} scripts per acquisition: releases did not pass, or woke a herd"
     );
     for i in 0..5 {
-        for left in [
-            format!("dlock:{key}"),
-            format!("dlock:__fair:{{dlock:{key}}}:queue"),
-        ] {
+        for left in [format!("dlock:{key}"), queue_of(&key)] {
             assert!(
                 masters
                     .server(i)
@@ -1216,8 +1222,8 @@ async fn offering_waiter(
                 .await
         })
     };
-    let first = slot(&format!("dlock:{key}")) % 5;
-    let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
+    let first = first_master(key, 5);
+    let queue = queue_of(key);
     dlock_tests::queue_reaches(&mut connect(masters.server(first)), &queue, 1).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     waiter
