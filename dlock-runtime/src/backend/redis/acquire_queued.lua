@@ -20,7 +20,7 @@ end
 local now = server_ms()
 local live = tonumber(ARGV[3])
 local place = ARGV[4]
-drop_lapsed(KEYS[2], KEYS[3], now)
+local head = drop_lapsed(KEYS[2], KEYS[3], now)
 local mine = already_mine(KEYS[1], KEYS[4], held, ARGV[1], ARGV[2])
 if mine then
   return mine
@@ -29,7 +29,6 @@ local function queue_place()
   join_queue(KEYS[2], KEYS[3], place, live, now)
 end
 if held == false then
-  local head = redis.call('LINDEX', KEYS[2], 0)
   if ARGV[6] ~= '1' or head == false or head == place then
     leave_line(KEYS[2], KEYS[3], place)
     local f = set_lock(KEYS[1], KEYS[4], ARGV[1], ARGV[2])

@@ -9,13 +9,14 @@ local function server_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Places whose waiters stopped trying leave from the head of the line.
+-- Places whose waiters stopped trying leave from the head of the line. Returns the place first
+-- in line after them (false for none), so that the caller does not read it again.
 local function drop_lapsed(queue, deadlines, now)
   while true do
     local head = redis.call('LINDEX', queue, 0)
-    if not head then break end
+    if not head then return false end
     local gone_at = redis.call('ZSCORE', deadlines, head)
-    if gone_at and tonumber(gone_at) > now then break end
+    if gone_at and tonumber(gone_at) > now then return head end
     redis.call('LPOP', queue)
     redis.call('ZREM', deadlines, head)
   end
