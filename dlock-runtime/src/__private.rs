@@ -142,6 +142,14 @@ async fn while_held<F: Future>(hold: &Hold, body: F) -> Option<F::Output> {
     .await
 }
 
+/// Test support: the index of RedLock's first master for the full lock key `key` among
+/// `masters` (the one whose queue keeps the key's waiting places), as the engine picks it.
+#[cfg(feature = "redlock")]
+#[must_use]
+pub fn redlock_first_master(key: &str, masters: usize) -> usize {
+    crate::backend::redlock_first_master(key, masters)
+}
+
 /// How a lock failure becomes the function's return value when no `on_fail` is given.
 #[diagnostic::on_unimplemented(
     message = "a `#[dlock]` function without `on_fail` must return `Result<T, E>` where `E: From<dlock_runtime::LockError>`; `{Self}` is not such a type",

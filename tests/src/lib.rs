@@ -206,6 +206,13 @@ pub async fn leaving_while_held_wakes_nobody(
     places(0).await;
 }
 
+/// The name of the Redis list that holds the waiting places of `key` (a key of the default
+/// prefix, `dlock:`): on one server, a Cluster's key slot, or RedLock's first master for the key.
+#[must_use]
+pub fn queue_of(key: &str) -> String {
+    format!("dlock:__fair:{{dlock:{key}}}:queue")
+}
+
 /// Waits (up to 15s) until the Redis list `queue` (a key's queue of places) holds `places`
 /// places.
 ///

@@ -193,10 +193,7 @@ async fn across_two_processes_a_release_wakes_one_waiter() {
             run <= 2 * (dlock_tests::MAX_PASSES + 1),
             "{mode}: one process held the lock {run} times in a row while the other waited"
         );
-        for left in [
-            format!("dlock:{key}"),
-            format!("dlock:__fair:{{dlock:{key}}}:queue"),
-        ] {
+        for left in [format!("dlock:{key}"), dlock_tests::queue_of(&key)] {
             assert!(
                 server.gone_within(&left, Duration::from_secs(5)).await,
                 "{mode}: {left} left behind"
@@ -279,7 +276,7 @@ async fn a_place_leaving_while_the_key_is_held_wakes_nobody() {
     };
     let (a, b, c) = (slow(), slow(), slow());
     let key = unique_key("leave-held");
-    let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
+    let queue = dlock_tests::queue_of(&key);
     dlock_tests::leaving_while_held_wakes_nobody(
         [&a, &b, &c],
         &key,

@@ -33,8 +33,8 @@ fn connect(server: &RedisServer) -> redis::Connection {
     server.client().get_connection().expect("connect")
 }
 
-/// The token of the lock `key` on `server` (running, not stopped) (its value's first 32 characters; the holder's record
-/// follows it).
+/// The token of the lock `key` on a running (not stopped) `server`: its value's first 32
+/// characters (the holder's record follows them).
 fn value(server: &RedisServer, key: &str) -> Option<String> {
     let mut c = connect(server);
     let value: Option<String> = c.get(key).expect("GET");
@@ -521,31 +521,9 @@ fn random_below(n: u64) -> u64 {
     nanos.wrapping_mul(0x9E37_79B9_7F4A_7C15) % n
 }
 
-/// The Redis Cluster slot of `key` (CRC16/XMODEM of the whole key: dlock's keys here have no
-/// braces): RedLock's first master for a key is this modulo the number of masters.
-fn slot(key: &str) -> usize {
-    let mut crc: u16 = 0;
-    for byte in key.bytes() {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 == 0 {
-                crc << 1
-            } else {
-                (crc << 1) ^ 0x1021
-            };
-        }
-    }
-    usize::from(crc) % 16384
-}
-
 /// The index of `key`'s first master of `n` (the one that keeps its queue of places).
 fn first_master(key: &str, n: usize) -> usize {
-    slot(&format!("dlock:{key}")) % n
-}
-
-/// The name of `key`'s queue of waiting places (on its first master).
-fn queue_of(key: &str) -> String {
-    format!("dlock:__fair:{{dlock:{key}}}:queue")
+    dlock_runtime::__private::redlock_first_master(&format!("dlock:{key}"), n)
 }
 
 /// A key (of `prefix`) whose first master is master `first` of `n`.
@@ -603,7 +581,7 @@ async fn a_release_wakes_the_process_it_names_alone() {
     let tasks: Vec<_> = (0..4)
         .map(|_| spawn_waiter(&slow_poller(&masters), &key))
         .collect();
-    let queue = queue_of(&key);
+    let queue = dlock_tests::queue_of(&key);
     let mut leader = connect(masters.server(first));
     dlock_tests::queue_reaches(&mut leader, &queue, 4).await;
     for i in 0..5 {
@@ -640,7 +618,7 @@ async fn a_forced_release_wakes_the_first_place_and_pollers_keep_none() {
     let masters = RedLockServers::start();
     let first = 1;
     let key = key_led_by("forced", first, 5);
-    let queue = queue_of(&key);
+    let queue = dlock_tests::queue_of(&key);
     let mut leader = connect(masters.server(first));
     let holder = locker(&masters.url(), Duration::from_millis(200));
 
@@ -682,7 +660,7 @@ async fn a_process_that_closes_after_its_release_has_woken_the_line() {
     let masters = RedLockServers::start();
     let first = 2;
     let key = key_led_by("closing", first, 5);
-    let queue = queue_of(&key);
+    let queue = dlock_tests::queue_of(&key);
     let mut leader = connect(masters.server(first));
     let (held_tx, held_rx) = tokio::sync::oneshot::channel();
     let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
@@ -727,7 +705,7 @@ async fn a_place_leaving_while_the_key_is_held_wakes_nobody() {
     let masters = RedLockServers::start();
     let first = 4;
     let key = key_led_by("leave-held", first, 5);
-    let queue = queue_of(&key);
+    let queue = dlock_tests::queue_of(&key);
     let (a, b, c) = (
         slow_poller(&masters),
         slow_poller(&masters),
@@ -1193,7 +1171,7 @@ async fn across_two_processes_a_hot_key_is_passed_and_goes_round() {
         "{per_acquisition:.2} scripts per acquisition: releases did not pass, or woke a herd"
     );
     for i in 0..5 {
-        for left in [format!("dlock:{key}"), queue_of(&key)] {
+        for left in [format!("dlock:{key}"), dlock_tests::queue_of(&key)] {
             assert!(
                 masters
                     .server(i)
@@ -1223,7 +1201,7 @@ async fn offering_waiter(
         })
     };
     let first = first_master(key, 5);
-    let queue = queue_of(key);
+    let queue = dlock_tests::queue_of(key);
     dlock_tests::queue_reaches(&mut connect(masters.server(first)), &queue, 1).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     waiter

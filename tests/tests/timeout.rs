@@ -125,7 +125,7 @@ async fn fair_attribute_serves_callers_in_order() {
         // Each caller takes its place in the queue before the next one arrives.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while server
-            .command(&["LLEN", &format!("dlock:__fair:{{dlock:fair:{name}}}:queue")])
+            .command(&["LLEN", &dlock_tests::queue_of(&format!("fair:{name}"))])
             .ok()
             != Some(Value::Int(i64::try_from(me + 1).unwrap()))
         {

@@ -61,7 +61,7 @@ async fn a_release_is_heard_by_the_process_it_names_alone() {
         .collect();
     let tasks: Vec<_> = waiters.iter().map(|w| spawn_waiter(w, &key)).collect();
     let mut redis = server.client().get_connection().unwrap();
-    let queue = format!("dlock:__fair:{{dlock:{key}}}:queue");
+    let queue = dlock_tests::queue_of(&key);
     let deadline = Instant::now() + Duration::from_secs(5);
     let channels = loop {
         let channels: Vec<String> = redis::cmd("PUBSUB")
@@ -261,7 +261,7 @@ async fn a_channel_lingers_after_its_last_waiter_then_goes() {
     let mut redis = server.client().get_connection().unwrap();
     let channels: Vec<String> = redis::cmd("PUBSUB")
         .arg("CHANNELS")
-        .arg(format!("dlock:__fair:{{dlock:{key}}}:queue:*"))
+        .arg(format!("{}:*", dlock_tests::queue_of(&key)))
         .query(&mut redis)
         .unwrap();
     let [channel] = channels.as_slice() else {
@@ -358,9 +358,7 @@ fn fair_waiter(server: &RedisServer, key: &str, name: &str) -> Child {
 }
 
 fn queue_len(redis: &mut redis::Connection, key: &str) -> usize {
-    redis
-        .llen(format!("dlock:__fair:{{dlock:{key}}}:queue"))
-        .unwrap()
+    redis.llen(dlock_tests::queue_of(key)).unwrap()
 }
 
 async fn wait_for_queue(redis: &mut redis::Connection, key: &str, len: usize) {
@@ -619,9 +617,7 @@ async fn a_fair_single_attempt_does_not_pass_the_queue() {
     // Another process's place, alive for 10s by the server's clock, first in line.
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut redis).unwrap();
     let other = "f".repeat(32);
-    let () = redis
-        .rpush(format!("dlock:__fair:{{dlock:{key}}}:queue"), &other)
-        .unwrap();
+    let () = redis.rpush(dlock_tests::queue_of(&key), &other).unwrap();
     let () = redis
         .zadd(
             format!("dlock:__fair:{{dlock:{key}}}:waiters"),

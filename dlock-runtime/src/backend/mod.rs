@@ -25,6 +25,8 @@ pub(crate) use api::{
     Attempt, Backend, BoxFuture, Built, Capabilities, FairOrder, Queued, Request, Token, Watch,
 };
 pub(crate) use memory::MemoryBackend;
+#[cfg(feature = "redlock")]
+pub(crate) use redlock::first_master as redlock_first_master;
 
 /// `Some(&path)` when the cargo feature `$feature` is on, else `None`.
 macro_rules! built {

@@ -140,6 +140,12 @@ pub(crate) struct RedLockBackend {
     wakes: TaskTracker,
 }
 
+/// The index of `key`'s first master among `masters`: the one whose queue keeps the key's
+/// waiting places, which a refused acquisition asks first (its slot, modulo the masters).
+pub(crate) fn first_master(key: &str, masters: usize) -> usize {
+    usize::from(slot(key.as_bytes())) % masters
+}
+
 static ACQUIRE: OnceLock<redis::Script> = OnceLock::new();
 static PLACE: OnceLock<redis::Script> = OnceLock::new();
 static WAKE: OnceLock<redis::Script> = OnceLock::new();
@@ -457,7 +463,7 @@ impl RedLockBackend {
 
     /// The master a refused acquisition asks first: the same for every client of `key`.
     fn leader(&self, key: &str) -> usize {
-        usize::from(slot(key.as_bytes())) % self.nodes.len()
+        first_master(key, self.nodes.len())
     }
 
     fn memos(&self) -> std::sync::MutexGuard<'_, HashMap<String, Memo>> {
