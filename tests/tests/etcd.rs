@@ -1,7 +1,8 @@
 //! The etcd engine beyond the shared suite: interop with `etcdctl lock`, keys as data, what a
 //! single attempt and a dropped waiter leave behind, several OS processes on one counter, and the
 //! faults of a 3-member cluster (leader killed, holder frozen past its lease, whole cluster
-//! restarted, every endpoint down). Servers: Debian's `etcd-server` and `etcd-client` packages.
+//! restarted, every endpoint down) and of a proxy (replies lost, a holder cut off past its
+//! session). Servers: Debian's `etcd-server` and `etcd-client` packages.
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -575,6 +576,49 @@ async fn a_session_that_ends_loses_every_hold_at_once() {
     .await
     .expect("the old session's keys went with its lease, and a new session took the key");
     again.release().await.unwrap();
+}
+
+/// The client counts its session over before etcd can have expired it even when a keep-alive is
+/// left waiting for its answer (a partition that silently drops packets) and the request timeout
+/// is longer than the session's TTL: once etcd has expired the lease (its keys gone, the lock
+/// free for another client), the hold already says it is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_is_lost_before_etcd_expires_its_session_whatever_the_request_timeout() {
+    let etcd = single();
+    let proxy = proxy_to(&etcd);
+    let locker = Locker::builder()
+        .url(format!("etcd://127.0.0.1:{}?session_ttl=3s", proxy.port()))
+        .request_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let key = unique_key("ttl-under-request-timeout");
+    let guard = locker
+        .acquire(&key, LockOptions::new().expire(Duration::from_secs(120)))
+        .await
+        .unwrap();
+    let lease = lease_of(&only_key(&etcd, &format!("dlock:{key}")).await);
+    proxy.cut();
+    // Until etcd says the lease is gone: -1 (0 is under a second left; an error is no answer).
+    let mut direct = client(&etcd).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !direct
+        .lease_time_to_live(lease, None)
+        .await
+        .is_ok_and(|left| left.ttl() < 0)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "etcd never expired the session's lease once its keep-alives stopped arriving"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !guard.is_held(),
+        "etcd expired the session's lease (another client could take the lock) while the hold \
+         still counted itself held"
+    );
+    proxy.heal();
+    drop(guard);
 }
 
 /// A hold's key deleted by hand and then put again under the same name on the same lease (what a

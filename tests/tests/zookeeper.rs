@@ -2,7 +2,7 @@
 //! client and against `zookeeper-client`'s own Curator-compatible lock; Curator's semaphore and
 //! read/write nodes made by hand), keys as data, cancelled waiters, a create (and a permit's
 //! grant) whose reply was lost, 4 OS processes, and faults: the leader killed, a holder frozen
-//! past its session, a restart, every server down.
+//! past its session, a holder cut off past it, a restart, every server down.
 //!
 //! One standalone server is shared by the tests that do not break it; each fault test starts the
 //! deployment it breaks.
@@ -398,6 +398,47 @@ async fn a_create_whose_reply_was_lost_is_found_and_used() {
         "the given-up waiter left its node: {nodes:?}"
     );
     held.release().await.unwrap();
+}
+
+/// The client counts its session over before the server can have expired it, whatever the
+/// request timeout: with the connection silently cut (packets dropped, TCP still up), once the
+/// server has expired the session (the holder's node gone, the lock free for another client),
+/// the hold already says it is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_is_lost_before_the_server_expires_its_session_whatever_the_request_timeout() {
+    let zk = server();
+    let client = raw(&zk).await;
+    let proxy = Proxy::start(zk.port(0));
+    let through = Locker::builder()
+        .url(format!(
+            "zk://127.0.0.1:{}?session_timeout=3s",
+            proxy.port()
+        ))
+        .request_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let key = unique_key("session-under-request-timeout");
+    let guard = through
+        .acquire(&key, LockOptions::new().expire(Duration::from_secs(120)))
+        .await
+        .unwrap();
+    assert_eq!(line(&client, &key).await.len(), 1, "the holder's node");
+    proxy.cut();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !line(&client, &key).await.is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the server never expired the cut-off session"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !guard.is_held(),
+        "the server expired the session (another client could take the lock) while the hold \
+         still counted itself held"
+    );
+    proxy.heal();
+    drop(guard);
 }
 
 /// `path` has no children, or is gone: an empty container node may be removed by the server

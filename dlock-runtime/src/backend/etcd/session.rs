@@ -148,7 +148,8 @@ impl Sessions {
 }
 
 /// Keeps `lease` alive at a third of its TTL until it is gone, or no keep-alive was answered
-/// before the client's end of it (`valid`, moved on by each answer); then ends the session.
+/// before the client's end of it (`valid`, moved on by each answer; watched while a keep-alive
+/// waits too); then ends the session.
 async fn keep_alive(
     conn: Arc<Conn>,
     lease: i64,
@@ -160,17 +161,25 @@ async fn keep_alive(
     let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
     let mut next = Instant::now() + period;
     loop {
-        tokio::select! {
+        // The next keep-alive and its answer, raced as a whole against the client's end of the
+        // session: a keep-alive waiting for its answer must not hold that end back (by up to the
+        // request timeout), while etcd may have expired the lease and another client taken
+        // the lock.
+        let cycle = async {
+            tokio::time::sleep_until(next).await;
+            let sent_at = Instant::now();
+            let answer =
+                tokio::time::timeout(conn.request_timeout, once(&conn, lease, ttl, &mut stream));
+            (sent_at, answer.await)
+        };
+        let (sent_at, answer) = tokio::select! {
             () = tokio::time::sleep_until(valid) => {
                 tracing::warn!(lease_ttl = ?ttl, "etcd session: no keep-alive answered within its TTL: its holds are lost");
                 break;
             }
-            () = tokio::time::sleep_until(next) => {}
-        }
-        let sent_at = Instant::now();
-        let answer =
-            tokio::time::timeout(conn.request_timeout, once(&conn, lease, ttl, &mut stream));
-        match answer.await {
+            cycle = cycle => cycle,
+        };
+        match answer {
             Ok(Ok(Some(left))) => {
                 valid = valid.max(valid_until(sent_at, left));
                 next = sent_at + period;
