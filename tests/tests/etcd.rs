@@ -2,7 +2,7 @@
 //! single attempt and a dropped waiter leave behind, several OS processes on one counter, and the
 //! faults of a 3-member cluster (leader killed, holder frozen past its lease, whole cluster
 //! restarted, every endpoint down) and of a proxy (replies lost, a holder cut off past its
-//! session). Servers: Debian's `etcd-server` and `etcd-client` packages.
+//! session, a grant whose reply came after its session ended). Servers: Debian's `etcd-server` and `etcd-client` packages.
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -619,6 +619,51 @@ async fn a_hold_is_lost_before_etcd_expires_its_session_whatever_the_request_tim
     );
     proxy.heal();
     drop(guard);
+}
+
+/// A grant whose reply comes after the session ended on the client (the proxy carries the
+/// requests, keep-alives included, and holds every reply back until the session's end has
+/// passed) is a hold lost already: the session's end made its holds lost before this one was
+/// granted, and no keep-alive will be sent for it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_reply_came_after_the_session_ended_is_lost() {
+    let etcd = single();
+    let proxy = proxy_to(&etcd);
+    let locker = Locker::builder()
+        .url(format!("etcd://127.0.0.1:{}?session_ttl=3s", proxy.port()))
+        .request_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let long = LockOptions::new().expire(Duration::from_secs(120));
+    // On the session too: its loss says when the session ended on the client.
+    let canary = locker
+        .acquire(&unique_key("late-grant-canary"), long.clone())
+        .await
+        .unwrap();
+    let key = unique_key("late-grant");
+    let name = format!("dlock:{key}");
+    proxy.cut_replies();
+    let acquiring = {
+        let (locker, key, options) = (locker.clone(), key.clone(), long.clone());
+        tokio::spawn(async move { locker.acquire(&key, options).await })
+    };
+    let keys = line_has(&etcd, &name, 1, Duration::from_secs(10)).await;
+    assert_eq!(
+        keys.len(),
+        1,
+        "the acquisition's put reached etcd: {keys:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(30), canary.lost())
+        .await
+        .expect("the session ended on the client with its keep-alives unanswered");
+    proxy.heal();
+    match acquiring.await.unwrap() {
+        Ok(guard) => assert!(
+            !guard.is_held(),
+            "a grant whose reply came after its session ended counted itself held"
+        ),
+        Err(e) => assert!(e.is_backend(), "{e:?}"),
+    }
 }
 
 /// A hold's key deleted by hand and then put again under the same name on the same lease (what a
