@@ -400,12 +400,12 @@ async fn a_create_whose_reply_was_lost_is_found_and_used() {
     held.release().await.unwrap();
 }
 
-/// The client counts its session over before the server can have expired it, whatever the
-/// request timeout: with the connection silently cut (packets dropped, TCP still up), once the
-/// server has expired the session (the holder's node gone, the lock free for another client),
-/// the hold already says it is lost.
+/// The client counts its session over before the server can have expired it: with the
+/// connection silently cut (packets held, TCP still up), once the server has expired the session
+/// (the holder's node gone, the lock free for another client), the hold already says it is lost.
+/// (The request timeout plays no part on ZooKeeper: the session's state is watched on its own.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hold_is_lost_before_the_server_expires_its_session_whatever_the_request_timeout() {
+async fn a_cut_off_hold_is_lost_before_the_server_expires_its_session() {
     let zk = server();
     let client = raw(&zk).await;
     let proxy = Proxy::start(zk.port(0));

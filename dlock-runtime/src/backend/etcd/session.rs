@@ -173,6 +173,9 @@ async fn keep_alive(
             (sent_at, answer.await)
         };
         let (sent_at, answer) = tokio::select! {
+            // The end first: a task that runs late and finds both past sends no keep-alive
+            // after it (which could keep the dead session's keys, and its locks, for a TTL).
+            biased;
             () = tokio::time::sleep_until(valid) => {
                 tracing::warn!(lease_ttl = ?ttl, "etcd session: no keep-alive answered within its TTL: its holds are lost");
                 break;

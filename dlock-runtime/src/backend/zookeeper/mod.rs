@@ -45,8 +45,8 @@
 //!   that deadline on while the node is still this session's. A connection lost and found again
 //!   within the session timeout loses nothing (Curator's SUSPENDED); the session's expiry makes
 //!   every hold of it lost at once (Curator's LOST), and the next request opens a new session. A
-//!   connection still lost half the session timeout after it was found lost counts as expired
-//!   (before the ensemble can have expired it).
+//!   connection still lost 0.45 of the session timeout after it was found lost counts as
+//!   expired (before the ensemble can have expired it).
 //! - **Fence**: the parent's `pzxid` (the zxid of the last change to the line) read in the same
 //!   reply that shows the holder's node first. The next holder is first only after this one's
 //!   node is deleted, a later change, so fences strictly increase per key (concurrent readers
@@ -339,11 +339,11 @@ impl Conn {
         *epochs += 1;
         let (ended_tx, ended) = watch::channel(false);
         // Curator's LOST: the ensemble expires a session it has not heard from for the session
-        // timeout. A connection is found lost at most 2/5 of it after the last reply
-        // (`zookeeper-client`'s connection timeout), so one still lost half the session
-        // timeout later counts as expired, before the servers can have expired it (0.9 of it
-        // at most since the last reply). The client would wait 7/5 of it.
-        let grace = client.session_timeout() / 2;
+        // timeout. A connection is found lost at most 0.45 of it after the last reply
+        // (`zookeeper-client`'s connection timeout, 2/5 of it, checked every 1/20), so one
+        // still lost 0.45 of it later counts as expired, before the servers can have expired
+        // it (0.9 of it at most since the last reply). The client would wait 7/5 of it.
+        let grace = client.session_timeout().mul_f64(0.45);
         tokio::spawn(watch_session(
             client.state_watcher(),
             grace,
@@ -1114,7 +1114,7 @@ async fn watch_session(
             tokio::select! {
                 state = states.changed() => state,
                 () = tokio::time::sleep(grace) => {
-                    tracing::warn!(?grace, "zookeeper connection lost for half the session timeout: the session counts as expired, its holds are lost");
+                    tracing::warn!(?grace, "zookeeper connection lost for 0.45 of the session timeout: the session counts as expired, its holds are lost");
                     break;
                 }
             }
