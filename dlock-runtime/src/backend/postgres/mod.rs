@@ -653,15 +653,12 @@ impl PostgresBackend {
             loop {
                 tries += 1;
                 let connection = self.connection().await?;
-                // Boxed, as the schema's making below: inline, `run`'s future (every kind of
-                // statement's) would size this one and the timeout's and the engine call's around
-                // it, each moved at every request (1.2k instructions a cycle, counted).
-                match Box::pin(run(&connection, op)).await {
+                match run(&connection, op).await {
                     Ok(Reply::SharedMissing) => {
                         // Tables made before dlock had the shared kinds: their table and
                         // functions are made now (or the error says how), then the
                         // connection is set up again to prepare their statements.
-                        Box::pin(create_shared_schema(&connection.client)).await?;
+                        create_shared_schema(&connection.client).await?;
                         self.forget(&connection);
                         if tries < 2 {
                             continue;
