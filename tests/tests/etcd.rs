@@ -64,14 +64,16 @@ fn lease_of(key: &str) -> i64 {
     i64::from_str_radix(hex, 16).unwrap()
 }
 
-/// Waits up to `within` for `lease` to be gone (revoked or expired): `false` if it still lives.
+/// Waits up to `within` for `lease` to be gone (revoked, or expired and revoked: its keys
+/// deleted): `false` if it still lives. etcd says -1 then; 0 is under a second left, or expired
+/// and not yet revoked, and an error is no answer.
 async fn lease_revoked(etcd: &EtcdCluster, lease: i64, within: Duration) -> bool {
     let mut etcd_client = client(etcd).await;
     let deadline = Instant::now() + within;
-    while etcd_client
+    while !etcd_client
         .lease_time_to_live(lease, None)
         .await
-        .is_ok_and(|ttl| ttl.ttl() > 0)
+        .is_ok_and(|ttl| ttl.ttl() < 0)
     {
         if Instant::now() >= deadline {
             return false;
@@ -85,6 +87,19 @@ async fn lease_revoked(etcd: &EtcdCluster, lease: i64, within: Duration) -> bool
 fn proxy_to(etcd: &EtcdCluster) -> Proxy {
     let endpoint = &etcd.endpoints()[0];
     Proxy::start(endpoint.rsplit(':').next().unwrap().parse().unwrap())
+}
+
+/// A locker through `proxy` with sessions of `session_ttl` and requests bounded by
+/// `request_timeout`.
+fn locker_through(proxy: &Proxy, session_ttl: &str, request_timeout: Duration) -> Locker {
+    Locker::builder()
+        .url(format!(
+            "etcd://127.0.0.1:{}?session_ttl={session_ttl}",
+            proxy.port()
+        ))
+        .request_timeout(request_timeout)
+        .build()
+        .unwrap()
 }
 
 /// Waits up to `within` for `name`'s line to have `n` keys.
@@ -546,11 +561,7 @@ async fn a_deleted_holder_key_is_lost_at_once() {
 async fn a_session_that_ends_loses_every_hold_at_once() {
     let etcd = single();
     let proxy = proxy_to(&etcd);
-    let locker = Locker::builder()
-        .url(format!("etcd://127.0.0.1:{}?session_ttl=5s", proxy.port()))
-        .request_timeout(Duration::from_millis(500))
-        .build()
-        .unwrap();
+    let locker = locker_through(&proxy, "5s", Duration::from_millis(500));
     let (one, two) = (unique_key("cut-off-1"), unique_key("cut-off-2"));
     let options = LockOptions::new().expire(Duration::from_secs(120));
     let first = locker.acquire(&one, options.clone()).await.unwrap();
@@ -586,11 +597,7 @@ async fn a_session_that_ends_loses_every_hold_at_once() {
 async fn a_hold_is_lost_before_etcd_expires_its_session_whatever_the_request_timeout() {
     let etcd = single();
     let proxy = proxy_to(&etcd);
-    let locker = Locker::builder()
-        .url(format!("etcd://127.0.0.1:{}?session_ttl=3s", proxy.port()))
-        .request_timeout(Duration::from_secs(20))
-        .build()
-        .unwrap();
+    let locker = locker_through(&proxy, "3s", Duration::from_secs(20));
     let key = unique_key("ttl-under-request-timeout");
     let guard = locker
         .acquire(&key, LockOptions::new().expire(Duration::from_secs(120)))
@@ -598,21 +605,10 @@ async fn a_hold_is_lost_before_etcd_expires_its_session_whatever_the_request_tim
         .unwrap();
     let lease = lease_of(&only_key(&etcd, &format!("dlock:{key}")).await);
     proxy.cut();
-    // Until etcd has revoked the lease (its keys deleted): -1. 0 is under a second left, or
-    // expired and not yet revoked; an error is no answer.
-    let mut direct = client(&etcd).await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !direct
-        .lease_time_to_live(lease, None)
-        .await
-        .is_ok_and(|left| left.ttl() < 0)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "etcd never expired the session's lease once its keep-alives stopped arriving"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        lease_revoked(&etcd, lease, Duration::from_secs(60)).await,
+        "etcd never expired the session's lease once its keep-alives stopped arriving"
+    );
     assert!(
         !guard.is_held(),
         "etcd expired the session's lease (another client could take the lock) while the hold \
@@ -630,11 +626,7 @@ async fn a_hold_is_lost_before_etcd_expires_its_session_whatever_the_request_tim
 async fn a_grant_whose_reply_came_after_the_session_ended_is_lost() {
     let etcd = single();
     let proxy = proxy_to(&etcd);
-    let locker = Locker::builder()
-        .url(format!("etcd://127.0.0.1:{}?session_ttl=3s", proxy.port()))
-        .request_timeout(Duration::from_secs(20))
-        .build()
-        .unwrap();
+    let locker = locker_through(&proxy, "3s", Duration::from_secs(20));
     let long = LockOptions::new().expire(Duration::from_secs(120));
     // On the session too: its loss says when the session ended on the client.
     let canary = locker
