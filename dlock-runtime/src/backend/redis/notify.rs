@@ -653,4 +653,92 @@ mod tests {
             "{attempts} connection attempts for 20 requests"
         );
     }
+
+    /// A `redis-server` of the test's own on a free loopback port, stopped when dropped.
+    #[cfg(feature = "redis-sentinel")]
+    struct Server(std::process::Child, u16);
+
+    #[cfg(feature = "redis-sentinel")]
+    impl Server {
+        fn start() -> Self {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let child = std::process::Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| {
+                    panic!("redis-server could not be started ({e}): apt-get install redis-server")
+                });
+            let server = Self(child, port);
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "redis-server did not listen on {port}"
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            server
+        }
+    }
+
+    #[cfg(feature = "redis-sentinel")]
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// A Sentinel move ends the retry pause: after a few failed connection attempts in a row
+    /// the pause is 800ms, and a waiter that asks just after the locker follows the new master
+    /// is subscribed there at once (before, it was answered "no" until the pause was over, and
+    /// polled).
+    #[cfg(feature = "redis-sentinel")]
+    #[tokio::test]
+    async fn a_sentinel_move_ends_the_retry_pause() {
+        let refused = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let new_master = Server::start();
+        let log = Log::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer({
+                let log = log.clone();
+                move || log.clone()
+            })
+            .finish();
+        let _default = tracing::subscriber::set_default(subscriber);
+        let attempts = || {
+            String::from_utf8(log.0.lock().unwrap().clone())
+                .unwrap()
+                .matches("release notifications unavailable")
+                .count()
+        };
+        let client = |port: u16| redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+        let notifier = Notifier::new(Some(client(refused)), Duration::from_millis(500));
+        // Five failures in a row: the pause after the fifth is 800ms (50, 100, 200, 400, 800).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while attempts() < 5 {
+            assert!(Instant::now() < deadline, "{} attempts in 10s", attempts());
+            assert!(notifier.watch("k").await.is_none());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        notifier.follow(client(new_master.1));
+        let watch = notifier.watch("k").await;
+        assert!(
+            watch.is_some(),
+            "a waiter asking right after the move was not subscribed on the new master \
+             ({} connection attempts failed)",
+            attempts()
+        );
+    }
 }
