@@ -167,9 +167,14 @@ impl Hold {
 
     /// One extension, applied to the client's view only if the server ran it and the hold was
     /// not counted lost meanwhile. `Ok(false)`: the key is gone or not ours (the hold is lost).
+    ///
+    /// A lease that ends sooner than the client's view applies before the request is sent: the
+    /// server may run it and its reply never come (a timeout, a lost connection, this future
+    /// dropped), and the hold must not outlive the lease the server may have set.
     async fn extend(&self, lease: Duration) -> Result<bool, crate::error::BackendError> {
         let _one_at_a_time = self.extending.lock().await;
         let sent_at = Instant::now();
+        self.shorten_to(valid_until(sent_at, lease));
         if self
             .locker
             .backend()
@@ -233,6 +238,20 @@ impl Hold {
             self.changed.notify_waiters();
         }
         renewed
+    }
+
+    /// Ends the hold at `until` on the client's clock if it ended later.
+    fn shorten_to(&self, until: Instant) {
+        let shortened = match &mut *self.state_lock() {
+            State::Held { valid_until } if until < *valid_until => {
+                *valid_until = until;
+                true
+            }
+            _ => false,
+        };
+        if shortened {
+            self.changed.notify_waiters();
+        }
     }
 
     fn state_lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -459,6 +478,9 @@ impl LockGuard {
     }
 
     /// Resets the lease to `lease` from now, if the key still holds this acquisition's token.
+    /// A lease that ends sooner than the one in force ends this hold sooner from the moment
+    /// the request is sent, whatever comes of it: the server may have run a request whose
+    /// reply never came.
     ///
     /// # Errors
     /// [`LockError::Lost`] when the key is gone or someone else's (nothing is re-created);

@@ -10,9 +10,9 @@ use std::{
     time::Duration,
 };
 
-use dlock_runtime::{LockError, Locker, dlock};
+use dlock_runtime::{LockError, LockOptions, Locker, dlock};
 use dlock_tests::resp::Value;
-use dlock_tests::{RedisServer, acquire_and_release};
+use dlock_tests::{RedisServer, acquire_and_release, proxy::Proxy, unique_key};
 
 /// Sleeps `for_ms`, then records that it got past the sleep.
 async fn work(for_ms: u64, finished: &AtomicBool) {
@@ -308,4 +308,52 @@ async fn a_release_that_finds_the_key_gone_makes_the_call_lost() {
     let key = dlock_tests::unique_key("deleted");
     let result = key_deleted_underneath(&server.locker(), &key, &server).await;
     assert!(matches!(result, Err(LockError::Lost { .. })), "{result:?}");
+}
+
+/// An `extend` to a shorter lease whose reply never comes: the server ran it, and the hold
+/// counts itself lost by the time the server lets another client take the key (before, it kept
+/// its old 30s end on the client's clock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shortening_extend_whose_reply_is_lost_ends_the_hold_as_soon() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let locker = Locker::builder()
+        .redis_url(format!("redis://127.0.0.1:{}", proxy.port()))
+        .expire(Duration::from_secs(30))
+        .request_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let key = unique_key("shorten");
+    let guard = locker
+        .acquire(&key, LockOptions::new().expire(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    // Once with its reply: the server has the extend script (a first `EVALSHA` would be
+    // refused with NOSCRIPT, and its reply held back, the script never loaded).
+    guard.extend(Duration::from_secs(30)).await.unwrap();
+    proxy.cut_replies();
+    let error = guard.extend(Duration::from_secs(1)).await.unwrap_err();
+    assert!(matches!(error, LockError::Backend(_)), "{error:?}");
+    // The request reached the server: the key ends a second after it ran.
+    let other = server.locker();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let _taken = loop {
+        if let Some(taken) = other
+            .try_acquire(&key, Duration::from_secs(5))
+            .await
+            .unwrap()
+        {
+            break taken;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the server never ended the shortened lease"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        !guard.is_held(),
+        "another client holds the key while this hold counts itself held"
+    );
+    proxy.heal();
 }
