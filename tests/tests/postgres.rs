@@ -1275,3 +1275,70 @@ async fn a_table_without_a_needed_column_is_a_clear_error() {
         "a refusal waited for the deadline"
     );
 }
+
+/// Fences follow the order holds begin even when an acquisition's backend stalls between
+/// drawing its fence and writing its row: a `BEFORE INSERT` trigger (which runs after the row
+/// to insert, fence and all, is made, and before PostgreSQL looks for a conflicting row) sleeps
+/// 2s for one locker's rows. Another locker asks for the key meanwhile and releases at once.
+/// Whichever hold began later must have the higher fence. (Before the key's turn was taken
+/// first, the other locker's whole hold fitted in the stall, with the higher fence, and the
+/// stalled acquisition then inserted its row with the lower one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_acquisition_gets_a_fence_above_a_hold_that_began_before_it() {
+    let server = pg::shared_server();
+    let url = pg::database(&server, "fence_stall");
+    let locker_owned_by = |owner: &str| {
+        Locker::builder()
+            .url(url.as_str())
+            .owner(owner)
+            .timeout(Duration::from_secs(20))
+            .expire(Duration::from_secs(10))
+            .request_timeout(Duration::from_secs(5))
+            .build()
+            .expect("a valid URL")
+    };
+    let (stalled, quick) = (locker_owned_by("stalled"), locker_owned_by("quick"));
+    // The schema, made by a first acquisition.
+    dlock_tests::acquire_and_release(&quick, &unique_key("schema")).await;
+    let db = pg::client(&url).await;
+    db.batch_execute(
+        "CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.owner LIKE '%stalled%' THEN PERFORM pg_sleep(2); END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER stall BEFORE INSERT ON dlock_locks
+             FOR EACH ROW EXECUTE FUNCTION stall();",
+    )
+    .await
+    .unwrap();
+    let key = unique_key("fence-stall");
+    let hold = |locker: Locker, key: String| {
+        tokio::spawn(async move {
+            let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
+            let began = Instant::now();
+            let fence = guard.fencing_token();
+            guard.release().await.unwrap();
+            (began, fence)
+        })
+    };
+    let first = hold(stalled, key.clone());
+    // The stalled acquisition has drawn its fence and sleeps in the trigger.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = hold(quick, key);
+    let (stalled_began, stalled_fence) = first.await.unwrap();
+    let (quick_began, quick_fence) = second.await.unwrap();
+    let (earlier, later) = if stalled_began < quick_began {
+        (("stalled", stalled_fence), ("quick", quick_fence))
+    } else {
+        (("quick", quick_fence), ("stalled", stalled_fence))
+    };
+    assert!(
+        later.1 > earlier.1,
+        "the {} hold began after the {} one with a lower fence: {} after {}",
+        later.0,
+        earlier.0,
+        later.1,
+        earlier.1
+    );
+}

@@ -109,16 +109,27 @@ const WAKE_CHANNEL: &str = "dlock_wake_";
 /// index).
 const SCHEMA_LOCK: i64 = 0x646c_6f63_6b00;
 
+/// The first key of the advisory locks that an acquisition of a key takes for its
+/// transaction (the second is the key's `hashtext`), so that its fence is drawn after every
+/// acquisition of that key before it committed: `nextval` in the row to insert runs before
+/// PostgreSQL looks for a conflicting row, and without the turn, another client's whole hold
+/// (insert, fence, release) could fit between an acquisition's `nextval` and its insert, which
+/// then began later with the lower fence. 'dlck'; the two-key advisory locks are apart from
+/// the one-key ones ([`SCHEMA_LOCK`], a user's).
+const FENCE_TURN: i32 = 0x646c_636b;
+
 /// Insert the row, or take over one whose lease ran out by the server's clock (a tombstone
 /// among them), or that this token holds already (a retry after a lost reply gets a new fence);
-/// the next fence in the same statement. The `contended` mark of a row taken over stays (a
-/// tombstone's is what tells this hold's release to wake the line). No row when the key is
-/// held: then [`REFUSED`] follows. One plain upsert, as a lease row written by hand is: the
-/// common case costs no more than that.
+/// the next fence in the same statement, drawn in the key's turn ([`FENCE_TURN`]). The
+/// `contended` mark of a row taken over stays (a tombstone's is what tells this hold's release
+/// to wake the line). No row when the key is held: then [`REFUSED`] follows. One upsert, as a
+/// lease row written by hand is, and the turn.
 const ACQUIRE: &str = "\
+WITH turn AS MATERIALIZED (SELECT pg_advisory_xact_lock(1684824939, hashtext($1)))
 INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended, owner, acquired_at)
-VALUES ($1, $2, nextval('dlock_fence'),
-        clock_timestamp() + $3::bigint * interval '1 millisecond', false, $4, clock_timestamp())
+SELECT $1, $2, nextval('dlock_fence'),
+       clock_timestamp() + $3::bigint * interval '1 millisecond', false, $4, clock_timestamp()
+  FROM turn
 ON CONFLICT (key) DO UPDATE
     SET token = EXCLUDED.token, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at,
         owner = EXCLUDED.owner, acquired_at = EXCLUDED.acquired_at
@@ -213,6 +224,9 @@ WITH mine AS (
     ) AND NOT EXISTS (
         SELECT 1 FROM dlock_locks WHERE key = $1 AND token = $2
     ) AS yes
+), turn AS MATERIALIZED (
+    -- The key's turn for its fence (see FENCE_TURN), when this attempt may take the key.
+    SELECT pg_advisory_xact_lock(1684824939, hashtext($1)) WHERE NOT (SELECT yes FROM ahead)
 ), taken AS (
     INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended, owner, acquired_at)
     SELECT $1, $2, nextval('dlock_fence'),
@@ -220,7 +234,7 @@ WITH mine AS (
            $6::boolean OR EXISTS (SELECT 1 FROM dlock_waiters
                                    WHERE key = $1 AND token <> $5 AND gone_at > clock_timestamp()),
            $8, clock_timestamp()
-     WHERE NOT (SELECT yes FROM ahead)
+      FROM turn
     ON CONFLICT (key) DO UPDATE
         SET token = EXCLUDED.token, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at,
             contended = EXCLUDED.contended OR l.contended,
@@ -1678,6 +1692,16 @@ mod tests {
             docs.contains(WAKE_LINE),
             "docs/postgres.md: the function that wakes a line"
         );
+    }
+
+    /// The acquisitions take the key's turn under [`FENCE_TURN`] before drawing a fence.
+    #[test]
+    fn the_acquisitions_draw_the_fence_in_the_keys_turn() {
+        let turn = format!("pg_advisory_xact_lock({FENCE_TURN}, hashtext($1))");
+        for (name, text) in [("ACQUIRE", ACQUIRE), ("ACQUIRE_QUEUED", ACQUIRE_QUEUED)] {
+            assert!(text.contains(&turn), "{name}");
+            assert!(text.contains("FROM turn"), "{name}");
+        }
     }
 
     /// The tombstone reads as a lapsed mutex hold everywhere, and the statements that look for
