@@ -1342,3 +1342,81 @@ async fn a_stalled_acquisition_gets_a_fence_above_a_hold_that_began_before_it() 
         earlier.1
     );
 }
+
+/// Releases while the listening connection is down and cannot be made again are looked for
+/// once it is back: the waiter (a 6s poll) asks again as soon as it listens again, not at its
+/// next poll. The waiter's role may have one connection while its listening one is terminated
+/// (its reconnections refused), the holder releases meanwhile, then the limit goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_in_a_gap_of_the_listening_connection_are_looked_for_after_it() {
+    let server = pg::shared_server();
+    server.sql("CREATE ROLE listen_gap LOGIN").unwrap();
+    server
+        .sql("CREATE DATABASE listen_gap OWNER listen_gap")
+        .unwrap();
+    let url_as = |user: &str| {
+        format!(
+            "postgres://{user}@127.0.0.1:{}/listen_gap",
+            server.port()
+        )
+    };
+    let waiter = Locker::builder()
+        .url(url_as("listen_gap"))
+        .timeout(Duration::from_secs(30))
+        .retry(Duration::from_secs(6), Duration::from_secs(6))
+        .request_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let holder = locker(&url_as(dlock_tests::postgres::SUPERUSER));
+    let key = unique_key("listen-gap");
+    // The schema, the waiter's, and its statement connection.
+    dlock_tests::acquire_and_release(&waiter, &key).await;
+    let held = holder
+        .acquire(&key, LockOptions::new().expire(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let waiting = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        tokio::spawn(async move {
+            let guard = waiter.acquire(&key, LockOptions::new()).await.unwrap();
+            let at = Instant::now();
+            guard.release().await.unwrap();
+            at
+        })
+    };
+    let db = pg::client(&url_as(dlock_tests::postgres::SUPERUSER)).await;
+    let listening = "SELECT pid FROM pg_stat_activity \
+                     WHERE usename = 'listen_gap' AND query LIKE 'LISTEN%'";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while db.query(listening, &[]).await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the waiter never listened");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server
+        .sql("ALTER ROLE listen_gap CONNECTION LIMIT 1")
+        .unwrap();
+    db.execute(
+        &format!("SELECT pg_terminate_backend(pid) FROM ({listening}) l"),
+        &[],
+    )
+    .await
+    .unwrap();
+    // The waiter looked once when its listening connection went, and was refused.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    held.release().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server
+        .sql("ALTER ROLE listen_gap CONNECTION LIMIT -1")
+        .unwrap();
+    let lifted = Instant::now();
+    let got = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the waiter got the lock")
+        .unwrap();
+    assert!(
+        got - lifted < Duration::from_secs(3),
+        "the lock came {:?} after the listening connection could be made again: the 6s poll",
+        got - lifted
+    );
+    waiter.close().await.unwrap();
+}

@@ -1589,6 +1589,9 @@ impl Drop for Notifier {
 /// connection).
 async fn listen(shared: Arc<Shared>) {
     let mut pause = Duration::from_millis(50);
+    // A connection was lost, or could not be made: releases may have come meanwhile, which no
+    // waiter heard (each looked once when it was lost, and sleeps its pause since).
+    let mut missed = false;
     loop {
         let on_notification: OnNotification = {
             let shared = Arc::downgrade(&shared);
@@ -1619,6 +1622,10 @@ async fn listen(shared: Arc<Shared>) {
                     tag: tagged,
                 });
                 pause = Duration::from_millis(50);
+                if std::mem::take(&mut missed) {
+                    // Listening again: everyone looks once more for what came in the gap.
+                    shared.wake("");
+                }
                 loop {
                     tokio::select! {
                         _ = &mut driver => break,
@@ -1659,9 +1666,16 @@ async fn listen(shared: Arc<Shared>) {
                 tracing::debug!("PostgreSQL notification connection lost; waiters poll meanwhile");
                 // A release may have been missed: everyone looks again.
                 shared.wake("");
+                missed = true;
             }
-            Ok(Err(e)) => tracing::debug!(error = %e, "PostgreSQL LISTEN failed; retrying"),
-            Err(_) => tracing::debug!("PostgreSQL LISTEN timed out; retrying"),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "PostgreSQL LISTEN failed; retrying");
+                missed = true;
+            }
+            Err(_) => {
+                tracing::debug!("PostgreSQL LISTEN timed out; retrying");
+                missed = true;
+            }
         }
         if shared.stop_unless_waited(false) {
             // Nobody to wake: the next waiter starts the task again.
