@@ -1354,12 +1354,7 @@ async fn releases_in_a_gap_of_the_listening_connection_are_looked_for_after_it()
     server
         .sql("CREATE DATABASE listen_gap OWNER listen_gap")
         .unwrap();
-    let url_as = |user: &str| {
-        format!(
-            "postgres://{user}@127.0.0.1:{}/listen_gap",
-            server.port()
-        )
-    };
+    let url_as = |user: &str| format!("postgres://{user}@127.0.0.1:{}/listen_gap", server.port());
     let waiter = Locker::builder()
         .url(url_as("listen_gap"))
         .timeout(Duration::from_secs(30))
