@@ -115,12 +115,14 @@ const SCHEMA_LOCK: i64 = 0x646c_6f63_6b00;
 /// PostgreSQL looks for a conflicting row, and without the turn, another client's whole hold
 /// (insert, fence, release) could fit between an acquisition's `nextval` and its insert, which
 /// then began later with the lower fence. 'dlck'; the two-key advisory locks are apart from
-/// the one-key ones ([`SCHEMA_LOCK`], a user's).
+/// the one-key ones ([`SCHEMA_LOCK`], a user's). Written out in the statements; here for the
+/// test that checks them.
+#[cfg(test)]
 const FENCE_TURN: i32 = 0x646c_636b;
 
 /// Insert the row, or take over one whose lease ran out by the server's clock (a tombstone
 /// among them), or that this token holds already (a retry after a lost reply gets a new fence);
-/// the next fence in the same statement, drawn in the key's turn ([`FENCE_TURN`]). The
+/// the next fence in the same statement, drawn in the key's turn (`FENCE_TURN`). The
 /// `contended` mark of a row taken over stays (a tombstone's is what tells this hold's release
 /// to wake the line). No row when the key is held: then [`REFUSED`] follows. One upsert, as a
 /// lease row written by hand is, and the turn.
