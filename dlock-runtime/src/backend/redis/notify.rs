@@ -410,6 +410,7 @@ async fn run(shared: Arc<Shared>, ops: mpsc::UnboundedReceiver<Op>) {
         subscribed: HashSet::new(),
         retry: Duration::from_millis(50),
         failed_at: None,
+        missed: false,
         next_sweep: None,
     };
     loop {
@@ -435,6 +436,9 @@ struct Listener {
     /// When the last connection attempt failed, if none succeeded since (cleared too when the
     /// server moved: a Sentinel failover is tried at once).
     failed_at: Option<Instant>,
+    /// The connection was lost, or could not be made, since waiters last looked: releases may
+    /// have come that nobody heard.
+    missed: bool,
     /// When the next lingering channel is due to be unsubscribed.
     next_sweep: Option<Instant>,
 }
@@ -485,6 +489,8 @@ impl Listener {
                         return true;
                     };
                     self.connected();
+                    // Nobody waited while it was down: nobody missed a release.
+                    self.missed = false;
                     let ok = self.subscribe(&mut connection.0, key).await;
                     let _ = reply.send(ok);
                     self.connection = Some(connection);
@@ -499,6 +505,13 @@ impl Listener {
             tracing::debug!("release notifications restored");
             self.connection = Some(connection);
             self.connected();
+            if std::mem::take(&mut self.missed) {
+                // Every waiter looks once more for what came while nobody listened.
+                for channel in self.shared.channels().values() {
+                    channel.next.heard(None);
+                    channel.notify.notify_waiters();
+                }
+            }
             return true;
         }
         self.connect_failed();
@@ -508,6 +521,7 @@ impl Listener {
     /// A connection attempt failed: the next one waits the retry pause, which doubles with each
     /// failure in a row up to 2s (from 50ms after a connection was made).
     fn connect_failed(&mut self) {
+        self.missed = true;
         if self.failed_at.is_some() {
             self.retry = (self.retry * 2).min(Duration::from_secs(2));
         }
@@ -584,6 +598,7 @@ impl Listener {
     /// once (`lost`: as if any release happened) and polls until it is back.
     fn drop_connection(&mut self, lost: bool) {
         self.connection = None;
+        self.missed = true;
         self.subscribed.clear();
         for channel in self.shared.channels().values_mut() {
             channel.confirmed = false;
@@ -654,18 +669,21 @@ mod tests {
         );
     }
 
-    /// A `redis-server` of the test's own on a free loopback port, stopped when dropped.
-    #[cfg(feature = "redis-sentinel")]
+    /// A `redis-server` of the test's own on a loopback port, stopped when dropped.
     struct Server(std::process::Child, u16);
 
-    #[cfg(feature = "redis-sentinel")]
     impl Server {
+        /// On a free port.
         fn start() -> Self {
             let port = std::net::TcpListener::bind("127.0.0.1:0")
                 .unwrap()
                 .local_addr()
                 .unwrap()
                 .port();
+            Self::start_on(port)
+        }
+
+        fn start_on(port: u16) -> Self {
             let child = std::process::Command::new("redis-server")
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
                 .args(["--save", "", "--appendonly", "no"])
@@ -687,7 +705,6 @@ mod tests {
         }
     }
 
-    #[cfg(feature = "redis-sentinel")]
     impl Drop for Server {
         fn drop(&mut self) {
             let _ = self.0.kill();
@@ -740,5 +757,38 @@ mod tests {
              ({} connection attempts failed)",
             attempts()
         );
+    }
+
+    /// Releases while the notification connection is down are heard by nobody: once it is
+    /// back, every waiter is told to look once more. The server is stopped under a subscribed
+    /// waiter (which is woken by the loss), and started again on its port: the waiter is woken
+    /// a second time once the connection is made again.
+    #[tokio::test]
+    async fn a_connection_made_again_wakes_every_waiter() {
+        let server = Server::start();
+        let port = server.1;
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+        let notifier = Notifier::new(Some(client), Duration::from_millis(300));
+        let watch = notifier.watch("k").await.expect("subscribed");
+        let heard = watch.heard();
+        drop(server);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while watch.heard() == heard {
+            assert!(Instant::now() < deadline, "the loss woke nobody");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Down for a while: a few connection attempts fail.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let after_loss = watch.heard();
+        let _again = Server::start_on(port);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while watch.heard() == after_loss {
+            assert!(
+                Instant::now() < deadline,
+                "the waiter was not told to look again once the connection was back"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(notifier.watching("k").is_some(), "subscribed again");
     }
 }
