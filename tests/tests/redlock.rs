@@ -1206,3 +1206,60 @@ async fn offering_waiter(
     tokio::time::sleep(Duration::from_millis(300)).await;
     waiter
 }
+
+/// A waiter's attempt whose vote from the key's first master (asked alone, from its place)
+/// timed out while that master ran it, then answered `Behind` to the same proposal asked again
+/// with the others, is undone at once. The first master is frozen through the waiter's attempt
+/// at about 1s and thawed between that attempt's two requests to it (at 2.5s); the other four
+/// are held by another, so no majority can grant. Before, the first master kept the waiter's
+/// key until its next attempt or the end of its wait (here 3.4s), and every other waiter
+/// refused once (which asks that master alone) was refused by it meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_the_first_master_answered_late_and_then_refused_is_undone() {
+    let masters = RedLockServers::start();
+    let key = key_led_by("late-first", 0, 5);
+    let full_key = format!("dlock:{key}");
+    for i in 1..5 {
+        clog(masters.server(i), &full_key);
+    }
+    // Attempts 1s apart, requests bounded by 1s (a fifth of the 10s lease at most).
+    let waiter = Locker::builder()
+        .url(masters.url())
+        .request_timeout(Duration::from_secs(1))
+        .expire(Duration::from_secs(10))
+        .retry(Duration::from_secs(1), Duration::from_secs(1))
+        .build()
+        .unwrap();
+    drained(&waiter).await;
+    let started = Instant::now();
+    let waiting = {
+        let key = key.clone();
+        tokio::spawn(async move {
+            waiter
+                .acquire(
+                    &key,
+                    LockOptions::new().timeout(Duration::from_millis(3_400)),
+                )
+                .await
+        })
+    };
+    // The first attempts (every master at once) were refused and undone.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    masters.server(0).pause();
+    // The attempt at about 1s asks the first master alone: no reply by about 2s; then every
+    // master, the first with the same proposal behind the first request.
+    tokio::time::sleep_until(started + Duration::from_millis(2_500)).await;
+    masters.server(0).resume();
+    tokio::time::sleep_until(started + Duration::from_millis(2_900)).await;
+    let left = value(masters.server(0), &full_key);
+    assert!(!waiting.is_finished(), "the wait ended early");
+    assert_eq!(
+        left, None,
+        "the waiter's key was left on the first master after its attempt"
+    );
+    let outcome = waiting.await.unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::Timeout { .. })),
+        "{outcome:?}"
+    );
+}

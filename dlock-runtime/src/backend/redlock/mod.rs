@@ -600,7 +600,14 @@ impl RedLockBackend {
                 request.lease
             )));
         }
-        if granted > 0 || votes.iter().any(Result::is_err) {
+        // A master that answered `Behind` may hold our token all the same: the first master,
+        // asked alone first, ran the script and its reply timed out, then refused the same
+        // proposal when asked again with the others, keeping the key it had set.
+        if granted > 0
+            || votes
+                .iter()
+                .any(|v| matches!(v, Err(_) | Ok(Vote::Behind(_))))
+        {
             let _ = self.undo(request.key, request.token).await;
         }
         let held: Vec<Option<Duration>> = votes
