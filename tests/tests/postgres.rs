@@ -1285,8 +1285,20 @@ async fn a_table_without_a_needed_column_is_a_clear_error() {
 /// stalled acquisition then inserted its row with the lower one.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_acquisition_gets_a_fence_above_a_hold_that_began_before_it() {
+    fence_after_a_stall("fence_stall", LockOptions::new()).await;
+}
+
+/// The same with a semaphore's permit taken meanwhile: the shared kinds take the key's turn
+/// too (their function draws its fence after the key's row is locked, but the stalled mutex
+/// had no row yet). The permit is refused as a conflict while the mutex holds, or comes after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_mutex_gets_a_fence_above_a_permit_that_began_before_it() {
+    fence_after_a_stall("fence_stall_permit", LockOptions::new().permits(2)).await;
+}
+
+async fn fence_after_a_stall(database: &str, quick_options: LockOptions) {
     let server = pg::shared_server();
-    let url = pg::database(&server, "fence_stall");
+    let url = pg::database(&server, database);
     let locker_owned_by = |owner: &str| {
         Locker::builder()
             .url(url.as_str())
@@ -1313,21 +1325,26 @@ async fn a_stalled_acquisition_gets_a_fence_above_a_hold_that_began_before_it() 
     .await
     .unwrap();
     let key = unique_key("fence-stall");
-    let hold = |locker: Locker, key: String| {
+    let hold = |locker: Locker, key: String, options: LockOptions| {
         tokio::spawn(async move {
-            let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
+            let guard = locker.acquire(&key, options).await?;
             let began = Instant::now();
             let fence = guard.fencing_token();
-            guard.release().await.unwrap();
-            (began, fence)
+            guard.release().await?;
+            Ok::<_, dlock_runtime::LockError>((began, fence))
         })
     };
-    let first = hold(stalled, key.clone());
+    let first = hold(stalled, key.clone(), LockOptions::new());
     // The stalled acquisition has drawn its fence and sleeps in the trigger.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let second = hold(quick, key);
-    let (stalled_began, stalled_fence) = first.await.unwrap();
-    let (quick_began, quick_fence) = second.await.unwrap();
+    let second = hold(quick, key, quick_options);
+    let (stalled_began, stalled_fence) = first.await.unwrap().unwrap();
+    let (quick_began, quick_fence) = match second.await.unwrap() {
+        Ok(hold) => hold,
+        // A permit while the mutex held: no second hold to order.
+        Err(error) if error.is_conflict() => return,
+        Err(error) => panic!("{error:?}"),
+    };
     let (earlier, later) = if stalled_began < quick_began {
         (("stalled", stalled_fence), ("quick", quick_fence))
     } else {
@@ -1390,12 +1407,14 @@ async fn releases_in_a_gap_of_the_listening_connection_are_looked_for_after_it()
     server
         .sql("ALTER ROLE listen_gap CONNECTION LIMIT 1")
         .unwrap();
-    db.execute(
-        &format!("SELECT pg_terminate_backend(pid) FROM ({listening}) l"),
-        &[],
-    )
-    .await
-    .unwrap();
+    let terminated = db
+        .execute(
+            &format!("SELECT pg_terminate_backend(pid) FROM ({listening}) l"),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(terminated, 1, "the listening connection was not terminated");
     // The waiter looked once when its listening connection went, and was refused.
     tokio::time::sleep(Duration::from_millis(400)).await;
     held.release().await.unwrap();
@@ -1414,4 +1433,50 @@ async fn releases_in_a_gap_of_the_listening_connection_are_looked_for_after_it()
         got - lifted
     );
     waiter.close().await.unwrap();
+}
+
+/// The shared kinds' acquisition function of an earlier dlock (which drew fences outside the
+/// key's turn) is replaced by the first locker that sets up on its tables, and a semaphore
+/// works on it afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_earlier_shared_acquisition_function_is_replaced() {
+    let server = pg::shared_server();
+    let url = pg::database(&server, "earlier_shared");
+    let db = pg::client(&url).await;
+    // This dlock's schema, then its function as an earlier dlock had it: without the turn.
+    dlock_tests::acquire_and_release(&locker(&url), &unique_key("schema")).await;
+    let function = "to_regprocedure(\
+                    'dlock_acquire_shared(text,text,text,text,integer,bigint,bigint,text)')::oid";
+    let definition: String = db
+        .query_one(&format!("SELECT pg_get_functiondef({function})"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    let turn = "PERFORM pg_advisory_xact_lock(1684824939, hashtext(p_key));";
+    assert!(definition.contains(turn), "{definition}");
+    db.batch_execute(&definition.replace(turn, ""))
+        .await
+        .unwrap();
+    let takes_turn =
+        format!("SELECT prosrc LIKE '%1684824939%' FROM pg_proc WHERE oid = {function}");
+    assert!(
+        !db.query_one(&takes_turn, &[])
+            .await
+            .unwrap()
+            .get::<_, bool>(0)
+    );
+    // A new locker's setup replaces it.
+    let fresh = locker(&url);
+    let permit = fresh
+        .acquire(&unique_key("permit"), LockOptions::new().permits(2))
+        .await
+        .unwrap();
+    permit.release().await.unwrap();
+    assert!(
+        db.query_one(&takes_turn, &[])
+            .await
+            .unwrap()
+            .get::<_, bool>(0),
+        "the earlier function was left"
+    );
 }

@@ -115,10 +115,9 @@ const SCHEMA_LOCK: i64 = 0x646c_6f63_6b00;
 /// PostgreSQL looks for a conflicting row, and without the turn, another client's whole hold
 /// (insert, fence, release) could fit between an acquisition's `nextval` and its insert, which
 /// then began later with the lower fence. 'dlck'; the two-key advisory locks are apart from
-/// the one-key ones ([`SCHEMA_LOCK`], a user's). Written out in the statements; here for the
-/// test that checks them.
-#[cfg(test)]
-const FENCE_TURN: i32 = 0x646c_636b;
+/// the one-key ones ([`SCHEMA_LOCK`], a user's). Written out in the statements and in
+/// `dlock_acquire_shared` (the setup's probe looks for it there, a test in the statements).
+const FENCE_TURN: &str = "1684824939";
 
 /// Insert the row, or take over one whose lease ran out by the server's clock (a tombstone
 /// among them), or that this token holds already (a retry after a lost reply gets a new fence);
@@ -991,8 +990,12 @@ async fn setup(
          to_regprocedure('dlock_wake_line(text,bigint)') IS NOT NULL, \
          EXISTS (SELECT 1 FROM pg_proc \
                   WHERE oid = to_regprocedure('dlock_wake_line(text,bigint)')::oid \
-                    AND prosrc LIKE '%{WAKE_CHANNEL}%')",
-        shared::PROBE
+                    AND prosrc LIKE '%{WAKE_CHANNEL}%'), \
+         EXISTS (SELECT 1 FROM pg_proc \
+                  WHERE oid = to_regprocedure('{}')::oid \
+                    AND prosrc LIKE '%pg_advisory_xact_lock({FENCE_TURN},%')",
+        shared::PROBE,
+        shared::ACQUIRE_SIGNATURE,
     );
     let messages = client
         .simple_query(&probe)
@@ -1006,6 +1009,8 @@ async fn setup(
     let (exists, mut shared_exists, mut wakes) = (probed(0), probed(1), probed(2));
     // Made by an earlier dlock, which announced every release on `dlock_release`.
     let outdated = wakes && !probed(3);
+    // Made by an earlier dlock, whose shared acquisitions drew fences outside the key's turn.
+    let shared_outdated = shared_exists && !probed(4);
     if !exists {
         // One implicit transaction: the advisory lock makes concurrent creators take turns.
         let create = format!(
@@ -1037,6 +1042,9 @@ async fn setup(
         wakes = create_wake_line(client).await?;
     } else if outdated {
         replace_wake_line(client).await?;
+    }
+    if exists && shared_outdated {
+        replace_shared_functions(client).await?;
     }
     let (acquire, refused, acquire_queued, release, leave, extend) = tokio::join!(
         client.prepare(ACQUIRE),
@@ -1117,6 +1125,32 @@ async fn replace_wake_line(client: &Client) -> Result<(), BackendError> {
                 "the PostgreSQL function `dlock_wake_line` is an earlier dlock's and this user \
                  may not replace it: releases wake waiters on the channel every listening \
                  process hears (run the function's DDL in docs/postgres.md as its owner)"
+            );
+            Ok(())
+        }
+        Err(e) => Err(classify("schema creation", e)),
+    }
+}
+
+/// The shared kinds' functions of an earlier dlock (whose acquisitions drew fences outside the
+/// key's turn) replaced by this one's; where this user may not, the earlier ones stay.
+async fn replace_shared_functions(client: &Client) -> Result<(), BackendError> {
+    let create = format!(
+        "SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {}",
+        shared::SCHEMA
+    );
+    match client.batch_execute(&create).await {
+        Ok(()) => {
+            tracing::info!(
+                "replaced the PostgreSQL functions of the shared kinds of an earlier dlock"
+            );
+            Ok(())
+        }
+        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+            tracing::warn!(
+                "the PostgreSQL function `dlock_acquire_shared` is an earlier dlock's and this \
+                 user may not replace it: a semaphore's or read/write lock's fence may fall \
+                 below a mutex's on the same key (run its DDL in docs/postgres.md as its owner)"
             );
             Ok(())
         }
@@ -1710,14 +1744,22 @@ mod tests {
         );
     }
 
-    /// The acquisitions take the key's turn under [`FENCE_TURN`] before drawing a fence.
+    /// The acquisitions take the key's turn under [`FENCE_TURN`] ('dlck') before drawing a
+    /// fence, the shared kinds' function first of all.
     #[test]
     fn the_acquisitions_draw_the_fence_in_the_keys_turn() {
+        assert_eq!(FENCE_TURN, i32::from_be_bytes(*b"dlck").to_string());
         let turn = format!("pg_advisory_xact_lock({FENCE_TURN}, hashtext($1))");
         for (name, text) in [("ACQUIRE", ACQUIRE), ("ACQUIRE_QUEUED", ACQUIRE_QUEUED)] {
             assert!(text.contains(&turn), "{name}");
             assert!(text.contains("FROM turn"), "{name}");
         }
+        let function = &shared::SCHEMA[shared::SCHEMA.find("dlock_acquire_shared(").unwrap()..];
+        let shared_turn = format!("PERFORM pg_advisory_xact_lock({FENCE_TURN}, hashtext(p_key));");
+        let turn_at = function
+            .find(&shared_turn)
+            .expect("dlock_acquire_shared takes the turn");
+        assert!(turn_at < function.find("INSERT INTO dlock_locks").unwrap());
     }
 
     /// The tombstone reads as a lapsed mutex hold everywhere, and the statements that look for

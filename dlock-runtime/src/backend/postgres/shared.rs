@@ -40,6 +40,8 @@ DECLARE
     first_writer text;
     ends timestamptz := clock_timestamp() + p_lease_ms * interval '1 millisecond';
 BEGIN
+    -- The key's turn, as a mutex's acquisition takes it, before the key's row and the fence.
+    PERFORM pg_advisory_xact_lock(1684824939, hashtext(p_key));
     INSERT INTO dlock_locks AS l (key, token, fence, expires_at, contended)
     VALUES (p_key, p_kind, 0, clock_timestamp(), false)
     ON CONFLICT (key) DO UPDATE SET token = l.token
@@ -133,6 +135,10 @@ BEGIN
         UPDATE dlock_locks SET expires_at = greatest(expires_at, ends) WHERE key = p_key;
     END IF;
 END $$;";
+
+/// The acquisition function's signature, for `to_regprocedure`.
+pub(super) const ACQUIRE_SIGNATURE: &str =
+    "dlock_acquire_shared(text,text,text,text,integer,bigint,bigint,text)";
 
 /// Whether the shared kinds' table and functions exist.
 pub(super) const PROBE: &str = "\
