@@ -382,6 +382,12 @@ async fn watchdog(hold: Arc<Hold>, max_hold: Option<Duration>) {
 ///   is aborted on release, drop and loss, and stops at `max_hold`. A renewal that finds the key
 ///   gone or taken marks the hold lost; one that cannot reach the server keeps trying until the
 ///   lease runs out on the client's clock.
+/// - **Shortening**: [`extend`](Self::extend) with a lease that ends sooner than the one in force
+///   moves the end on the client's clock before the request goes out, whatever its outcome. A
+///   shortening request whose reply never came may still run on the server after a later
+///   extension (a frozen server, a statement waiting on its old connection): the later
+///   extension cannot know, so after an error, extend to the short lease again before counting
+///   on a longer one.
 #[derive(Debug)]
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct LockGuard {

@@ -673,13 +673,17 @@ mod tests {
     struct Server(std::process::Child, u16);
 
     impl Server {
-        /// On a free port.
+        /// On a free port below the ephemeral range (32768 and up on Linux), so that no other
+        /// test's `bind(0)` nor a connection's own port takes it while the server restarts.
         fn start() -> Self {
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
+            let seed = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos())
+                ^ std::process::id();
+            let port = (0..1000)
+                .map(|i| 20_000 + u16::try_from((seed.wrapping_add(i * 7919)) % 10_000).unwrap())
+                .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
+                .expect("a free port in 20000-29999");
             Self::start_on(port)
         }
 
