@@ -533,10 +533,24 @@ async fn semaphores_and_rw_locks_are_curators() {
         .await
         .unwrap();
     let name = "_c_5d1e2f3a-4b5c-4d6e-8f70-0123456789ab-lock-";
-    let (_, seq) = client
-        .create(&format!("{locks}/{name}"), b"", &sequential)
-        .await
-        .unwrap();
+    // `locks` is an empty container by now, which the server may remove at any check (CI once
+    // found it gone here): made again, and the create tried again, as Curator does.
+    let mut made = None;
+    for _ in 0..5 {
+        let _ = client.mkdir(&locks, &container).await;
+        match client
+            .create(&format!("{locks}/{name}"), b"", &sequential)
+            .await
+        {
+            Ok(created) => {
+                made = Some(created);
+                break;
+            }
+            Err(zookeeper_client::Error::NoNode) => {}
+            Err(e) => panic!("create in {locks}: {e}"),
+        }
+    }
+    let (_, seq) = made.expect("a node in the internal line");
     let waiting = {
         let (b, key) = (b.clone(), key.clone());
         tokio::spawn(async move {
