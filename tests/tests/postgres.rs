@@ -1387,15 +1387,7 @@ async fn releases_in_a_gap_of_the_listening_connection_are_looked_for_after_it()
         .acquire(&key, LockOptions::new().expire(Duration::from_secs(60)))
         .await
         .unwrap();
-    let waiting = {
-        let (waiter, key) = (waiter.clone(), key.clone());
-        tokio::spawn(async move {
-            let guard = waiter.acquire(&key, LockOptions::new()).await.unwrap();
-            let at = Instant::now();
-            guard.release().await.unwrap();
-            at
-        })
-    };
+    let waiting = dlock_tests::spawn_waiter(&waiter, &key);
     let db = pg::client(&url_as(dlock_tests::postgres::SUPERUSER)).await;
     let listening = "SELECT pid FROM pg_stat_activity \
                      WHERE usename = 'listen_gap' AND query LIKE 'LISTEN%'";

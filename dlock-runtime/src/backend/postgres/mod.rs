@@ -1041,10 +1041,30 @@ async fn setup(
     if !wakes {
         wakes = create_wake_line(client).await?;
     } else if outdated {
-        replace_wake_line(client).await?;
+        // Its releases announced every release on `dlock_release`, heard by every listening
+        // process; this one's announce on the channel of the place they name.
+        replace_earlier(
+            client,
+            WAKE_LINE,
+            "replaced the PostgreSQL function `dlock_wake_line` of an earlier dlock",
+            "the PostgreSQL function `dlock_wake_line` is an earlier dlock's and this user may \
+             not replace it: releases wake waiters on the channel every listening process hears \
+             (run the function's DDL in docs/postgres.md as its owner)",
+            false,
+        )
+        .await?;
     }
     if exists && shared_outdated {
-        replace_shared_functions(client).await?;
+        replace_earlier(
+            client,
+            shared::SCHEMA,
+            "replaced the PostgreSQL functions of the shared kinds of an earlier dlock",
+            "the PostgreSQL function `dlock_acquire_shared` is an earlier dlock's and this user \
+             may not replace it: a semaphore's or read/write lock's fence may fall below a \
+             mutex's on the same key (run its DDL in docs/postgres.md as its owner)",
+            true,
+        )
+        .await?;
     }
     let (acquire, refused, acquire_queued, release, leave, extend) = tokio::join!(
         client.prepare(ACQUIRE),
@@ -1107,51 +1127,28 @@ async fn create_wake_line(client: &Client) -> Result<bool, BackendError> {
     }
 }
 
-/// The function [`WAKE_LINE`] of an earlier dlock replaced by this one's (which announces a
-/// release on the channel of the place it names); where this user may not, the earlier one
-/// stays, and its releases still wake waiters (on [`CHANNEL`], heard by every listening
-/// process).
-async fn replace_wake_line(client: &Client) -> Result<(), BackendError> {
-    let create = format!("SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {WAKE_LINE}");
+/// Runs `ddl` (under the schema's advisory lock) in place of a function an earlier dlock made:
+/// `replaced` is logged when it is done; where this user may not, the earlier one stays and
+/// `kept` says what that means (at `warn` when it costs a guarantee).
+async fn replace_earlier(
+    client: &Client,
+    ddl: &str,
+    replaced: &str,
+    kept: &str,
+    costs_a_guarantee: bool,
+) -> Result<(), BackendError> {
+    let create = format!("SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {ddl}");
     match client.batch_execute(&create).await {
         Ok(()) => {
-            tracing::info!(
-                "replaced the PostgreSQL function `dlock_wake_line` of an earlier dlock"
-            );
+            tracing::info!("{replaced}");
             Ok(())
         }
         Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
-            tracing::info!(
-                "the PostgreSQL function `dlock_wake_line` is an earlier dlock's and this user \
-                 may not replace it: releases wake waiters on the channel every listening \
-                 process hears (run the function's DDL in docs/postgres.md as its owner)"
-            );
-            Ok(())
-        }
-        Err(e) => Err(classify("schema creation", e)),
-    }
-}
-
-/// The shared kinds' functions of an earlier dlock (whose acquisitions drew fences outside the
-/// key's turn) replaced by this one's; where this user may not, the earlier ones stay.
-async fn replace_shared_functions(client: &Client) -> Result<(), BackendError> {
-    let create = format!(
-        "SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {}",
-        shared::SCHEMA
-    );
-    match client.batch_execute(&create).await {
-        Ok(()) => {
-            tracing::info!(
-                "replaced the PostgreSQL functions of the shared kinds of an earlier dlock"
-            );
-            Ok(())
-        }
-        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
-            tracing::warn!(
-                "the PostgreSQL function `dlock_acquire_shared` is an earlier dlock's and this \
-                 user may not replace it: a semaphore's or read/write lock's fence may fall \
-                 below a mutex's on the same key (run its DDL in docs/postgres.md as its owner)"
-            );
+            if costs_a_guarantee {
+                tracing::warn!("{kept}");
+            } else {
+                tracing::info!("{kept}");
+            }
             Ok(())
         }
         Err(e) => Err(classify("schema creation", e)),

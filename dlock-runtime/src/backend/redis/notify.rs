@@ -618,6 +618,22 @@ mod tests {
     #[derive(Clone, Default)]
     struct Log(Arc<Mutex<Vec<u8>>>);
 
+    impl Log {
+        /// Debug events of this thread written here while the guard lives.
+        fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+            let log = Self::default();
+            let subscriber = tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::DEBUG)
+                .with_ansi(false)
+                .with_writer({
+                    let log = log.clone();
+                    move || log.clone()
+                })
+                .finish();
+            (log, tracing::subscriber::set_default(subscriber))
+        }
+    }
+
     impl std::io::Write for Log {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
             self.0
@@ -643,17 +659,8 @@ mod tests {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             listener.local_addr().unwrap().port()
         };
-        let log = Log::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .with_writer({
-                let log = log.clone();
-                move || log.clone()
-            })
-            .finish();
         // The test's runtime has one thread, which the notification task runs on too.
-        let _default = tracing::subscriber::set_default(subscriber);
+        let (log, _default) = Log::capture();
         let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
         let notifier = Notifier::new(Some(client), Duration::from_millis(200));
         for _ in 0..20 {
@@ -728,16 +735,7 @@ mod tests {
             listener.local_addr().unwrap().port()
         };
         let new_master = Server::start();
-        let log = Log::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .with_writer({
-                let log = log.clone();
-                move || log.clone()
-            })
-            .finish();
-        let _default = tracing::subscriber::set_default(subscriber);
+        let (log, _default) = Log::capture();
         let attempts = || {
             String::from_utf8(log.0.lock().unwrap().clone())
                 .unwrap()
