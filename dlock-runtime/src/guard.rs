@@ -166,13 +166,19 @@ impl Hold {
     }
 
     /// One extension, applied to the client's view only if the server ran it and the hold was
-    /// not counted lost meanwhile. `Ok(false)`: the key is gone or not ours (the hold is lost).
+    /// not counted lost meanwhile. `Ok(false)`: the key is gone or not ours, or the hold had
+    /// ended on the client's clock (the hold is lost). Loss is final: a hold whose lease ran
+    /// out on the client's clock sends nothing, and a success answered after that end does not
+    /// make it held again (the body may have been stopped, or `is_held` said `false`, on it).
     ///
     /// A lease that ends sooner than the client's view applies before the request is sent: the
     /// server may run it and its reply never come (a timeout, a lost connection, this future
     /// dropped), and the hold must not outlive the lease the server may have set.
     async fn extend(&self, lease: Duration) -> Result<bool, crate::error::BackendError> {
         let _one_at_a_time = self.extending.lock().await;
+        if !self.still_held() {
+            return Ok(false);
+        }
         let sent_at = Instant::now();
         self.shorten_to(valid_until(sent_at, lease));
         if self
@@ -225,19 +231,30 @@ impl Hold {
     }
 
     /// Records a successful extension whose request was sent at `sent_at`; `false` when the hold
-    /// was already counted lost, which it stays: the body may have been stopped on it.
+    /// was already counted lost, or its lease ran out on the client's clock before the reply
+    /// came (it is marked lost then): it stays lost, the body may have been stopped on it.
     fn renewed(&self, sent_at: Instant, lease: Duration) -> bool {
-        let renewed = match &mut *self.state_lock() {
-            State::Held { valid_until: until } => {
-                *until = valid_until(sent_at, lease);
+        let seen = {
+            let mut state = self.state_lock();
+            match &mut *state {
+                State::Held { valid_until: until } if Instant::now() < *until => {
+                    *until = valid_until(sent_at, lease);
+                    None
+                }
+                State::Held { .. } => Some(*state),
+                State::Lost => return false,
+            }
+        };
+        match seen {
+            None => {
+                self.changed.notify_waiters();
                 true
             }
-            State::Lost => false,
-        };
-        if renewed {
-            self.changed.notify_waiters();
+            Some(seen) => {
+                self.lapsed(seen);
+                false
+            }
         }
-        renewed
     }
 
     /// Ends the hold at `until` on the client's clock if it ended later.
@@ -488,8 +505,13 @@ impl LockGuard {
     /// the request is sent, whatever comes of it: the server may have run a request whose
     /// reply never came.
     ///
+    /// Loss is final: a hold whose lease already ran out on the client's clock is not extended
+    /// (nothing is sent), and one whose lease runs out before the reply comes stays lost even
+    /// when the server did extend it (that lease then lapses, or is freed by the release).
+    ///
     /// # Errors
-    /// [`LockError::Lost`] when the key is gone or someone else's (nothing is re-created);
+    /// [`LockError::Lost`] when the key is gone or someone else's (nothing is re-created), or
+    /// the hold's lease ran out on the client's clock first;
     /// [`LockError::Backend`] when the server cannot be reached.
     pub async fn extend(&self, lease: Duration) -> Result<(), LockError> {
         crate::lease::check_lease(lease)?;

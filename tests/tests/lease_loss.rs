@@ -357,3 +357,73 @@ async fn a_shortening_extend_whose_reply_is_lost_ends_the_hold_as_soon() {
     );
     proxy.heal();
 }
+
+/// A locker on `server` whose requests may wait for a paused server.
+fn patient(server: &RedisServer) -> Locker {
+    Locker::builder()
+        .redis_url(server.url())
+        .request_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+/// The key's remaining time to live on the server, in milliseconds.
+fn pttl(server: &RedisServer, key: &str) -> i64 {
+    match server.command(&["PTTL", key]) {
+        Ok(Value::Int(ms)) => ms,
+        other => panic!("PTTL: {other:?}"),
+    }
+}
+
+/// Loss is final: a hold whose lease ran out on the client's clock is not extended, though
+/// the key is still there (the test keeps it on the server for a minute). Before, the extend
+/// was sent, succeeded, and `is_held` turned `true` again after having said `false`.
+#[tokio::test]
+async fn an_extend_after_the_lease_ran_out_on_the_clients_clock_sends_nothing() {
+    let server = RedisServer::start();
+    let locker = patient(&server);
+    let key = unique_key("lapsed-extend");
+    let guard = locker
+        .acquire(&key, LockOptions::new().expire(Duration::from_millis(300)))
+        .await
+        .unwrap();
+    let full = guard.key().to_owned();
+    server.command(&["PEXPIRE", &full, "60000"]).unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!guard.is_held(), "the lease ran out on the client's clock");
+    let error = guard.extend(Duration::from_secs(5)).await.unwrap_err();
+    assert!(matches!(error, LockError::Lost { .. }), "{error:?}");
+    assert!(!guard.is_held(), "a lost hold was made held again");
+    let left = pttl(&server, &full);
+    assert!(left > 30_000, "the extend was sent: PTTL {left}ms");
+}
+
+/// Loss is final: an extension the server ran, answered after the hold's lease ran out on the
+/// client's clock, leaves the hold lost. The server is paused for writes through the hold's
+/// end (its key kept there for a minute); the extend waits for it, then succeeds on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_answered_after_the_lease_ran_out_leaves_the_hold_lost() {
+    let server = RedisServer::start();
+    let locker = patient(&server);
+    let key = unique_key("late-extend");
+    let guard = locker
+        .acquire(&key, LockOptions::new().expire(Duration::from_millis(500)))
+        .await
+        .unwrap();
+    let full = guard.key().to_owned();
+    // Once answered at once: the server has the extend script before the pause.
+    guard.extend(Duration::from_millis(500)).await.unwrap();
+    server.command(&["PEXPIRE", &full, "60000"]).unwrap();
+    server.command(&["CLIENT", "PAUSE", "1500", "WRITE"]).unwrap();
+    let error = guard.extend(Duration::from_secs(20)).await.unwrap_err();
+    assert!(matches!(error, LockError::Lost { .. }), "{error:?}");
+    let left = pttl(&server, &full);
+    assert!(
+        (1..=20_000).contains(&left),
+        "the server did not run the late extend: PTTL {left}ms"
+    );
+    assert!(!guard.is_held(), "a late extension made a lost hold held");
+    tokio::time::timeout(Duration::from_secs(1), guard.lost())
+        .await
+        .expect("lost() tells the loss");
+}

@@ -253,11 +253,11 @@ async fn extend_keeps_and_never_resurrects(env: Env) {
     let (a, b) = (env.locker(), env.locker());
     let key = unique_key("extend");
     let guard = a
-        .acquire(&key, LockOptions::new().expire(Duration::from_millis(200)))
+        .acquire(&key, LockOptions::new().expire(Duration::from_secs(1)))
         .await
         .unwrap();
     guard.extend(Duration::from_secs(5)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     assert!(guard.is_held(), "extend did not move the client's deadline");
     assert!(
         b.try_acquire(&key, SHORT).await.unwrap().is_none(),

@@ -4,7 +4,7 @@
 
 use std::{any::Any, fmt, future::Future, pin::Pin, sync::Arc, time::Duration};
 
-use tokio::sync::Notify;
+use tokio::{sync::Notify, time::Instant};
 
 use crate::{
     LockError, LockInfo, LockKind, config::Settings, error::BackendError, lease::LossSignal,
@@ -111,6 +111,11 @@ pub(crate) enum Attempt {
         /// key, a ZooKeeper or etcd session's end, the engine's client-side `expire`); the hold
         /// is then lost at once.
         lost: Option<LossSignal>,
+        /// When the engine's own clock for the hold started, where it counts the lease later
+        /// than the request's send: ZooKeeper and etcd bound `expire` on the client from the
+        /// grant's reply, after their session opened. The guard's lease clock starts there
+        /// (never before the request was sent).
+        counted_from: Option<Instant>,
     },
     /// Someone else holds it, or is ahead in line.
     Held {
@@ -132,6 +137,7 @@ impl Attempt {
             fence,
             granted: None,
             lost: None,
+            counted_from: None,
         }
     }
 }

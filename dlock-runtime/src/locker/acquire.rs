@@ -229,6 +229,7 @@ impl Locker {
             fence,
             granted,
             lost,
+            counted_from,
         } = self.backend().acquire(request).await?
         else {
             return Err(LockError::Lost { key });
@@ -240,7 +241,7 @@ impl Locker {
         .granted(granted);
         let grant = Grant {
             fence,
-            sent_at,
+            sent_at: counted_from.map_or(sent_at, |from| from.max(sent_at)),
             lease,
             lost,
         };

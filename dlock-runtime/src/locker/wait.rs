@@ -322,6 +322,7 @@ impl<'a> Wait<'a> {
                 fence,
                 granted,
                 lost,
+                counted_from,
             }) => {
                 tracing::debug!(attempts = self.attempts, waited = ?self.started.elapsed(), fencing_token = fence, "lock acquired");
                 if let Some(t) = &self.turn {
@@ -339,7 +340,7 @@ impl<'a> Wait<'a> {
                 let lease = self.lease.granted(granted);
                 Attempted::Acquired(Grant {
                     fence,
-                    sent_at,
+                    sent_at: counted_from.map_or(sent_at, |from| from.max(sent_at)),
                     lease,
                     lost,
                 })

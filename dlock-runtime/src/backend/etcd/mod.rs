@@ -594,7 +594,7 @@ impl EtcdBackend {
     /// The grant: the hold's deadline on the client (the engine's clock deletes the key when it
     /// passes, and starts its loss watch should it last), and the signal of its loss.
     fn acquired(&self, token: &Token, session: &Session, fence: i64, lease: Duration) -> Attempt {
-        let sent_at = Instant::now();
+        let granted_at = Instant::now();
         let mut entries = self.entries();
         let Some(entry) = entries.get_mut(&token.0) else {
             return Attempt::Held {
@@ -606,14 +606,14 @@ impl EtcdBackend {
         entry.first_at = None;
         entry.fence = fence;
         entry.stop_clocks();
-        let ends_at = sent_at + lease;
+        let ends_at = granted_at + lease;
         entry.expiry = Some(
             self.deadlines
                 .schedule(ends_at, Timed::Expire(token.0.clone())),
         );
         // Even when the lease is shorter: an extension may keep the hold past it.
         entry.loss_watch = Some(self.deadlines.schedule(
-            sent_at + LOSS_WATCH_AFTER,
+            granted_at + LOSS_WATCH_AFTER,
             Timed::WatchLoss(token.0.clone()),
         ));
         let (alarm, lost) = loss_signal();
@@ -628,6 +628,7 @@ impl EtcdBackend {
             fence: u64::try_from(fence).unwrap_or(0),
             granted: None,
             lost: Some(lost),
+            counted_from: Some(granted_at),
         }
     }
 

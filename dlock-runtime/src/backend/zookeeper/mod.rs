@@ -902,7 +902,7 @@ impl ZooKeeperBackend {
     /// The grant: the hold's deadline on the client (the engine's clock deletes the node when
     /// it passes), and the signal of its loss.
     fn acquired(&self, token: &Token, session: &Session, fence: u64, lease: Duration) -> Attempt {
-        let sent_at = Instant::now();
+        let granted_at = Instant::now();
         let mut entries = self.entries();
         let Some(entry) = entries.get_mut(&token.0) else {
             return Attempt::Held {
@@ -913,7 +913,7 @@ impl ZooKeeperBackend {
         entry.granted = true;
         entry.waits_on = None;
         entry.waiting = None;
-        entry.expiry = Some(self.deadlines.schedule(sent_at + lease, token.0.clone()));
+        entry.expiry = Some(self.deadlines.schedule(granted_at + lease, token.0.clone()));
         let (alarm, lost) = loss_signal();
         entry.alarm = Some(alarm.clone());
         drop(entries);
@@ -926,6 +926,7 @@ impl ZooKeeperBackend {
             fence,
             granted: None,
             lost: Some(lost),
+            counted_from: Some(granted_at),
         }
     }
 
