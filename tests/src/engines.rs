@@ -556,3 +556,37 @@ pub async fn taken_over_and_fenced(other: &Locker, key: &str, first: &LockGuard)
     );
     second
 }
+
+/// Checks that a short hold counts its lease from the grant, not from before the session the
+/// first acquisition opens: `proxy` (between `locker`, not connected yet, and its server)
+/// holds the bytes back for 600ms, so opening the session takes that long; the hold, with a
+/// 300ms lease, must be held when `acquire` returns, and extend.
+///
+/// # Panics
+/// When the hold is born lapsed, or the acquisition or extension fails.
+pub async fn short_hold_after_a_slow_session(locker: &Locker, proxy: &crate::proxy::Proxy) {
+    let key = crate::unique_key("slow-session");
+    proxy.cut();
+    let acquiring = locker.acquire(
+        &key,
+        LockOptions::new()
+            .expire(Duration::from_millis(300))
+            .timeout(Duration::from_secs(10)),
+    );
+    let started = tokio::time::Instant::now();
+    let (guard, ()) = tokio::join!(acquiring, async {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        proxy.heal();
+    });
+    let guard = guard.expect("acquired once the session opened");
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "the session opened through the cut"
+    );
+    assert!(guard.is_held(), "the short hold was born lapsed");
+    guard
+        .extend(Duration::from_secs(5))
+        .await
+        .expect("a held hold extends");
+    guard.release().await.expect("released");
+}

@@ -737,3 +737,14 @@ async fn one_session_lease_per_locker_revoked_by_close() {
     other.close().await.unwrap();
     assert!(lease_revoked(&etcd, other_lease, Duration::from_secs(2)).await);
 }
+
+/// A short hold counts its lease from the grant, after the session lease was granted (here
+/// slowly, through a proxy that holds the bytes back): before, the lease counted from before
+/// the session and a 300ms hold on a fresh locker was born lapsed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_hold_counts_from_the_grant_after_a_slow_session() {
+    let etcd = single();
+    let proxy = proxy_to(&etcd);
+    let through = locker_through(&proxy, "10s", Duration::from_secs(3));
+    dlock_tests::engines::short_hold_after_a_slow_session(&through, &proxy).await;
+}

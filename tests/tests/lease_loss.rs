@@ -414,7 +414,9 @@ async fn an_extend_answered_after_the_lease_ran_out_leaves_the_hold_lost() {
     // Once answered at once: the server has the extend script before the pause.
     guard.extend(Duration::from_millis(500)).await.unwrap();
     server.command(&["PEXPIRE", &full, "60000"]).unwrap();
-    server.command(&["CLIENT", "PAUSE", "1500", "WRITE"]).unwrap();
+    server
+        .command(&["CLIENT", "PAUSE", "1500", "WRITE"])
+        .unwrap();
     let error = guard.extend(Duration::from_secs(20)).await.unwrap_err();
     assert!(matches!(error, LockError::Lost { .. }), "{error:?}");
     let left = pttl(&server, &full);

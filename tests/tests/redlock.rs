@@ -1263,3 +1263,37 @@ async fn an_attempt_the_first_master_answered_late_and_then_refused_is_undone() 
         "{outcome:?}"
     );
 }
+
+/// A release whose compare-and-delete the key's first master did not answer (frozen through
+/// the release round; a majority deleted, so the release is `Ok`) is sent to it again: the key
+/// is gone from it within a few seconds of its thaw, not at the end of the 20s lease. Before,
+/// it stayed, and every waiter refused once (which asks that master alone) was refused by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_the_first_master_missed_is_sent_to_it_again() {
+    let masters = RedLockServers::start();
+    let key = key_led_by("missed-release", 0, 5);
+    let full_key = format!("dlock:{key}");
+    let locker = Locker::builder()
+        .url(masters.url())
+        .request_timeout(Duration::from_millis(300))
+        .expire(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
+    assert!(value(masters.server(0), &full_key).is_some());
+    masters.server(0).pause();
+    let released = guard.release().await;
+    masters.server(0).resume();
+    assert!(released.is_ok(), "{released:?}");
+    let thawed = Instant::now();
+    while value(masters.server(0), &full_key).is_some() {
+        assert!(
+            thawed.elapsed() < Duration::from_secs(8),
+            "the release was never sent again to the first master"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for i in 1..5 {
+        assert_eq!(value(masters.server(i), &full_key), None, "master {i}");
+    }
+}

@@ -863,3 +863,18 @@ async fn restart_keeps_holds_and_all_down_is_a_backend_error() {
     let err = next.release().await.unwrap_err();
     assert!(err.is_lost(), "{err:?}");
 }
+
+/// A short hold counts its lease from the grant, after the session opened (here slowly,
+/// through a proxy that holds the bytes back): before, the lease counted from before the
+/// session and a 300ms hold on a fresh locker was born lapsed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_hold_counts_from_the_grant_after_a_slow_session() {
+    let zk = server();
+    let proxy = Proxy::start(zk.port(0));
+    let through = Locker::builder()
+        .url(format!("zk://127.0.0.1:{}", proxy.port()))
+        .request_timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    dlock_tests::engines::short_hold_after_a_slow_session(&through, &proxy).await;
+}

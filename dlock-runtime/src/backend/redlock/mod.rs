@@ -51,7 +51,7 @@ use std::{
 
 use futures_util::future::join_all;
 use tokio::{sync::Notify, time::Instant};
-use tokio_util::task::TaskTracker;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::{
     api::{
@@ -119,6 +119,12 @@ fn redlock_nodes(hosts: &HostList<'_>, var: &str) -> Result<usize, LockError> {
 /// lock's validity.
 const LEASE_PER_REQUEST_TIMEOUT: u32 = 5;
 
+/// A release some masters did not answer is sent to them again this many times at most, the
+/// first after [`RELEASE_AGAIN_AFTER`], each pause twice the one before (about 6s in all, plus
+/// the requests): what is still left then lapses with its lease.
+const RELEASE_AGAIN_TRIES: u32 = 6;
+const RELEASE_AGAIN_AFTER: Duration = Duration::from_millis(100);
+
 /// One master: where it is (for errors; never with credentials) and its connection.
 struct Node {
     addr: String,
@@ -126,7 +132,8 @@ struct Node {
 }
 
 pub(crate) struct RedLockBackend {
-    nodes: Vec<Node>,
+    /// Shared with the releases sent again in the background.
+    nodes: Arc<[Node]>,
     /// A majority: `nodes.len() / 2 + 1`.
     quorum: usize,
     request_timeout: Duration,
@@ -136,8 +143,12 @@ pub(crate) struct RedLockBackend {
     /// release or a grant forgets a token under one lock).
     memos: Mutex<HashMap<String, Memo>>,
     /// The wake-ups that releases sent without waiting for their reply (each bounded by the
-    /// request timeout): [`Backend::close`] waits for them.
+    /// request timeout), and the releases sent again to masters that missed them:
+    /// [`Backend::close`] waits for them.
     wakes: TaskTracker,
+    /// Cancelled by [`Backend::close`]: the releases sent again stop trying (their leases end
+    /// what they leave).
+    closing: CancellationToken,
 }
 
 /// The index of `key`'s first master among `masters`: the one whose queue keeps the key's
@@ -321,12 +332,13 @@ impl RedLockBackend {
             })
             .collect::<Result<Vec<_>, LockError>>()?;
         Ok(Self {
-            nodes,
+            nodes: nodes.into(),
             quorum: n / 2 + 1,
             request_timeout: timeout,
             seen: AtomicU64::new(0),
             memos: Mutex::default(),
             wakes: TaskTracker::new(),
+            closing: CancellationToken::new(),
         })
     }
 
@@ -367,6 +379,63 @@ impl RedLockBackend {
         round.failed() == 0
     }
 
+    /// Sends a release's compare-and-delete again, in the background, to the masters that did
+    /// not answer it (`missed`, by index), until each has (see [`RELEASE_AGAIN_TRIES`]) or the
+    /// locker closes. What it leaves would otherwise stay until its lease ends: on the key's
+    /// first master, it refuses every waiter that was refused once (they ask that master
+    /// alone). The first master then wakes the place first in its queue.
+    fn release_again(&self, key: &str, token: &Token, mut missed: Vec<usize>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (nodes, closing, bound) = (
+            self.nodes.clone(),
+            self.closing.clone(),
+            self.request_timeout,
+        );
+        let first = self.leader(key);
+        let (key, token) = (key.to_owned(), token.clone());
+        let again = async move {
+            let mut pause = RELEASE_AGAIN_AFTER;
+            for _ in 0..RELEASE_AGAIN_TRIES {
+                tokio::select! {
+                    () = closing.cancelled() => return,
+                    () = tokio::time::sleep(pause) => {}
+                }
+                let (key, token) = (key.as_str(), &token);
+                let sent = join_all(missed.iter().map(|&i| {
+                    let redis = &nodes[i].redis;
+                    async move {
+                        let answered = tokio::time::timeout(bound, async {
+                            if i != first {
+                                return redis.release(key, LockKind::Mutex, token).await.map(drop);
+                            }
+                            let (_, waits) = redis.release_first(key, token).await?;
+                            if waits {
+                                redis.wake_first(wake_script(), key).await?;
+                            }
+                            Ok(())
+                        })
+                        .await;
+                        (i, matches!(answered, Ok(Ok(()))))
+                    }
+                }))
+                .await;
+                missed = sent
+                    .into_iter()
+                    .filter_map(|(i, answered)| (!answered).then_some(i))
+                    .collect();
+                if missed.is_empty() {
+                    tracing::debug!(key = %key, "RedLock: a release was sent again to the masters that missed it");
+                    return;
+                }
+                pause *= 2;
+            }
+            tracing::debug!(key = %key, unreachable = missed.len(), "RedLock: a release did not reach every master; their leases will end it");
+        };
+        self.wakes.spawn_on(again, &runtime);
+    }
+
     /// What a majority of masters answered to `what` (a release or an extension of our lock):
     /// `true` when a majority did (`did` says what, for the error), `false` when more than a
     /// minority did not (then no majority can have), and an error when the masters that did not
@@ -396,7 +465,7 @@ impl RedLockBackend {
         let first = round
             .replies
             .into_iter()
-            .zip(&self.nodes)
+            .zip(self.nodes.iter())
             .find_map(|(r, node)| r.err().map(|e| (node.addr.as_str(), e)));
         let message = format!(
             "RedLock {what}: no majority ({} of {} masters) answered: {outcome}, {failed} failed",
@@ -661,6 +730,7 @@ impl Backend for RedLockBackend {
         Box::pin(async move {
             // A process that exits once its locker is closed has still woken the waiters of
             // its last releases.
+            self.closing.cancel();
             self.wakes.close();
             self.wakes.wait().await;
             Ok(())
@@ -817,6 +887,12 @@ impl Backend for RedLockBackend {
                 if !matches!(woken, Ok(Ok(()))) {
                     tracing::debug!(key = %key, "RedLock: the first waiting process could not be woken; it polls");
                 }
+            }
+            let missed: Vec<usize> = (round.replies.iter().enumerate())
+                .filter_map(|(i, reply)| reply.is_err().then_some(i))
+                .collect();
+            if !missed.is_empty() {
+                self.release_again(key, token, missed);
             }
             // Deleted on a minority at most: the lock was lost (what was left of it is deleted
             // all the same).
