@@ -480,11 +480,13 @@ async fn postgres() -> Result<Setup, Error> {
         PostgresServer::try_start_with(&[
             "shared_preload_libraries=pg_stat_statements",
             "pg_stat_statements.track=all",
+            // As dlock's own sessions commit, so that the floor's commits wait as long.
+            "synchronous_commit=on",
         ])
     })
     .await??;
     let about = format!(
-        "a throwaway PostgreSQL{} on 127.0.0.1:{} (fsync off, pg_stat_statements)",
+        "a throwaway PostgreSQL{} on 127.0.0.1:{} (fsync off, synchronous commits, pg_stat_statements)",
         PostgresServer::version().map_or_else(String::new, |v| format!(" {v}")),
         server.port()
     );

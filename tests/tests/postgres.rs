@@ -1472,3 +1472,47 @@ async fn an_earlier_shared_acquisition_function_is_replaced() {
         "the earlier function was left"
     );
 }
+
+/// dlock's sessions commit durably though the server's `synchronous_commit` is `off` (the
+/// test servers run so): a grant is reported once its commit is flushed, so a server crash
+/// cannot lose it, nor the fence sequence's advance. A trigger records the setting that each
+/// acquisition's insert runs under.
+#[tokio::test]
+async fn grants_are_committed_durably_when_the_server_commits_asynchronously() {
+    let server = pg::shared_server();
+    let url = pg::database(&server, "durable_commit");
+    let db = pg::client(&url).await;
+    let server_default = db
+        .query_one("SELECT current_setting('synchronous_commit')", &[])
+        .await
+        .unwrap()
+        .get::<_, String>(0);
+    assert_eq!(
+        server_default, "off",
+        "the test server commits asynchronously"
+    );
+    let locker = Locker::builder().url(url.as_str()).build().unwrap();
+    // The schema, made by a first acquisition.
+    dlock_tests::acquire_and_release(&locker, &unique_key("schema")).await;
+    db.batch_execute(
+        "CREATE TABLE seen (setting text);
+         CREATE FUNCTION record_commit_level() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO seen VALUES (current_setting('synchronous_commit'));
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER record_commit_level BEFORE INSERT ON dlock_locks
+             FOR EACH ROW EXECUTE FUNCTION record_commit_level();",
+    )
+    .await
+    .unwrap();
+    dlock_tests::acquire_and_release(&locker, &unique_key("durable")).await;
+    let seen: Vec<String> = db
+        .query("SELECT setting FROM seen", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(seen, ["on"], "the acquisitions' commit levels");
+}

@@ -981,8 +981,15 @@ async fn setup(
     let statement_ms = u64::try_from(request_timeout.as_millis() * 2)
         .unwrap_or(u64::MAX)
         .max(1);
+    // A grant is reported once its commit is durable: with `synchronous_commit = off` (the
+    // server's or the role's setting) a server crash could lose a reported grant, and the
+    // sequence's advance with it (a later fence equal to or below one handed out). Only `off`
+    // is raised; `local` and the `remote_*` levels are the user's (each waits for the local
+    // flush at least).
     let probe = format!(
         "SET statement_timeout = {statement_ms}; \
+         DO $$ BEGIN IF current_setting('synchronous_commit') = 'off' THEN \
+             PERFORM set_config('synchronous_commit', 'on', false); END IF; END $$; \
          SELECT to_regclass('dlock_locks') IS NOT NULL AND to_regclass('dlock_fence') IS NOT NULL \
          AND to_regclass('dlock_waiters') IS NOT NULL \
          AND EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('dlock_locks') \
