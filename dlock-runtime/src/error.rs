@@ -155,6 +155,9 @@ pub struct BackendError {
     message: String,
     source: Option<Box<dyn StdError + Send + Sync>>,
     refused: bool,
+    /// A release whose first sending may have deleted the key before its reply was lost, and
+    /// whose repetition found the key gone: released by it, or lost before it.
+    unsettled: bool,
 }
 
 impl BackendError {
@@ -163,7 +166,22 @@ impl BackendError {
             message: message.into(),
             source: None,
             refused: false,
+            unsettled: false,
         }
+    }
+
+    /// A release that may have deleted the key before its reply was lost, and found it gone
+    /// when sent again (see [`is_unsettled`](Self::is_unsettled)).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn unsettled(mut self) -> Self {
+        self.unsettled = true;
+        self
+    }
+
+    /// Whether this is a release the engine cannot tell released from lost: the caller
+    /// decides by the hold's lease on its own clock when the release was sent.
+    pub(crate) fn is_unsettled(&self) -> bool {
+        self.unsettled
     }
 
     /// An error that asking again cannot cure (a permission the server's ACL denies, a lock key
@@ -191,6 +209,7 @@ impl BackendError {
             message: message.into(),
             source: Some(Box::new(source)),
             refused: false,
+            unsettled: false,
         }
     }
 }

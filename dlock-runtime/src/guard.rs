@@ -543,6 +543,9 @@ impl LockGuard {
                 Err(self.lost_error())
             };
         }
+        // An engine that cannot tell whether its release deleted the key (see below) is judged
+        // by the lease on the client's clock as the release goes out.
+        let held_when_sent = hold.is_held();
         // If this future is dropped before the reply, the request may never have been written:
         // hand the release to the runtime then.
         let mut in_flight = ReleaseInFlight(Some(hold));
@@ -558,6 +561,16 @@ impl LockGuard {
             }
             Ok(false) => {
                 hold.mark_lost("at release the key was gone or held by another owner");
+                Err(self.lost_error())
+            }
+            // Deleted by a first sending whose reply was lost, or gone before it: while the
+            // lease held on the client's clock, nobody else could have deleted the key.
+            Err(error) if error.is_unsettled() && held_when_sent => {
+                tracing::debug!(key = %hold.key, "lock released (its first reply was lost; the key was gone when sent again, within the lease)");
+                Ok(())
+            }
+            Err(error) if error.is_unsettled() => {
+                hold.mark_lost("at release the key was gone, and the lease had run out");
                 Err(self.lost_error())
             }
             Err(error) => {

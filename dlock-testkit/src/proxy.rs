@@ -24,6 +24,9 @@ use std::{
 ///   contains given bytes, so that this request's reply is the first lost.
 /// - **Heal** ([`heal`](Self::heal)): what waited is delivered, in order, and forwarding goes
 ///   on, as when the network comes back.
+/// - **Reset** ([`reset`](Self::reset)): every connection open now is closed, what waited in
+///   it dropped, and forwarding goes on for new connections: the client sees its connection
+///   closed without the reply of a request the server may have carried out.
 /// - **Drop**: the listener and every connection are closed; the threads end within ~50ms.
 #[derive(Debug)]
 pub struct Proxy {
@@ -170,6 +173,22 @@ impl Proxy {
     /// Forwards again, first what waited.
     pub fn heal(&self) {
         self.set(Cut::Nothing);
+    }
+
+    /// Closes the connections open now, dropping what waited in them, and forwards again (see
+    /// *Behavior*).
+    pub fn reset(&self) {
+        // Closed before the cut is lifted: what waited cannot reach the client.
+        for stream in self
+            .state
+            .streams
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain(..)
+        {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        self.heal();
     }
 }
 

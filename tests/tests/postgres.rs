@@ -1296,7 +1296,29 @@ async fn a_stalled_mutex_gets_a_fence_above_a_permit_that_began_before_it() {
     fence_after_a_stall("fence_stall_permit", LockOptions::new().permits(2)).await;
 }
 
+/// The same through the statement of an acquisition from a place in the key's queue (fair
+/// mode's): it takes the key's turn too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_fair_acquisition_gets_a_fence_above_a_hold_that_began_before_it() {
+    fence_after_a_stall_of(
+        "fence_stall_fair",
+        LockOptions::new().fair(),
+        LockOptions::new(),
+    )
+    .await;
+}
+
 async fn fence_after_a_stall(database: &str, quick_options: LockOptions) {
+    fence_after_a_stall_of(database, LockOptions::new(), quick_options).await;
+}
+
+/// A hold that began while another acquisition (`stalled_options`) was stalled in the insert
+/// of its row (a trigger sleeps 2s) has the lower fence only if it began first.
+async fn fence_after_a_stall_of(
+    database: &str,
+    stalled_options: LockOptions,
+    quick_options: LockOptions,
+) {
     let server = pg::shared_server();
     let url = pg::database(&server, database);
     let locker_owned_by = |owner: &str| {
@@ -1334,7 +1356,7 @@ async fn fence_after_a_stall(database: &str, quick_options: LockOptions) {
             Ok::<_, dlock_runtime::LockError>((began, fence))
         })
     };
-    let first = hold(stalled, key.clone(), LockOptions::new());
+    let first = hold(stalled, key.clone(), stalled_options);
     // The stalled acquisition has drawn its fence and sleeps in the trigger.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let second = hold(quick, key, quick_options);
@@ -1515,4 +1537,68 @@ async fn grants_are_committed_durably_when_the_server_commits_asynchronously() {
         .map(|row| row.get(0))
         .collect();
     assert_eq!(seen, ["on"], "the acquisitions' commit levels");
+}
+
+/// A release whose `DELETE` committed and whose reply was lost with the connection (a proxy
+/// holds the reply back, then closes the connection) is sent again on a new connection and
+/// finds no row. Within the lease that is a release (before, it said `Lost` for a lock it had
+/// released, and a `#[dlock]` call returned `Lost` after its body ran whole); after the lease ran
+/// out on the client's clock it stays `Lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_reply_was_lost_with_its_connection_is_settled_by_the_lease() {
+    let server = pg::shared_server();
+    let db = pg::client(&server.url()).await;
+    let proxy = dlock_tests::proxy::Proxy::start(server.port());
+    let through_proxy = server.url().replace(
+        &format!(":{}/", server.port()),
+        &format!(":{}/", proxy.port()),
+    );
+    let locker = Locker::builder()
+        .url(through_proxy)
+        .request_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    for (lease, lapsed) in [
+        (Duration::from_secs(30), false),
+        (Duration::from_secs(1), true),
+    ] {
+        let key = unique_key("resent-release");
+        let guard = locker
+            .acquire(&key, LockOptions::new().expire(lease))
+            .await
+            .unwrap();
+        if lapsed {
+            tokio::time::sleep(lease + Duration::from_millis(100)).await;
+            assert!(!guard.is_held());
+        }
+        proxy.cut_replies_on(key.as_bytes());
+        let releasing = tokio::spawn(guard.release());
+        // The release committed on the server; its reply waits in the proxy.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let rows: i64 = db
+                .query_one(
+                    "SELECT count(*) FROM dlock_locks WHERE key LIKE '%' || $1",
+                    &[&key],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if rows == 0 && proxy.replies_cut() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the release never ran");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        proxy.reset();
+        let released = releasing.await.unwrap();
+        if lapsed {
+            assert!(
+                matches!(released, Err(dlock_runtime::LockError::Lost { .. })),
+                "a release after the lease ran out: {released:?}"
+            );
+        } else {
+            assert!(released.is_ok(), "a release within the lease: {released:?}");
+        }
+    }
 }

@@ -524,6 +524,8 @@ enum Reply {
     /// them): made by the caller, who sends the request again.
     SharedMissing,
     Done(bool),
+    /// A release found no row of its token.
+    NoRow,
     /// What a lock row tells (inspect, force).
     Info(Option<LockInfo>),
     Keys(Vec<String>),
@@ -660,11 +662,14 @@ impl PostgresBackend {
 
     /// Runs one statement, bounded by twice the request timeout (a connection may have to be
     /// made first). A request that finds the connection closed by the server is sent once more
-    /// on a new one: every statement is safe to repeat with the same token.
+    /// on a new one: every statement is safe to repeat with the same token. A release sent
+    /// again that finds no row is unsettled (see [`BackendError::is_unsettled`]): the first
+    /// may have deleted it, its reply lost with the connection.
     async fn call(&self, op: Op<'_>) -> Result<Reply, BackendError> {
         let bound = self.request_timeout * 2;
         tokio::time::timeout(bound, async {
             let mut tries = 0;
+            let mut sent_before = false;
             loop {
                 tries += 1;
                 let connection = self.connection().await?;
@@ -683,9 +688,18 @@ impl PostgresBackend {
                              could not be prepared",
                         ));
                     }
+                    Ok(Reply::NoRow) if sent_before => {
+                        return Err(BackendError::new(
+                            "PostgreSQL release: the connection closed before the reply, and \
+                             sent again the release found the key's row gone (deleted by the \
+                             first, or gone before it)",
+                        )
+                        .unsettled());
+                    }
                     Ok(reply) => return Ok(reply),
                     Err(e) => {
                         let closed = e.is_closed() || !connection.alive();
+                        sent_before |= closed && matches!(op, Op::Release(..));
                         let schema_gone = e.code() == Some(&SqlState::UNDEFINED_TABLE)
                             || e.code() == Some(&SqlState::UNDEFINED_OBJECT);
                         if closed || schema_gone {
@@ -798,11 +812,12 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
             let row = client
                 .query_opt(&statements.release, &[&key, &token.as_str()])
                 .await?;
-            let live = match row {
-                Some(row) => row.try_get::<_, Option<bool>>(0)?.unwrap_or(false),
-                None => false,
-            };
-            Ok(Reply::Done(live))
+            match row {
+                Some(row) => Ok(Reply::Done(
+                    row.try_get::<_, Option<bool>>(0)?.unwrap_or(false),
+                )),
+                None => Ok(Reply::NoRow),
+            }
         }
         Op::Extend(key, token, lease_ms) => {
             let n = client
@@ -1293,6 +1308,7 @@ impl Backend for PostgresBackend {
             };
             match self.call(op).await? {
                 Reply::Done(live) => Ok(live),
+                Reply::NoRow => Ok(false),
                 _ => Err(BackendError::new("PostgreSQL release: unexpected reply")),
             }
         })
