@@ -395,6 +395,11 @@ async fn watchdog(hold: Arc<Hold>, max_hold: Option<Duration>) {
 ///   released when the last of them goes.
 /// - **Expiry**: a fixed lease counts as lost on the client's monotonic clock shortly before the
 ///   server lets it go (1% + 2ms early); [`is_held`](Self::is_held) and [`lost`](Self::lost) tell.
+///   The lease counts from when the acquisition was sent, or from the grant where the engine
+///   counts its own `expire` from there (ZooKeeper and etcd, after their session opened).
+/// - **Loss is final**: a hold counted lost stays lost. [`extend`](Self::extend) sends nothing
+///   once the lease ran out on the client's clock, and an extension (or renewal) answered after
+///   that end leaves the hold lost.
 /// - **Renewal** (`expire_auto`): a watchdog task extends the lease at a third of its length; it
 ///   is aborted on release, drop and loss, and stops at `max_hold`. A renewal that finds the key
 ///   gone or taken marks the hold lost; one that cannot reach the server keeps trying until the
@@ -528,8 +533,15 @@ impl LockGuard {
 
     /// Releases the lock now.
     ///
+    /// A release sent once more after its connection closed (PostgreSQL) that finds the key
+    /// gone cannot tell whether its first sending deleted it: it succeeds when the lease still
+    /// held on the client's clock as the release went out (nobody else could have deleted the
+    /// key, short of [`Locker::force_release`](crate::Locker::force_release)), and says
+    /// [`LockError::Lost`] otherwise.
+    ///
     /// # Errors
-    /// [`LockError::Lost`] when the key had expired or been taken over (nothing was deleted);
+    /// [`LockError::Lost`] when the key had expired or been taken over (nothing of another
+    /// holder was deleted);
     /// [`LockError::Backend`] when the server could not be reached (the lease will free it).
     pub async fn release(mut self) -> Result<(), LockError> {
         self.released = true;

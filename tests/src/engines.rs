@@ -559,8 +559,8 @@ pub async fn taken_over_and_fenced(other: &Locker, key: &str, first: &LockGuard)
 
 /// Checks that a short hold counts its lease from the grant, not from before the session the
 /// first acquisition opens: `proxy` (between `locker`, not connected yet, and its server)
-/// holds the bytes back for 600ms, so opening the session takes that long; the hold, with a
-/// 300ms lease, must be held when `acquire` returns, and extend.
+/// holds the bytes back for 1.6s, so opening the session takes that long; the hold, with a
+/// 1s lease, must be held when `acquire` returns, and extend.
 ///
 /// # Panics
 /// When the hold is born lapsed, or the acquisition or extension fails.
@@ -570,17 +570,17 @@ pub async fn short_hold_after_a_slow_session(locker: &Locker, proxy: &crate::pro
     let acquiring = locker.acquire(
         &key,
         LockOptions::new()
-            .expire(Duration::from_millis(300))
+            .expire(Duration::from_secs(1))
             .timeout(Duration::from_secs(10)),
     );
     let started = tokio::time::Instant::now();
     let (guard, ()) = tokio::join!(acquiring, async {
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        tokio::time::sleep(Duration::from_millis(1_600)).await;
         proxy.heal();
     });
     let guard = guard.expect("acquired once the session opened");
     assert!(
-        started.elapsed() >= Duration::from_millis(600),
+        started.elapsed() >= Duration::from_millis(1_600),
         "the session opened through the cut"
     );
     assert!(guard.is_held(), "the short hold was born lapsed");

@@ -740,7 +740,7 @@ async fn one_session_lease_per_locker_revoked_by_close() {
 
 /// A short hold counts its lease from the grant, after the session lease was granted (here
 /// slowly, through a proxy that holds the bytes back): before, the lease counted from before
-/// the session and a 300ms hold on a fresh locker was born lapsed.
+/// the session and a 1s hold on a fresh locker was born lapsed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_hold_counts_from_the_grant_after_a_slow_session() {
     let etcd = single();

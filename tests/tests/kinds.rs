@@ -618,6 +618,20 @@ async fn renewed_and_extended_shared_holds(env: Env) {
     );
     let info = other.inspect(&key).await.unwrap();
     assert!(info.is_none(), "{info:?}");
+
+    // Nor one freed under it while its lease runs on the client's clock (the extend is sent).
+    let freed = other
+        .acquire_permit(&key, 2, LockOptions::new().expire(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(other.force_release(&key).await.unwrap().is_some());
+    let late = freed.extend(Duration::from_secs(5)).await;
+    assert!(
+        late.is_err_and(|e| e.is_lost()),
+        "a freed permit was extended"
+    );
+    let info = other.inspect(&key).await.unwrap();
+    assert!(info.is_none(), "{info:?}");
 }
 
 async fn the_attribute_takes_permits_read_and_write(env: Env) {

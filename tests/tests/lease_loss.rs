@@ -384,12 +384,16 @@ async fn an_extend_after_the_lease_ran_out_on_the_clients_clock_sends_nothing() 
     let locker = patient(&server);
     let key = unique_key("lapsed-extend");
     let guard = locker
-        .acquire(&key, LockOptions::new().expire(Duration::from_millis(300)))
+        .acquire(&key, LockOptions::new().expire(Duration::from_secs(1)))
         .await
         .unwrap();
     let full = guard.key().to_owned();
-    server.command(&["PEXPIRE", &full, "60000"]).unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        server.command(&["PEXPIRE", &full, "60000"]).unwrap(),
+        Value::Int(1),
+        "the key is kept before its lease ends"
+    );
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
     assert!(!guard.is_held(), "the lease ran out on the client's clock");
     let error = guard.extend(Duration::from_secs(5)).await.unwrap_err();
     assert!(matches!(error, LockError::Lost { .. }), "{error:?}");
@@ -399,24 +403,29 @@ async fn an_extend_after_the_lease_ran_out_on_the_clients_clock_sends_nothing() 
 }
 
 /// Loss is final: an extension the server ran, answered after the hold's lease ran out on the
-/// client's clock, leaves the hold lost. The server is paused for writes through the hold's
-/// end (its key kept there for a minute); the extend waits for it, then succeeds on the server.
+/// client's clock, leaves the hold lost. The server is paused for writes (3s) through the
+/// hold's end (a 1.5s lease; its key kept there for a minute); the extend waits for it, then
+/// succeeds on the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_extend_answered_after_the_lease_ran_out_leaves_the_hold_lost() {
     let server = RedisServer::start();
     let locker = patient(&server);
     let key = unique_key("late-extend");
     let guard = locker
-        .acquire(&key, LockOptions::new().expire(Duration::from_millis(500)))
+        .acquire(
+            &key,
+            LockOptions::new().expire(Duration::from_millis(1_500)),
+        )
         .await
         .unwrap();
     let full = guard.key().to_owned();
     // Once answered at once: the server has the extend script before the pause.
-    guard.extend(Duration::from_millis(500)).await.unwrap();
+    guard.extend(Duration::from_millis(1_500)).await.unwrap();
     server.command(&["PEXPIRE", &full, "60000"]).unwrap();
     server
-        .command(&["CLIENT", "PAUSE", "1500", "WRITE"])
+        .command(&["CLIENT", "PAUSE", "3000", "WRITE"])
         .unwrap();
+    assert!(guard.is_held(), "held when the late extend is sent");
     let error = guard.extend(Duration::from_secs(20)).await.unwrap_err();
     assert!(matches!(error, LockError::Lost { .. }), "{error:?}");
     let left = pttl(&server, &full);

@@ -290,6 +290,22 @@ async fn extend_keeps_and_never_resurrects(env: Env) {
         b.try_acquire(&key, SHORT).await.unwrap().is_some(),
         "a failed extend re-created the key"
     );
+
+    // The engine's side: a hold whose key was freed under it (its lease still running on the
+    // client's clock, so the extend is sent) finds the key gone and does not re-create it.
+    let key = unique_key("extend-freed");
+    let freed = a
+        .acquire(&key, LockOptions::new().expire(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(b.force_release(&key).await.unwrap().is_some());
+    let err = freed.extend(Duration::from_secs(30)).await.unwrap_err();
+    assert!(err.is_lost(), "{err:?}");
+    assert!(!freed.is_held());
+    assert!(
+        b.inspect(&key).await.unwrap().is_none(),
+        "an extend of a freed key re-created it"
+    );
 }
 
 async fn renewed_lease_outlives_its_length(env: Env) {

@@ -866,7 +866,7 @@ async fn restart_keeps_holds_and_all_down_is_a_backend_error() {
 
 /// A short hold counts its lease from the grant, after the session opened (here slowly,
 /// through a proxy that holds the bytes back): before, the lease counted from before the
-/// session and a 300ms hold on a fresh locker was born lapsed.
+/// session and a 1s hold on a fresh locker was born lapsed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_hold_counts_from_the_grant_after_a_slow_session() {
     let zk = server();

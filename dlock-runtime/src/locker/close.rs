@@ -17,7 +17,9 @@ impl Locker {
     ///    still running under one is stopped, as on any loss, unless `on_lost = "continue"`).
     /// 3. Releases and cleanups handed to the background (dropped guards and waits) finish.
     /// 4. What the engine keeps for this client ends: the ZooKeeper session, etcd leases; on
-    ///    RedLock, the wake-ups its last releases sent to waiting processes are delivered.
+    ///    RedLock, the wake-ups its last releases sent to waiting processes are delivered, and
+    ///    releases being sent again to masters that missed them stop (a try under way is
+    ///    waited for, one request timeout at most; what they leave lapses with its lease).
     ///
     /// All of it within about five request timeouts (`DLOCK_REQUEST_TIMEOUT`, at least 1s);
     /// calling it again does nothing more.
@@ -55,8 +57,14 @@ impl Locker {
             .collect();
         for hold in holds {
             self.spawn_background(None, async move {
-                if let Err(error) = hold.close().await {
-                    tracing::warn!(key = %hold.key(), error = %error, "closing the locker: the release failed; the lease will free the lock");
+                match hold.close().await {
+                    Err(error) if error.is_unsettled() => {
+                        tracing::debug!(key = %hold.key(), error = %error, "closing the locker: the key was gone when its release was sent again");
+                    }
+                    Err(error) => {
+                        tracing::warn!(key = %hold.key(), error = %error, "closing the locker: the release failed; the lease will free the lock");
+                    }
+                    Ok(()) => {}
                 }
             });
         }

@@ -101,6 +101,8 @@ impl Locker {
         let bound = self.inner.settings.request_timeout * 2;
         let why = match tokio::time::timeout(bound, removal).await {
             Ok(Ok(Ok(()))) => return None,
+            // Gone when sent again: most likely removed by the first sending.
+            Ok(Ok(Err(error))) if error.is_unsettled() => return None,
             Ok(Ok(Err(error))) => format!("could not remove its entries ({error})"),
             Ok(Err(_)) => "the removal of its entries stopped".to_owned(),
             Err(_) => format!("the removal of its entries goes on after {bound:?}"),
@@ -221,8 +223,15 @@ pub(crate) fn spawn_release(
         } else {
             locker.backend().release(&key, kind, &token).await
         };
-        if let Err(error) = released {
-            tracing::error!(key = %key, error = %error, "lock release after drop failed; the lease will free it");
+        match released {
+            // Most likely deleted by its first sending; nobody waits on this answer.
+            Err(error) if error.is_unsettled() => {
+                tracing::debug!(key = %key, error = %error, "lock release after drop: the key was gone when sent again");
+            }
+            Err(error) => {
+                tracing::error!(key = %key, error = %error, "lock release after drop failed; the lease will free it");
+            }
+            Ok(_) => {}
         }
     });
     if spawned.is_none() {

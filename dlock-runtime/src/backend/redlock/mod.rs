@@ -123,7 +123,11 @@ const LEASE_PER_REQUEST_TIMEOUT: u32 = 5;
 /// first after [`RELEASE_AGAIN_AFTER`], each pause twice the one before (about 6s in all, plus
 /// the requests): what is still left then lapses with its lease.
 const RELEASE_AGAIN_TRIES: u32 = 6;
+/// The pause before a release's first try again.
 const RELEASE_AGAIN_AFTER: Duration = Duration::from_millis(100);
+/// Releases sent again at once per locker, at most: with masters down, every release misses
+/// them, and the re-sends beyond this are not made (their leases end what they leave).
+const RELEASE_AGAIN_AT_ONCE: usize = 32;
 
 /// One master: where it is (for errors; never with credentials) and its connection.
 struct Node {
@@ -149,6 +153,8 @@ pub(crate) struct RedLockBackend {
     /// Cancelled by [`Backend::close`]: the releases sent again stop trying (their leases end
     /// what they leave).
     closing: CancellationToken,
+    /// One permit per release sent again now (see [`RELEASE_AGAIN_AT_ONCE`]).
+    releasing_again: Arc<tokio::sync::Semaphore>,
 }
 
 /// The index of `key`'s first master among `masters`: the one whose queue keeps the key's
@@ -339,6 +345,7 @@ impl RedLockBackend {
             memos: Mutex::default(),
             wakes: TaskTracker::new(),
             closing: CancellationToken::new(),
+            releasing_again: Arc::new(tokio::sync::Semaphore::new(RELEASE_AGAIN_AT_ONCE)),
         })
     }
 
@@ -383,9 +390,14 @@ impl RedLockBackend {
     /// not answer it (`missed`, by index), until each has (see [`RELEASE_AGAIN_TRIES`]) or the
     /// locker closes. What it leaves would otherwise stay until its lease ends: on the key's
     /// first master, it refuses every waiter that was refused once (they ask that master
-    /// alone). The first master then wakes the place first in its queue.
+    /// alone). The first master then wakes the place first in its queue. At most
+    /// [`RELEASE_AGAIN_AT_ONCE`] at a time, and none once the locker is closed or dropped.
     fn release_again(&self, key: &str, token: &Token, mut missed: Vec<usize>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let Ok(permit) = self.releasing_again.clone().try_acquire_owned() else {
+            tracing::debug!(key = %key, "RedLock: a release that missed masters is not sent again (too many are); their leases will end it");
             return;
         };
         let (nodes, closing, bound) = (
@@ -396,6 +408,7 @@ impl RedLockBackend {
         let first = self.leader(key);
         let (key, token) = (key.to_owned(), token.clone());
         let again = async move {
+            let _permit = permit;
             let mut pause = RELEASE_AGAIN_AFTER;
             for _ in 0..RELEASE_AGAIN_TRIES {
                 tokio::select! {
@@ -1160,6 +1173,13 @@ impl RedLockBackend {
 struct Forwarding {
     _watches: Vec<Watch>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// A locker dropped without `close`: its releases sent again stop.
+impl Drop for RedLockBackend {
+    fn drop(&mut self) {
+        self.closing.cancel();
+    }
 }
 
 impl Drop for Forwarding {
