@@ -1539,11 +1539,11 @@ async fn grants_are_committed_durably_when_the_server_commits_asynchronously() {
     assert_eq!(seen, ["on"], "the acquisitions' commit levels");
 }
 
-/// A release whose `DELETE` committed and whose reply was lost with the connection (a proxy
-/// holds the reply back, then closes the connection) is sent again on a new connection and
-/// finds no row. Within the lease that is a release (before, it said `Lost` for a lock it had
-/// released, and a `#[dlock]` call returned `Lost` after its body ran whole); after the lease ran
-/// out on the client's clock it stays `Lost`.
+/// A release (a mutex's, a permit's) whose `DELETE` committed and whose reply was lost with
+/// the connection (a proxy holds the reply back, then closes the connection) is sent again on a
+/// new connection and finds no row. Within the lease that is a release (before, it said
+/// `Lost` for a lock it had released, and a `#[dlock]` call returned `Lost` after its body ran
+/// whole); after the lease ran out on the client's clock it stays `Lost`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_whose_reply_was_lost_with_its_connection_is_settled_by_the_lease() {
     let server = pg::shared_server();
@@ -1558,15 +1558,19 @@ async fn a_release_whose_reply_was_lost_with_its_connection_is_settled_by_the_le
         .request_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
-    for (lease, lapsed) in [
-        (Duration::from_secs(30), false),
-        (Duration::from_secs(1), true),
-    ] {
+    let cases = [
+        (LockOptions::new(), Duration::from_secs(30), false),
+        (LockOptions::new(), Duration::from_secs(1), true),
+        (
+            LockOptions::new().permits(2),
+            Duration::from_secs(30),
+            false,
+        ),
+        (LockOptions::new().permits(2), Duration::from_secs(1), true),
+    ];
+    for (options, lease, lapsed) in cases {
         let key = unique_key("resent-release");
-        let guard = locker
-            .acquire(&key, LockOptions::new().expire(lease))
-            .await
-            .unwrap();
+        let guard = locker.acquire(&key, options.expire(lease)).await.unwrap();
         if lapsed {
             tokio::time::sleep(lease + Duration::from_millis(100)).await;
             assert!(!guard.is_held());
@@ -1578,7 +1582,8 @@ async fn a_release_whose_reply_was_lost_with_its_connection_is_settled_by_the_le
         loop {
             let rows: i64 = db
                 .query_one(
-                    "SELECT count(*) FROM dlock_locks WHERE key LIKE '%' || $1",
+                    "SELECT (SELECT count(*) FROM dlock_locks WHERE key LIKE '%' || $1)
+                          + (SELECT count(*) FROM dlock_shared WHERE key LIKE '%' || $1)",
                     &[&key],
                 )
                 .await

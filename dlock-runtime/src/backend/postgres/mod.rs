@@ -524,7 +524,7 @@ enum Reply {
     /// them): made by the caller, who sends the request again.
     SharedMissing,
     Done(bool),
-    /// A release found no row of its token.
+    /// A release found no hold (or place) of its token.
     NoRow,
     /// What a lock row tells (inspect, force).
     Info(Option<LockInfo>),
@@ -699,7 +699,8 @@ impl PostgresBackend {
                     Ok(reply) => return Ok(reply),
                     Err(e) => {
                         let closed = e.is_closed() || !connection.alive();
-                        sent_before |= closed && matches!(op, Op::Release(..));
+                        sent_before |=
+                            closed && matches!(op, Op::Release(..) | Op::ReleaseShared(..));
                         let schema_gone = e.code() == Some(&SqlState::UNDEFINED_TABLE)
                             || e.code() == Some(&SqlState::UNDEFINED_OBJECT);
                         if closed || schema_gone {
@@ -845,9 +846,9 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
             let Some(statements) = &connection.shared else {
                 return Ok(Reply::SharedMissing);
             };
-            shared::release(client, statements, key, token.as_str())
-                .await
-                .map(Reply::Done)
+            Ok(shared::release(client, statements, key, token.as_str())
+                .await?
+                .map_or(Reply::NoRow, Reply::Done))
         }
         Op::ExtendShared(key, token, lease_ms) => {
             let Some(statements) = &connection.shared else {
