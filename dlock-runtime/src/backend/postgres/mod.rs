@@ -666,6 +666,13 @@ impl PostgresBackend {
     /// again that finds no row is unsettled (see [`BackendError::is_unsettled`]): the first
     /// may have deleted it, its reply lost with the connection.
     async fn call(&self, op: Op<'_>) -> Result<Reply, BackendError> {
+        let unsettled = || {
+            BackendError::new(
+                "PostgreSQL release: the connection closed before the reply, and sent again the \
+                 release found the hold gone (deleted by the first, or gone before it)",
+            )
+            .unsettled()
+        };
         let bound = self.request_timeout * 2;
         tokio::time::timeout(bound, async {
             let mut tries = 0;
@@ -688,13 +695,15 @@ impl PostgresBackend {
                              could not be prepared",
                         ));
                     }
-                    Ok(Reply::NoRow) if sent_before => {
-                        return Err(BackendError::new(
-                            "PostgreSQL release: the connection closed before the reply, and \
-                             sent again the release found the key's row gone (deleted by the \
-                             first, or gone before it)",
-                        )
-                        .unsettled());
+                    // A release sent again that finds no hold of its token (a shared
+                    // kind's says `false` for a lapsed hold too: the first sending may still be
+                    // running, its hold's row deleted and not yet committed, when the second's
+                    // look at it is made).
+                    Ok(Reply::NoRow) if sent_before => return Err(unsettled()),
+                    Ok(Reply::Done(false))
+                        if sent_before && matches!(op, Op::ReleaseShared(..)) =>
+                    {
+                        return Err(unsettled());
                     }
                     Ok(reply) => return Ok(reply),
                     Err(e) => {
@@ -846,9 +855,9 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
             let Some(statements) = &connection.shared else {
                 return Ok(Reply::SharedMissing);
             };
-            Ok(shared::release(client, statements, key, token.as_str())
-                .await?
-                .map_or(Reply::NoRow, Reply::Done))
+            shared::release(client, statements, key, token.as_str())
+                .await
+                .map(Reply::Done)
         }
         Op::ExtendShared(key, token, lease_ms) => {
             let Some(statements) = &connection.shared else {

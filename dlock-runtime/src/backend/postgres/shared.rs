@@ -150,12 +150,7 @@ SELECT to_regclass('dlock_shared') IS NOT NULL
 const ACQUIRE: &str =
     "SELECT fence, ttl_ms, conflict FROM dlock_acquire_shared($1, $2, $3, $4, $5, $6, $7, $8)";
 
-/// The release, and whether the hold's row was there as the statement began (the outer query's
-/// snapshot, taken before the function's delete): a release sent again after a lost reply
-/// that finds none cannot tell whether its first sending deleted it.
-const RELEASE: &str = "\
-SELECT (SELECT live FROM dlock_release_shared($1, $2)),
-       EXISTS (SELECT 1 FROM dlock_shared WHERE key = $1 AND token = $2)";
+const RELEASE: &str = "SELECT live FROM dlock_release_shared($1, $2)";
 
 /// Reset a hold's lease while it lasts, and keep the key's row at least as long (the key's row
 /// locked first, as acquisitions lock it).
@@ -279,18 +274,16 @@ pub(super) async fn acquire(
     })
 }
 
-/// Whether the hold was live when released; `None` when this token had no hold on `key`.
 pub(super) async fn release(
     client: &Client,
     statements: &Statements,
     key: &str,
     token: &str,
-) -> Result<Option<bool>, tokio_postgres::Error> {
+) -> Result<bool, tokio_postgres::Error> {
     let row = client
         .query_one(&statements.release, &[&key, &token])
         .await?;
-    let live = row.try_get::<_, Option<bool>>(0)?.unwrap_or(false);
-    Ok(row.try_get::<_, bool>(1)?.then_some(live))
+    Ok(row.try_get::<_, Option<bool>>(0)?.unwrap_or(false))
 }
 
 pub(super) async fn extend(
