@@ -54,6 +54,18 @@ enum Cut {
 }
 
 impl State {
+    /// Closes every connection open now, both ends.
+    fn close_streams(&self) {
+        for stream in self
+            .streams
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain(..)
+        {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+    }
+
     /// Cuts the replies when `request` has the armed bytes (it still goes through).
     fn cut_replies_on(&self, request: &[u8]) {
         let mut armed = self
@@ -179,15 +191,7 @@ impl Proxy {
     /// *Behavior*).
     pub fn reset(&self) {
         // Closed before the cut is lifted: what waited cannot reach the client.
-        for stream in self
-            .state
-            .streams
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .drain(..)
-        {
-            let _ = stream.shutdown(Shutdown::Both);
-        }
+        self.state.close_streams();
         self.heal();
     }
 }
@@ -196,15 +200,7 @@ impl Drop for Proxy {
     fn drop(&mut self) {
         self.state.stopped.store(true, Ordering::SeqCst);
         self.state.healed.notify_all();
-        for stream in self
-            .state
-            .streams
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .drain(..)
-        {
-            let _ = stream.shutdown(Shutdown::Both);
-        }
+        self.state.close_streams();
     }
 }
 

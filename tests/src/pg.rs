@@ -72,3 +72,30 @@ pub async fn client(url: &str) -> tokio_postgres::Client {
 /// creates it.
 pub const ORDER_TABLE: &str =
     "CREATE TABLE IF NOT EXISTS dlock_test_order (seq bigserial, key text, name text)";
+
+/// `server`'s URL through `proxy` (a [`crate::proxy::Proxy`] to its port).
+#[must_use]
+pub fn url_through(server: &PostgresServer, proxy: &crate::proxy::Proxy) -> String {
+    server.url().replace(
+        &format!(":{}/", server.port()),
+        &format!(":{}/", proxy.port()),
+    )
+}
+
+/// Makes `body` (PL/pgSQL statements, ending with `RETURN NEW;`) run before every insert into
+/// `dlock_locks`, as the trigger `name` (and its function of the same name).
+///
+/// # Panics
+/// When the trigger cannot be made.
+pub async fn before_each_lock_insert(db: &tokio_postgres::Client, name: &str, body: &str) {
+    db.batch_execute(&format!(
+        "CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             {body}
+         END $$;
+         CREATE TRIGGER {name} BEFORE INSERT ON dlock_locks
+             FOR EACH ROW EXECUTE FUNCTION {name}();"
+    ))
+    .await
+    .expect("the trigger on dlock_locks");
+}

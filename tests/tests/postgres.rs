@@ -366,10 +366,7 @@ async fn an_idle_listening_connection_closes_and_comes_back() {
 async fn a_wake_up_not_had_at_first_is_asked_for_again() {
     let server = pg::shared_server();
     let proxy = dlock_tests::proxy::Proxy::start(server.port());
-    let through_proxy = server.url().replace(
-        &format!(":{}/", server.port()),
-        &format!(":{}/", proxy.port()),
-    );
+    let through_proxy = pg::url_through(&server, &proxy);
     let holder = locker(&server.url());
     let waiter = Locker::builder()
         .url(through_proxy)
@@ -1335,17 +1332,12 @@ async fn fence_after_a_stall_of(
     // The schema, made by a first acquisition.
     dlock_tests::acquire_and_release(&quick, &unique_key("schema")).await;
     let db = pg::client(&url).await;
-    db.batch_execute(
-        "CREATE FUNCTION stall() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-             IF NEW.owner LIKE '%stalled%' THEN PERFORM pg_sleep(2); END IF;
-             RETURN NEW;
-         END $$;
-         CREATE TRIGGER stall BEFORE INSERT ON dlock_locks
-             FOR EACH ROW EXECUTE FUNCTION stall();",
+    pg::before_each_lock_insert(
+        &db,
+        "stall",
+        "IF NEW.owner LIKE '%stalled%' THEN PERFORM pg_sleep(2); END IF; RETURN NEW;",
     )
-    .await
-    .unwrap();
+    .await;
     let key = unique_key("fence-stall");
     let hold = |locker: Locker, key: String, options: LockOptions| {
         tokio::spawn(async move {
@@ -1516,18 +1508,15 @@ async fn grants_are_committed_durably_when_the_server_commits_asynchronously() {
     let locker = Locker::builder().url(url.as_str()).build().unwrap();
     // The schema, made by a first acquisition.
     dlock_tests::acquire_and_release(&locker, &unique_key("schema")).await;
-    db.batch_execute(
-        "CREATE TABLE seen (setting text);
-         CREATE FUNCTION record_commit_level() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-             INSERT INTO seen VALUES (current_setting('synchronous_commit'));
-             RETURN NEW;
-         END $$;
-         CREATE TRIGGER record_commit_level BEFORE INSERT ON dlock_locks
-             FOR EACH ROW EXECUTE FUNCTION record_commit_level();",
+    db.batch_execute("CREATE TABLE seen (setting text)")
+        .await
+        .unwrap();
+    pg::before_each_lock_insert(
+        &db,
+        "record_commit_level",
+        "INSERT INTO seen VALUES (current_setting('synchronous_commit')); RETURN NEW;",
     )
-    .await
-    .unwrap();
+    .await;
     dlock_tests::acquire_and_release(&locker, &unique_key("durable")).await;
     let seen: Vec<String> = db
         .query("SELECT setting FROM seen", &[])
@@ -1549,10 +1538,7 @@ async fn a_release_whose_reply_was_lost_with_its_connection_is_settled_by_the_le
     let server = pg::shared_server();
     let db = pg::client(&server.url()).await;
     let proxy = dlock_tests::proxy::Proxy::start(server.port());
-    let through_proxy = server.url().replace(
-        &format!(":{}/", server.port()),
-        &format!(":{}/", proxy.port()),
-    );
+    let through_proxy = pg::url_through(&server, &proxy);
     let locker = Locker::builder()
         .url(through_proxy)
         .request_timeout(Duration::from_secs(2))
