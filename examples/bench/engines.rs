@@ -112,6 +112,43 @@ const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0";
 
+/// The fenced floor's acquisition: the floor's `SET NX PX` and a fencing token in one script,
+/// from the hybrid counter dlock keeps (`GETSET` of the client's clock in µs; one more than the
+/// counter when that was ahead): the least a lock costs whose fences follow the order holds
+/// begin in. No holder's record, no queue, no wake-up. Replies the fence, or 0 when refused.
+const FENCED_ACQUIRE: &str = r"
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000) then return 0 end
+local f = tonumber(ARGV[2])
+local before = tonumber(redis.call('GETSET', KEYS[2], ARGV[2]))
+if before and before >= f then
+  f = before + 1
+  redis.call('SET', KEYS[2], string.format('%.0f', f))
+end
+return f";
+
+/// RedLock's fenced floor on one master: the floor's `SET NX PX` and the fence the client
+/// proposes, granted only above this master's counter (which then holds it), in one script, as
+/// dlock's RedLock engine grants it. Replies the proposal when granted; 0 when the key is
+/// held; the counter, negated, when it is at or above the proposal (the lock is then let go
+/// again in the same script).
+const FENCED_GRANT: &str = r"
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 30000) then return 0 end
+local current = redis.call('GETSET', KEYS[2], ARGV[2])
+local n = tonumber(current)
+if n and n >= tonumber(ARGV[2]) then
+  redis.call('SET', KEYS[2], current)
+  redis.call('DEL', KEYS[1])
+  return -n
+end
+return tonumber(ARGV[2])";
+
+/// The client's clock in µs: a fence proposal.
+fn clock_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
 fn redis_family(
     engine: Engine,
     url: String,
@@ -130,11 +167,13 @@ fn redis_family(
         Box::new(RedLockByHand {
             masters: masters.clone(),
             prefix,
+            fenced: false,
         })
     } else {
         Box::new(RawRedis {
             url: url.clone(),
             prefix,
+            fenced: false,
         })
     };
     // RedLock keeps its data on the first master: its masters share no data.
@@ -148,12 +187,23 @@ fn redis_family(
         about,
         floor,
         others: if engine == Engine::RedLock {
-            vec![Box::new(Rslock {
-                masters: masters.clone(),
-                prefix,
-            }) as Box<dyn Contender>]
+            vec![
+                Box::new(RedLockByHand {
+                    masters: masters.clone(),
+                    prefix,
+                    fenced: true,
+                }) as Box<dyn Contender>,
+                Box::new(Rslock {
+                    masters: masters.clone(),
+                    prefix,
+                }),
+            ]
         } else {
-            Vec::new()
+            vec![Box::new(RawRedis {
+                url: url.clone(),
+                prefix,
+                fenced: true,
+            }) as Box<dyn Contender>]
         },
         counter: Box::new(RedisCounter {
             url: data_url,
@@ -170,6 +220,7 @@ fn redis_family(
             let floor: Box<dyn Contender> = Box::new(RawRedis {
                 url: url.clone(),
                 prefix,
+                fenced: false,
             });
             (prefix, floor)
         }),
@@ -180,15 +231,21 @@ fn redis_family(
 
 /// The floor on one server (or Cluster, or Sentinel master): `SET key token NX PX`, retried
 /// every millisecond while refused, then a compare-and-delete script: the two round trips any
-/// Redis lock needs.
+/// Redis lock needs. Fenced (one of the others): the `SET NX PX` is [`FENCED_ACQUIRE`], which
+/// issues a fencing token with it, so the table shows what that guarantee alone costs.
 struct RawRedis {
     url: String,
     prefix: &'static str,
+    fenced: bool,
 }
 
 impl Contender for RawRedis {
     fn name(&self) -> String {
-        "floor (SET NX PX + compare-and-delete)".to_owned()
+        if self.fenced {
+            "floor + fence (SET NX PX and a fence counter in one script)".to_owned()
+        } else {
+            "floor (SET NX PX + compare-and-delete)".to_owned()
+        }
     }
 
     fn client(&self) -> BoxFuture<'_, Result<Box<dyn Client>, Error>> {
@@ -196,6 +253,12 @@ impl Contender for RawRedis {
             Ok(Box::new(RawRedisClient {
                 redis: Connection::open(&self.url).await?,
                 release: redis::Script::new(RELEASE),
+                fenced: self.fenced.then(|| {
+                    (
+                        redis::Script::new(FENCED_ACQUIRE),
+                        format!("{}__fence", self.prefix),
+                    )
+                }),
                 prefix: self.prefix,
             }) as Box<dyn Client>)
         })
@@ -205,7 +268,26 @@ impl Contender for RawRedis {
 struct RawRedisClient {
     redis: Connection,
     release: redis::Script,
+    /// The fenced floor's acquisition and its counter's key (in the lock keys' slot).
+    fenced: Option<(redis::Script, String)>,
     prefix: &'static str,
+}
+
+impl RawRedisClient {
+    /// One attempt at `key`: whether it was taken.
+    async fn take(&mut self, key: &str, token: &str) -> Result<bool, Error> {
+        let Some((acquire, counter)) = &self.fenced else {
+            return set_nx(&mut self.redis, key, token).await;
+        };
+        let fence: u64 = acquire
+            .key(key)
+            .key(counter)
+            .arg(token)
+            .arg(clock_us())
+            .invoke_async(&mut self.redis)
+            .await?;
+        Ok(fence > 0)
+    }
 }
 
 /// `SET key token NX PX 30000` on `redis`: whether it was set.
@@ -225,7 +307,7 @@ impl Client for RawRedisClient {
     fn hold<'a>(&'a mut self, key: &'a str, body: Body<'a>) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
             let (key, token) = (format!("{}{key}", self.prefix), token());
-            while !set_nx(&mut self.redis, &key, &token).await? {
+            while !self.take(&key, &token).await? {
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
             body.await?;
@@ -242,15 +324,24 @@ impl Client for RawRedisClient {
 
 /// The floor on RedLock: the algorithm by hand, one round to every master at once (`SET NX PX`),
 /// held with a majority, undone on every master otherwise and retried every millisecond; the
-/// release one round of compare-and-delete. No fence.
+/// release one round of compare-and-delete. No fence. Fenced (one of the others): each
+/// master's `SET NX PX` is [`FENCED_GRANT`], with the client's proposal (its clock in µs, or
+/// above the highest counter a master answered), so the table shows what fences that increase
+/// across majorities cost by themselves.
 struct RedLockByHand {
     masters: Vec<String>,
     prefix: &'static str,
+    fenced: bool,
 }
 
 impl Contender for RedLockByHand {
     fn name(&self) -> String {
-        "floor (RedLock by hand: SET NX PX on every master, a majority)".to_owned()
+        if self.fenced {
+            "RedLock by hand + fence (SET NX PX and a fence grant in one script per master)"
+                .to_owned()
+        } else {
+            "floor (RedLock by hand: SET NX PX on every master, a majority)".to_owned()
+        }
     }
 
     fn client(&self) -> BoxFuture<'_, Result<Box<dyn Client>, Error>> {
@@ -262,6 +353,12 @@ impl Contender for RedLockByHand {
             Ok(Box::new(RedLockClient {
                 masters,
                 release: redis::Script::new(RELEASE),
+                grant: self.fenced.then(|| {
+                    (
+                        redis::Script::new(FENCED_GRANT),
+                        format!("{}__fence", self.prefix),
+                    )
+                }),
                 prefix: self.prefix,
             }) as Box<dyn Client>)
         })
@@ -271,6 +368,8 @@ impl Contender for RedLockByHand {
 struct RedLockClient {
     masters: Vec<Connection>,
     release: redis::Script,
+    /// The fenced variant's grant and its counter's key.
+    grant: Option<(redis::Script, String)>,
     prefix: &'static str,
 }
 
@@ -289,19 +388,31 @@ impl Client for RedLockClient {
         Box::pin(async move {
             let (key, token) = (format!("{}{key}", self.prefix), token());
             let quorum = self.masters.len() / 2 + 1;
+            // The fenced variant's next proposal: above every counter a master answered.
+            let mut above = 0;
             loop {
                 let (k, t) = (&key, &token);
-                let sets = self
-                    .masters
-                    .iter_mut()
-                    .map(|m| async move { set_nx(m, k, t).await.unwrap_or(false) });
-                let granted = futures_util::future::join_all(sets)
-                    .await
-                    .into_iter()
-                    .filter(|g| *g)
-                    .count();
-                if granted >= quorum {
+                let proposal = clock_us().max(above + 1);
+                let grant = self.grant.as_ref();
+                let sets = self.masters.iter_mut().map(|m| async move {
+                    let Some((grant, counter)) = grant else {
+                        return i64::from(set_nx(m, k, t).await.unwrap_or(false));
+                    };
+                    let reply: Result<i64, _> = grant
+                        .key(k)
+                        .key(counter)
+                        .arg(t)
+                        .arg(proposal)
+                        .invoke_async(m)
+                        .await;
+                    reply.unwrap_or(0)
+                });
+                let replies = futures_util::future::join_all(sets).await;
+                if replies.iter().filter(|r| **r > 0).count() >= quorum {
                     break;
+                }
+                for r in replies.into_iter().filter(|r| *r < 0) {
+                    above = above.max(r.unsigned_abs());
                 }
                 self.release_everywhere(&key, &token).await;
                 tokio::time::sleep(Duration::from_millis(1)).await;

@@ -166,9 +166,11 @@ async fn locked(locker: &Locker, key: &str, body: Body<'_>) -> Result<(), Error>
     body.await
 }
 
-/// 128 random bits as hex: a floor's token.
+/// 128 random bits as hex: a floor's token. One `format!` of a `u128`, as a user writes it
+/// (formatting each byte on its own cost the floors about 9k instructions a cycle, a third of
+/// the Redis floor's client).
 pub(crate) fn token() -> String {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).expect("OS random generator");
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    format!("{:032x}", u128::from_ne_bytes(bytes))
 }

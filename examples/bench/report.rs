@@ -192,7 +192,7 @@ pub(crate) fn table(rows: &[Row]) -> String {
 /// W1, W2 and W3, the W3 hand-off p99 beside the floor's, and the requests per acquisition.
 pub(crate) fn summary(rows: &[Row]) -> String {
     let mut out = String::from(
-        "| engine | W1 dlock ÷ floor | W2 dlock ÷ floor | W3 dlock ÷ floor | W3 hand-off p99 ms (floor) | requests/acq W1 / W3 (floor) | others ÷ floor (W1, W3) |\n|---|---:|---:|---:|---|---|---|\n",
+        "| engine | W1 dlock ÷ floor | W2 dlock ÷ floor | W3 dlock ÷ floor | W3 hand-off p99 ms (floor) | requests/acq W1 / W3 (floor) | others ÷ floor (W1, W2, W3) |\n|---|---:|---:|---:|---|---|---|\n",
     );
     let mut engines: Vec<&str> = Vec::new();
     for r in rows {
@@ -247,9 +247,10 @@ pub(crate) fn summary(rows: &[Row]) -> String {
             })
             .map(|r| {
                 format!(
-                    "{}: {}, {}",
+                    "{}: {}, {}, {}",
                     r.variant,
                     cell(r.ratio_to_floor, 2),
+                    ratio("W2", &r.variant),
                     ratio("W3", &r.variant)
                 )
             })
