@@ -1,7 +1,10 @@
 -- Compare-and-delete, then wake the waiters.
 -- KEYS[1] lock key, KEYS[2] the queue of waiting places (same cluster slot).
--- ARGV[1] token; ARGV[2] the command that announces it: PUBLISH, or SPUBLISH on a Cluster (a shard
--- channel, heard on the nodes of the key's slot only); ARGV[3] '0': announce a deletion only while
+-- ARGV[1] token. Before this text the client writes the line that sets `publish` and `announce`:
+-- written in for one server, a Sentinel's master and a Cluster (`0`; each argument of a call
+-- costs the server about 2k instructions), ARGV[2] and ARGV[3] for RedLock (see
+-- `release_script`). `publish` the command that announces it: PUBLISH, or SPUBLISH on a Cluster
+-- (a shard channel, heard on the nodes of the key's slot only); `announce` '0': announce a deletion only while
 -- a place waits in the queue (every waiting process of a mutex keeps one there before it sleeps,
 -- so an empty queue means nobody to wake); '1': announce every deletion (RedLock's masters but the
 -- key's first, for waiters that could not listen on the first); '-': announce nothing, and add 4
@@ -24,7 +27,7 @@ if type(held) == 'string' and string.sub(held, 1, 32) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   deleted = 1
 end
-if ARGV[3] == '-' then
+if announce == '-' then
   if redis.call('LINDEX', KEYS[2], 0) then
     return deleted + 4
   end
@@ -34,7 +37,7 @@ if deleted == 0 then
   return 0
 end
 local head = redis.call('LINDEX', KEYS[2], 0)
-if not head and ARGV[3] ~= '1' then
+if not head and announce ~= '1' then
   return 1
 end
 local next = string.sub(head or '', 1, 8)
@@ -42,7 +45,7 @@ local channel = KEYS[1]
 if next ~= '' then
   channel = KEYS[2] .. ':' .. next
 end
-local published = redis.pcall(ARGV[2], channel, next)
+local published = redis.pcall(publish, channel, next)
 if type(published) == 'table' and published.err then
   return 3
 end
