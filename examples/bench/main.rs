@@ -12,7 +12,9 @@
 //! the same round trips: `SET NX PX` + a compare-and-delete script on Redis (one server,
 //! Cluster, Sentinel); RedLock by hand over the masters; etcd's own `Lock`/`Unlock` under a
 //! session lease; an ephemeral sequential node by hand on ZooKeeper; a lease row written by hand
-//! (an upsert and a delete) on PostgreSQL. The others: etcd's lock with a lease per cycle,
+//! (an upsert and a delete) on PostgreSQL. The others: the Redis floors with a fence (the floor's
+//! `SET NX PX` and a fence counter in one script; on RedLock the fence grant on each master),
+//! which prices the fence by itself, `rslock` on RedLock, etcd's lock with a lease per cycle,
 //! `zookeeper-client`'s recipe, PostgreSQL's advisory locks. Every figure of a workload is also
 //! a ratio to its floor.
 //!
