@@ -13,6 +13,7 @@ use redis::AsyncCommands as _;
 
 use crate::harness::{
     Body, BoxFuture, Client, Contender, Counter, CounterHandle, Error, ServerStats, Setup, token,
+    wall_us,
 };
 
 /// A throwaway deployment of `engine`, set up for measuring.
@@ -141,13 +142,6 @@ if n and n >= tonumber(ARGV[2]) then
   return -n
 end
 return tonumber(ARGV[2])";
-
-/// The client's clock in µs: a fence proposal.
-fn clock_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-}
 
 fn redis_family(
     engine: Engine,
@@ -283,7 +277,7 @@ impl RawRedisClient {
             .key(key)
             .key(counter)
             .arg(token)
-            .arg(clock_us())
+            .arg(wall_us())
             .invoke_async(&mut self.redis)
             .await?;
         Ok(fence > 0)
@@ -392,7 +386,7 @@ impl Client for RedLockClient {
             let mut above = 0;
             loop {
                 let (k, t) = (&key, &token);
-                let proposal = clock_us().max(above + 1);
+                let proposal = wall_us().max(above + 1);
                 let grant = self.grant.as_ref();
                 let sets = self.masters.iter_mut().map(|m| async move {
                     let Some((grant, counter)) = grant else {

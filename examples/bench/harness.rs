@@ -166,6 +166,14 @@ async fn locked(locker: &Locker, key: &str, body: Body<'_>) -> Result<(), Error>
     body.await
 }
 
+/// Microseconds on the system clock, which all processes of one machine share (W4's start
+/// line; the fenced floors' fence proposals).
+pub(crate) fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
 /// 128 random bits as hex: a floor's token. One `format!` of a `u128`, as a user writes it
 /// (formatting each byte on its own cost the floors about 9k instructions a cycle, a third of
 /// the Redis floor's client).

@@ -13,7 +13,7 @@ use redis::AsyncCommands as _;
 
 use crate::{
     Sizes,
-    harness::{Error, Setup},
+    harness::{Error, Setup, wall_us},
     report::{Row, contended_row},
     workloads::Section,
 };
@@ -60,13 +60,6 @@ impl W4Child {
             fair: it.next()? == "1",
         })
     }
-}
-
-/// Microseconds on the system clock, which all processes of one machine share.
-fn wall_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// One W4 process: warms up, says `ready`, waits for `go` on stdin, runs its waiters (each

@@ -1,20 +1,21 @@
--- Shared by the scripts that grant a lock: prepended to acquire.lua, acquire_queued.lua and
--- pass.lua (Redis scripts cannot include one another). A lock's value is its acquisition's token
--- (32 hex digits), a space, and its holder's record (`owner=… host=… pid=… since=…`, for
--- `dlock show` and redis-cli): a hold is recognised by the token alone. The fencing token is
--- issued from the counter in the same script, so fences follow the order in which holds begin.
--- Acquire replies with one integer: > 0 the lock is ours and that is its fence; < 0 someone else
--- holds it for another (-1 - reply) ms; 0 it is free but another fair waiter is first in line.
+-- Shared by the scripts that grant a lock: prepended to acquire_queued.lua and pass.lua, and put
+-- between acquire.lua (a free key) and acquire_held.lua (a held one): Redis scripts cannot include
+-- one another. A lock's value is its acquisition's token (32 hex digits), a space, and its holder's
+-- record (`owner=… host=… pid=… since=…`, for `dlock show` and redis-cli): a hold is recognised by
+-- the token alone. The fencing token is issued from the counter in the same script, so fences
+-- follow the order in which holds begin. Acquire replies with one integer: > 0 the lock is ours and
+-- that is its fence; < 0 someone else holds it for another (-1 - reply) ms; 0 it is free but
+-- another fair waiter is first in line.
 
--- The next fence from `counter`: the client's clock in µs (the last argument of every script
--- that grants), or the counter plus one when that is higher (a hybrid clock), in one call --
--- GETSET of the clock, whose old value is the counter; only when the counter was ahead of the
--- clock (a clock behind another client's, or stepped back) is it set again. A counter that goes
--- back -- a restart without persistence, an eviction, or a failover to a replica that missed the
--- last writes -- thus never re-issues a fence handed out before, as long as the next client's
--- clock is not behind the clock of the one that issued that fence by more than the time since.
--- (The server's clock would do as well, but reading it in a script (TIME) cost more server time
--- than the rest of the acquisition: a sixth of the throughput of 16 clients, measured.)
+-- The next fence from `counter`: the client's clock in µs (the last argument of every script that
+-- grants), or the counter plus one when that is at or above it (a hybrid clock), in one call --
+-- GETSET of the clock, whose old value is the counter; only when the counter was ahead of the clock
+-- (a clock behind another client's, or stepped back) is it set again. A counter that goes back -- a
+-- restart without persistence, an eviction, or a failover to a replica that missed the last writes
+-- -- thus never re-issues a fence handed out before, as long as the next client's clock is not
+-- behind the clock of the one that issued that fence by more than the time since. (The server's
+-- clock would do as well, but reading it in a script (TIME) cost more server time than the rest of
+-- the acquisition: a sixth of the throughput of 16 clients, measured.)
 local function fence(counter)
   local f = tonumber(ARGV[#ARGV])
   local before = tonumber(redis.call('GETSET', counter, ARGV[#ARGV]))
@@ -31,18 +32,13 @@ local function token_of(value)
 end
 
 -- Sets `lock` to `value` for `lease` ms with the next fence from `counter`, recorded in the
--- value as `fence=N` (for `dlock show`); with `nx`, only when `lock` is free (else nil). The
--- value is written with the fence the client's clock proposes, which the fence is unless the
--- counter was ahead (then it is written again): two commands, as a lock without the record.
-local function set_lock(lock, counter, value, lease, nx)
+-- value as `fence=N` (for `dlock show`). The value is written with the fence the client's clock
+-- proposes, which the fence is unless the counter was at or above it (then it is written
+-- again): two commands, as a lock without the record. acquire.lua writes these steps and
+-- `fence`'s out for a free key (it runs before these functions are made): change both together.
+local function set_lock(lock, counter, value, lease)
   local proposed = ARGV[#ARGV]
-  if nx then
-    if not redis.call('SET', lock, value .. ' fence=' .. proposed, 'NX', 'PX', lease) then
-      return nil
-    end
-  else
-    redis.call('SET', lock, value .. ' fence=' .. proposed, 'PX', lease)
-  end
+  redis.call('SET', lock, value .. ' fence=' .. proposed, 'PX', lease)
   local f = fence(counter)
   if f ~= tonumber(proposed) then
     redis.call('SET', lock, value .. ' fence=' .. string.format('%.0f', f), 'PX', lease)

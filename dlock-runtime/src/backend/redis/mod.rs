@@ -150,9 +150,10 @@ fn pass_script() -> &'static Script {
 /// `PUBLISH`, or `SPUBLISH` on a Cluster: written into the script rather than sent with every
 /// release, two arguments fewer cost the server about 3.9k instructions less per release (82.6k
 /// → 78.7k a cycle of acquire and release, counted under cachegrind). RedLock's releases and
-/// undoings take them as arguments (`None` here): one script for its three ways to announce, so
-/// that each master has it loaded by any of them (a script a master meets first while it is
-/// stopped answers `NOSCRIPT` after the client gave up, and its release would never run).
+/// undoings take them as arguments (`None` here): one script for both its ways to announce
+/// (`1`, `-`), so that every master has it loaded by whichever of its releases, first-master
+/// releases and undoings came first (a script a master meets first while it is stopped answers
+/// `NOSCRIPT` after the client gave up, and its release would never run).
 fn release_script(fixed: Option<&'static str>) -> &'static Script {
     let (slot, line) = match fixed {
         None => (0, "local publish, announce = ARGV[2], ARGV[3]"),
