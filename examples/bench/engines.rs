@@ -578,6 +578,8 @@ impl ServerStats for RedisStats {
 /// The bench's own tables: the floor's lease rows, and W3's counter.
 const POSTGRES_TABLES: &str = "
 CREATE TABLE IF NOT EXISTS bench_locks (key text PRIMARY KEY, token text NOT NULL, expires_at timestamptz NOT NULL);
+CREATE TABLE IF NOT EXISTS bench_fenced_locks (key text PRIMARY KEY, token text NOT NULL, fence bigint NOT NULL, expires_at timestamptz NOT NULL);
+CREATE SEQUENCE IF NOT EXISTS bench_fence;
 CREATE TABLE IF NOT EXISTS bench_counter (key text PRIMARY KEY, n bigint NOT NULL);";
 
 async fn postgres() -> Result<Setup, Error> {
@@ -616,8 +618,17 @@ async fn postgres_at(
     Ok(Setup {
         engine: Engine::Postgres,
         about,
-        floor: Box::new(PgByHand { url: url.clone() }),
-        others: vec![Box::new(PgAdvisory { url: url.clone() })],
+        floor: Box::new(PgByHand {
+            url: url.clone(),
+            fenced: false,
+        }),
+        others: vec![
+            Box::new(PgByHand {
+                url: url.clone(),
+                fenced: true,
+            }) as Box<dyn Contender>,
+            Box::new(PgAdvisory { url: url.clone() }),
+        ],
         counter: Box::new(PgCounter { url: url.clone() }),
         stats: Box::new(PgStats {
             url: url.clone(),
@@ -640,29 +651,57 @@ async fn pg_client(url: &str) -> Result<tokio_postgres::Client, Error> {
 
 /// The floor on PostgreSQL: a lease row written by hand with the same writes as a lease lock
 /// (an upsert that takes a free or expired row, then a delete by token), each prepared, retried
-/// every millisecond while the row is held. No fence, no wake-up.
+/// every millisecond while the row is held. No fence, no wake-up. Fenced (one of the others):
+/// the upsert is [`PG_FENCED_ACQUIRE`], so the table shows what that guarantee alone costs.
 struct PgByHand {
     url: String,
+    fenced: bool,
 }
+
+/// The floor's upsert.
+const PG_ACQUIRE: &str = "\
+INSERT INTO bench_locks AS l (key, token, expires_at)
+VALUES ($1, $2, clock_timestamp() + interval '30 seconds')
+ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at
+WHERE l.expires_at < clock_timestamp() RETURNING 1";
+
+/// The fenced floor's upsert: the floor's, with a fence from a sequence in the row, drawn in
+/// the key's turn (a transaction-scoped advisory lock on the key's hash). Without the turn, the
+/// `nextval` in the row to insert runs before PostgreSQL looks for a conflicting row, and a
+/// whole hold of another client (insert, fence, delete) fits between an acquisition's `nextval`
+/// and its insert: that hold would begin earlier with the higher fence. The least a lease row
+/// costs whose fences follow the order holds begin in; no holder's record, no wake-up mark.
+/// The advisory lock's first key is not dlock's.
+const PG_FENCED_ACQUIRE: &str = "\
+WITH turn AS MATERIALIZED (SELECT pg_advisory_xact_lock(1650814563, hashtext($1)))
+INSERT INTO bench_fenced_locks AS l (key, token, fence, expires_at)
+SELECT $1, $2, nextval('bench_fence'), clock_timestamp() + interval '30 seconds' FROM turn
+ON CONFLICT (key) DO UPDATE
+    SET token = EXCLUDED.token, fence = EXCLUDED.fence, expires_at = EXCLUDED.expires_at
+WHERE l.expires_at < clock_timestamp() RETURNING fence";
 
 impl Contender for PgByHand {
     fn name(&self) -> String {
-        "floor (lease row by hand: upsert + delete)".to_owned()
+        if self.fenced {
+            "floor + fence (nextval in the key's turn)".to_owned()
+        } else {
+            "floor (lease row by hand: upsert + delete)".to_owned()
+        }
     }
 
     fn client(&self) -> BoxFuture<'_, Result<Box<dyn Client>, Error>> {
         Box::pin(async move {
             let db = pg_client(&self.url).await?;
-            let lock = db
-                .prepare(
-                    "INSERT INTO bench_locks AS l (key, token, expires_at) \
-                     VALUES ($1, $2, clock_timestamp() + interval '30 seconds') \
-                     ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at \
-                     WHERE l.expires_at < clock_timestamp() RETURNING 1",
-                )
-                .await?;
+            let (acquire, table) = if self.fenced {
+                (PG_FENCED_ACQUIRE, "bench_fenced_locks")
+            } else {
+                (PG_ACQUIRE, "bench_locks")
+            };
+            let lock = db.prepare(acquire).await?;
             let unlock = db
-                .prepare("DELETE FROM bench_locks WHERE key = $1 AND token = $2")
+                .prepare(&format!(
+                    "DELETE FROM {table} WHERE key = $1 AND token = $2"
+                ))
                 .await?;
             Ok(Box::new(PgByHandClient { db, lock, unlock }) as Box<dyn Client>)
         })
