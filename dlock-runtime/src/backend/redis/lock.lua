@@ -1,6 +1,6 @@
 -- Shared by the scripts that grant a lock: prepended to acquire_queued.lua and pass.lua, and put
--- between acquire.lua (a free key) and acquire_held.lua (a held one): Redis scripts cannot include
--- one another. A lock's value is its acquisition's token (32 hex digits), a space, and its holder's
+-- between acquire.lua (a free key) and acquire_held.lua (a held one), and RedLock's scripts (after
+-- ../redlock/acquire_free.lua in its acquire): Redis scripts cannot include one another. A lock's value is its acquisition's token (32 hex digits), a space, and its holder's
 -- record (`owner=… host=… pid=… since=…`, for `dlock show` and redis-cli): a hold is recognised by
 -- the token alone. The fencing token is issued from the counter in the same script, so fences
 -- follow the order in which holds begin. Acquire replies with one integer: > 0 the lock is ours and

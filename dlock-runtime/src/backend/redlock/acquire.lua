@@ -1,5 +1,7 @@
--- RedLock's acquire on one master, in one round (after ../redis/lock.lua, queue.lua and grant.lua): the lock, and the
--- fence the client proposes (its clock in µs, or more), kept as this master's counter.
+-- RedLock's acquire on one master, in one round (after acquire_free.lua, which sets the lock
+-- (`taken`, with `value`) and takes a first attempt's grant itself, then ../redis/lock.lua,
+-- queue.lua and grant.lua): the lock, and the fence the client proposes (its clock in µs, or
+-- more), kept as this master's counter.
 -- KEYS[1] lock key, KEYS[2] fencing counter (same cluster slot as KEYS[1])
 -- ARGV[1] the lock's value (this acquisition's token and its holder's record), ARGV[2] lease in milliseconds, ARGV[3] the proposed fence
 -- Reply: > 0 the lock is ours, with the proposed fence (now this master's counter);
@@ -37,9 +39,7 @@ local function granted_from_place()
   end
 end
 
--- The value records the fence this master granted (`fence=N`), for `dlock show`.
-local value = ARGV[1] .. ' fence=' .. ARGV[3]
-if redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[2]) then
+if taken then
   local granted = grant(KEYS[2], ARGV[3])
   if type(granted) == 'table' then
     redis.call('DEL', KEYS[1])

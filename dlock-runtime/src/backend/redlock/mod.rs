@@ -194,10 +194,12 @@ fn place_script() -> &'static redis::Script {
     PLACE.get_or_init(|| redis::Script::new(include_str!("place.lua")))
 }
 
-/// The acquire script: the shared lock functions of the Redis engine, then RedLock's own.
+/// The acquire script: a first attempt's grant of a free key, then the shared lock functions of
+/// the Redis engine and RedLock's own.
 fn acquire_script() -> &'static redis::Script {
     ACQUIRE.get_or_init(|| {
         redis::Script::new(concat!(
+            include_str!("acquire_free.lua"),
             include_str!("../redis/lock.lua"),
             include_str!("../redis/queue.lua"),
             include_str!("grant.lua"),
