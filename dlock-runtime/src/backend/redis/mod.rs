@@ -150,13 +150,19 @@ fn pass_script() -> &'static Script {
 /// `PUBLISH`, or `SPUBLISH` on a Cluster: written into the script rather than sent with every
 /// release, two arguments fewer cost the server about 3.9k instructions less per release (82.6k
 /// → 78.7k a cycle of acquire and release, counted under cachegrind). RedLock's releases and
-/// undoings take them as arguments (`None` here): one script for both its ways to announce
-/// (`1`, `-`), so that every master has it loaded by whichever of its releases, first-master
-/// releases and undoings came first (a script a master meets first while it is stopped answers
-/// `NOSCRIPT` after the client gave up, and its release would never run).
+/// undoings (`None` here; its masters are single servers: `PUBLISH`) tell their way to announce
+/// by the number of keys: the queue's name as a second key for `-` (the key's first master,
+/// and undoings), the lock key alone for `1` (the other masters, whose release looks at no
+/// queue). One script for both, so that every master has it loaded by whichever of its
+/// releases, first-master releases and undoings came first (a script a master meets first
+/// while it is stopped answers `NOSCRIPT` after the client gave up, and its release would never
+/// run); no arguments for them, which cost each master 6.5k instructions a release (cachegrind).
 fn release_script(fixed: Option<&'static str>) -> &'static Script {
     let (slot, line) = match fixed {
-        None => (0, "local publish, announce = ARGV[2], ARGV[3]"),
+        None => (
+            0,
+            "local publish, announce = 'PUBLISH', #KEYS == 2 and '-' or '1'",
+        ),
         Some("SPUBLISH") => (1, "local publish, announce = 'SPUBLISH', '0'"),
         Some(_) => (2, "local publish, announce = 'PUBLISH', '0'"),
     };
@@ -840,15 +846,16 @@ impl RedisBackend {
         token: &Token,
         announce: &'static str,
     ) -> Result<i64, BackendError> {
-        // The queue, to name the place first in line in the wake-up.
         let fixed = (announce == "0").then(|| self.publish_command());
-        let mut call = Call::new(release_script(fixed), 2);
-        call.arg(key)
-            .arg(companion(&self.fair_prefix, key, "queue"))
-            .arg(token.as_str());
-        if fixed.is_none() {
-            call.arg(self.publish_command()).arg(announce);
+        // The queue, to name the place first in line in the wake-up; RedLock's `1` looks at
+        // none, and is told by its absence (see `release_script`).
+        let queued = announce != "1";
+        let mut call = Call::new(release_script(fixed), if queued { 2 } else { 1 });
+        call.arg(key);
+        if queued {
+            call.arg(companion(&self.fair_prefix, key, "queue"));
         }
+        call.arg(token.as_str());
         // release.lua: bit 0 deleted, bit 1 the notification was refused (no channel
         // permission); the release stands either way.
         let reply: i64 = self.call("release", call).await?;
