@@ -1,11 +1,12 @@
 -- Shared by the scripts that grant a lock: prepended to acquire_queued.lua and pass.lua, and put
 -- between acquire.lua (a free key) and acquire_held.lua (a held one), and RedLock's scripts (after
--- ../redlock/acquire_free.lua in its acquire): Redis scripts cannot include one another. A lock's value is its acquisition's token (32 hex digits), a space, and its holder's
--- record (`owner=… host=… pid=… since=…`, for `dlock show` and redis-cli): a hold is recognised by
--- the token alone. The fencing token is issued from the counter in the same script, so fences
--- follow the order in which holds begin. Acquire replies with one integer: > 0 the lock is ours and
--- that is its fence; < 0 someone else holds it for another (-1 - reply) ms; 0 it is free but
--- another fair waiter is first in line.
+-- ../redlock/acquire_free.lua in its acquire): Redis scripts cannot include one another. A lock's
+-- value is its acquisition's token (32 hex digits), a space, and its holder's record (`owner=…
+-- host=… pid=… since=…`, for `dlock show` and redis-cli): a hold is recognised by the token alone.
+-- The fencing token is issued from the counter in the same script, so fences follow the order in
+-- which holds begin. Acquire replies with one integer: > 0 the lock is ours and that is its fence;
+-- < 0 someone else holds it for another (-1 - reply) ms; 0 it is free but another fair waiter is
+-- first in line.
 
 -- The next fence from `counter`: the client's clock in µs (the last argument of every script that
 -- grants), or the counter plus one when that is at or above it (a hybrid clock), in one call --
