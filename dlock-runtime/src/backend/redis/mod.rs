@@ -169,6 +169,14 @@ fn release_script(fixed: Option<&'static str>) -> &'static Script {
     };
     RELEASE[slot].get_or_init(|| Script::new(&format!("{line}\n{}", include_str!("release.lua"))))
 }
+/// The script and the number of keys of a mutex's release announced as `announce` says ('0',
+/// '1' or '-', see release.lua) with `publish`: the queue is the second key, to name the place
+/// first in line in the wake-up; RedLock's `1` looks at none, and is told by its absence (see
+/// [`release_script`]).
+fn release_shape(announce: &str, publish: &'static str) -> (&'static Script, usize) {
+    let fixed = (announce == "0").then_some(publish);
+    (release_script(fixed), if announce == "1" { 1 } else { 2 })
+}
 fn leave_script() -> &'static Script {
     LEAVE.get_or_init(|| {
         Script::new(concat!(
@@ -847,11 +855,9 @@ impl RedisBackend {
         token: &Token,
         announce: &'static str,
     ) -> Result<i64, BackendError> {
-        let fixed = (announce == "0").then(|| self.publish_command());
-        // The queue, to name the place first in line in the wake-up; RedLock's `1` looks at
-        // none, and is told by its absence (see `release_script`).
-        let queued = announce != "1";
-        let mut call = Call::new(release_script(fixed), if queued { 2 } else { 1 });
+        let (script, keys) = release_shape(announce, self.publish_command());
+        let queued = keys == 2;
+        let mut call = Call::new(script, keys);
         call.arg(key);
         if queued {
             call.arg(companion(&self.fair_prefix, key, "queue"));
@@ -1719,6 +1725,24 @@ mod tests {
     }
 
     use super::*;
+
+    /// RedLock's releases (`1`: the masters but the key's first), first-master releases and
+    /// undoings (`-`) send one script, whichever came first loads it on every master: a
+    /// script a master meets first while it is stopped answers `NOSCRIPT` after the client gave
+    /// up, and what it carried never runs. They differ by their number of keys alone.
+    #[test]
+    fn redlock_releases_and_undoings_share_one_script() {
+        let (all, one_key) = release_shape("1", "PUBLISH");
+        let (first, two_keys) = release_shape("-", "PUBLISH");
+        assert!(std::ptr::eq(all, first));
+        assert_eq!(all.get_hash(), first.get_hash());
+        assert_eq!((one_key, two_keys), (1, 2));
+        // One server's and a Cluster's releases have their way written in: other scripts.
+        let (single, _) = release_shape("0", "PUBLISH");
+        let (cluster, _) = release_shape("0", "SPUBLISH");
+        assert_ne!(single.get_hash(), all.get_hash());
+        assert_ne!(single.get_hash(), cluster.get_hash());
+    }
 
     #[test]
     fn slots_match_redis_cluster_spec() {
