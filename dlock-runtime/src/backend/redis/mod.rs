@@ -145,38 +145,52 @@ fn acquire_queued_script() -> &'static Script {
 fn pass_script() -> &'static Script {
     PASS.get_or_init(|| Script::new(concat!(include_str!("lock.lua"), include_str!("pass.lua"))))
 }
-/// release.lua, with the line before it that sets how it announces. Every release of one
-/// server, a Sentinel's master or a Cluster announces only when a place waits (`0`), with
+/// How a mutex's release announces itself: release.lua's `announce`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(
+    not(feature = "redlock"),
+    allow(dead_code, reason = "only RedLock's masters announce always or never")
+)]
+enum Announce {
+    /// `0`: only when a place waits in the key's queue, on that place's channel (one server, a
+    /// Sentinel's master, a Cluster).
+    WhenWaited,
+    /// `1`: every deletion, on the key's channel, for waiters that could not listen on the
+    /// key's first master (RedLock's masters but that one; they keep no queue).
+    Always,
+    /// `-`: nothing; the reply says whether a place waits in the queue (RedLock's first master,
+    /// whose places the releasing client wakes, and undoings, which wake nobody).
+    Never,
+}
+
+/// The script (release.lua with the line before it that sets how it announces) and the number
+/// of keys of a mutex's release announced as `announce` says, with `publish`. Every release of
+/// one server, a Sentinel's master or a Cluster announces only when a place waits, with
 /// `PUBLISH`, or `SPUBLISH` on a Cluster: written into the script rather than sent with every
 /// release, two arguments fewer cost the server about 3.9k instructions less per release (82.6k
 /// → 78.7k a cycle of acquire and release, counted under cachegrind). RedLock's releases and
-/// undoings (`None` here; its masters are single servers: `PUBLISH`) tell their way to announce
-/// by the number of keys: the queue's name as a second key for `-` (the key's first master,
-/// and undoings), the lock key alone for `1` (the other masters, whose release looks at no
+/// undoings (its masters are single servers: `PUBLISH`) tell their way to announce by the
+/// number of keys: the queue's name as a second key for `Never` (the key's first master, and
+/// undoings), the lock key alone for `Always` (the other masters, whose release looks at no
 /// queue). One script for both, so that every master has it loaded by whichever of its
 /// releases, first-master releases and undoings came first (a script a master meets first
 /// while it is stopped answers `NOSCRIPT` after the client gave up, and its release would never
 /// run). With the `LINDEX` the other masters no longer run, this cut a master's cycle 87.6k →
 /// 82.1k instructions (the first master's 88.3k → 85.3k; cachegrind).
-fn release_script(fixed: Option<&'static str>) -> &'static Script {
-    let (slot, line) = match fixed {
-        None => (
-            0,
-            "local publish, announce = 'PUBLISH', #KEYS == 2 and '-' or '1'",
-        ),
-        Some("SPUBLISH") => (1, "local publish, announce = 'SPUBLISH', '0'"),
-        Some(_) => (2, "local publish, announce = 'PUBLISH', '0'"),
+fn release_script(announce: Announce, publish: &str) -> (&'static Script, usize) {
+    let (slot, line, keys) = match (announce, publish) {
+        (Announce::Always, _) => (0, REDLOCK_RELEASE, 1),
+        (Announce::Never, _) => (0, REDLOCK_RELEASE, 2),
+        (Announce::WhenWaited, "SPUBLISH") => (1, "local publish, announce = 'SPUBLISH', '0'", 2),
+        (Announce::WhenWaited, _) => (2, "local publish, announce = 'PUBLISH', '0'", 2),
     };
-    RELEASE[slot].get_or_init(|| Script::new(&format!("{line}\n{}", include_str!("release.lua"))))
+    let script = RELEASE[slot]
+        .get_or_init(|| Script::new(&format!("{line}\n{}", include_str!("release.lua"))));
+    (script, keys)
 }
-/// The script and the number of keys of a mutex's release announced as `announce` says ('0',
-/// '1' or '-', see release.lua) with `publish`: the queue is the second key, to name the place
-/// first in line in the wake-up; RedLock's `1` looks at none, and is told by its absence (see
-/// [`release_script`]).
-fn release_shape(announce: &str, publish: &'static str) -> (&'static Script, usize) {
-    let fixed = (announce == "0").then_some(publish);
-    (release_script(fixed), if announce == "1" { 1 } else { 2 })
-}
+
+/// RedLock's line before release.lua: `-` with the queue's name as a second key, `1` without.
+const REDLOCK_RELEASE: &str = "local publish, announce = 'PUBLISH', #KEYS == 2 and '-' or '1'";
 fn leave_script() -> &'static Script {
     LEAVE.get_or_init(|| {
         Script::new(concat!(
@@ -438,10 +452,10 @@ pub(crate) struct RedisBackend {
     notifier: Option<Notifier>,
     /// A release's PUBLISH was refused once already (reported once per locker).
     publish_denied: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    /// Every release of a mutex is announced, not only those a place in the key's queue waits
-    /// for: a RedLock master's (RedLock's waiters keep a place on the key's first master only,
-    /// when they can; see [`announcing_every_release`](Self::announcing_every_release)).
-    announce_always: bool,
+    /// How a release of a mutex announces itself: when a place in the key's queue waits for it,
+    /// or always, a RedLock master's (RedLock's waiters keep a place on the key's first master
+    /// only, when they can; see [`announcing_every_release`](Self::announcing_every_release)).
+    announce: Announce,
     /// `DLOCK_REDIS_WAIT`: replicas that must acknowledge an acquisition; 0 = off.
     wait_replicas: u32,
     /// Who this locker is, recorded in each lock's value.
@@ -529,7 +543,7 @@ impl RedisBackend {
             fence_prefix: format!("{}{FENCE_PREFIX}", settings.key_prefix),
             fair_prefix: format!("{}{FAIR_PREFIX}", settings.key_prefix),
             publish_denied: std::sync::Arc::default(),
-            announce_always: false,
+            announce: Announce::WhenWaited,
             wait_replicas,
             identity: settings.identity.clone(),
             key_prefix: settings.key_prefix.clone(),
@@ -569,7 +583,7 @@ impl RedisBackend {
     /// places are woken by the releasing client).
     #[cfg(feature = "redlock")]
     pub(crate) fn announcing_every_release(mut self) -> Self {
-        self.announce_always = true;
+        self.announce = Announce::Always;
         self
     }
 
@@ -847,19 +861,19 @@ impl RedisBackend {
         self.call("pass", call).await
     }
 
-    /// A mutex's release (release.lua) announced as `announce` says ('0', '1' or '-', see the
-    /// script): its reply (bit 0 deleted, bit 2 a place waits, with '-').
+    /// A mutex's release (release.lua) announced as `announce` says: its reply (bit 0 deleted,
+    /// bit 2 a place waits, with [`Announce::Never`]).
     async fn release_mutex(
         &self,
         key: &str,
         token: &Token,
-        announce: &'static str,
+        announce: Announce,
     ) -> Result<i64, BackendError> {
-        let (script, keys) = release_shape(announce, self.publish_command());
-        let queued = keys == 2;
+        let (script, keys) = release_script(announce, self.publish_command());
         let mut call = Call::new(script, keys);
         call.arg(key);
-        if queued {
+        if keys == 2 {
+            // The queue, to name the place first in line in the wake-up.
             call.arg(companion(&self.fair_prefix, key, "queue"));
         }
         call.arg(token.as_str());
@@ -877,7 +891,7 @@ impl RedisBackend {
     /// refused by the majority that holds the lock).
     #[cfg(feature = "redlock")]
     pub(crate) async fn undo(&self, key: &str, token: &Token) -> Result<bool, BackendError> {
-        Ok(self.release_mutex(key, token, "-").await? & 1 == 1)
+        Ok(self.release_mutex(key, token, Announce::Never).await? & 1 == 1)
     }
 
     /// RedLock's release on the key's first master: the compare-and-delete, announced to
@@ -889,7 +903,7 @@ impl RedisBackend {
         key: &str,
         token: &Token,
     ) -> Result<(bool, bool), BackendError> {
-        let reply = self.release_mutex(key, token, "-").await?;
+        let reply = self.release_mutex(key, token, Announce::Never).await?;
         Ok((reply & 1 == 1, reply & 4 != 0))
     }
 
@@ -1353,9 +1367,7 @@ impl Backend for RedisBackend {
                 }
                 return Ok(reply & 1 == 1);
             }
-            let reply = self
-                .release_mutex(key, token, if self.announce_always { "1" } else { "0" })
-                .await?;
+            let reply = self.release_mutex(key, token, self.announce).await?;
             Ok(reply & 1 == 1)
         })
     }
@@ -1726,20 +1738,20 @@ mod tests {
 
     use super::*;
 
-    /// RedLock's releases (`1`: the masters but the key's first), first-master releases and
-    /// undoings (`-`) send one script, whichever came first loads it on every master: a
-    /// script a master meets first while it is stopped answers `NOSCRIPT` after the client gave
-    /// up, and what it carried never runs. They differ by their number of keys alone.
+    /// RedLock's releases (the masters but the key's first), first-master releases and
+    /// undoings send one script, whichever came first loads it on every master: a script a
+    /// master meets first while it is stopped answers `NOSCRIPT` after the client gave up, and
+    /// what it carried never runs. They differ by their number of keys alone.
     #[test]
     fn redlock_releases_and_undoings_share_one_script() {
-        let (all, one_key) = release_shape("1", "PUBLISH");
-        let (first, two_keys) = release_shape("-", "PUBLISH");
+        let (all, one_key) = release_script(Announce::Always, "PUBLISH");
+        let (first, two_keys) = release_script(Announce::Never, "PUBLISH");
         assert!(std::ptr::eq(all, first));
         assert_eq!(all.get_hash(), first.get_hash());
         assert_eq!((one_key, two_keys), (1, 2));
         // One server's and a Cluster's releases have their way written in: other scripts.
-        let (single, _) = release_shape("0", "PUBLISH");
-        let (cluster, _) = release_shape("0", "SPUBLISH");
+        let (single, _) = release_script(Announce::WhenWaited, "PUBLISH");
+        let (cluster, _) = release_script(Announce::WhenWaited, "SPUBLISH");
         assert_ne!(single.get_hash(), all.get_hash());
         assert_ne!(single.get_hash(), cluster.get_hash());
     }
