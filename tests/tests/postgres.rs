@@ -232,10 +232,14 @@ async fn wait_for_count(
     }
 }
 
-/// A server of the test's own with `pg_stat_statements`, and a client of it.
+/// A server of the test's own with `pg_stat_statements` (counting plans too), and a client of
+/// it.
 async fn statements_server() -> (PostgresServer, tokio_postgres::Client) {
     let server = tokio::task::block_in_place(|| {
-        PostgresServer::try_start_with(&["shared_preload_libraries=pg_stat_statements"])
+        PostgresServer::try_start_with(&[
+            "shared_preload_libraries=pg_stat_statements",
+            "pg_stat_statements.track_planning=on",
+        ])
     })
     .unwrap();
     let db = pg::client(&server.url()).await;
@@ -1195,6 +1199,59 @@ async fn a_release_is_sent_to_the_process_it_names_alone() {
         assert!(
             !payload.ends_with(&stored) || payload.starts_with("--------"),
             "a release naming a place went to every listening process: {payload}"
+        );
+    }
+}
+
+/// Each statement dlock sends is planned once per connection, not at every call: left to
+/// choose, the server planned a waiter's attempt (the statement that keeps its place in the
+/// key's queue) anew at every call, judging its custom plans cheaper than the generic one, and
+/// the planning cost it twice the running (`pg_stat_statements` with `track_planning`). Four
+/// lockers, each its own connection, take turns on one key, so that their waiters' attempts
+/// come by the dozen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_statement_is_planned_once_per_connection() {
+    const LOCKERS: i64 = 4;
+    let (server, db) = statements_server().await;
+    let key = unique_key("planned-once");
+    let tasks: Vec<_> = (0..LOCKERS)
+        .map(|_| {
+            let (locker, key) = (locker(&server.url()), key.clone());
+            tokio::spawn(async move {
+                for _ in 0..40 {
+                    let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let rows = db
+        .query(
+            "SELECT calls, plans, query FROM pg_stat_statements \
+              WHERE query LIKE '%dlock_locks%' AND calls >= 20",
+            &[],
+        )
+        .await
+        .unwrap();
+    let waiters_attempts: i64 = rows
+        .iter()
+        .filter(|r| r.get::<_, String>(2).contains("INSERT INTO dlock_waiters"))
+        .map(|r| r.get::<_, i64>(0))
+        .sum();
+    assert!(
+        waiters_attempts >= 20,
+        "the waiters made {waiters_attempts} attempts from a place: too few to tell"
+    );
+    for row in &rows {
+        let (calls, plans, query): (i64, i64, String) = (row.get(0), row.get(1), row.get(2));
+        // Once per locker's connection, and again after a change to a table's statistics.
+        assert!(
+            plans <= 2 * LOCKERS,
+            "planned {plans} times in {calls} calls: {query}"
         );
     }
 }
