@@ -335,11 +335,13 @@ UPDATE dlock_locks SET expires_at = clock_timestamp() + $3::bigint * interval '1
 
 /// In the setup's `DO` block: the connection's statements use generic plans
 /// (`plan_cache_mode`, PostgreSQL 12 and later; on 11 the server's own choice stays). Every
-/// statement dlock sends finds its rows by key (the primary keys), so its generic plan is the
-/// plan; planned at every call, `ACQUIRE_QUEUED` (a waiter's attempt) cost the server 0.6ms of
-/// planning against 0.3ms of running (`pg_stat_statements` with `track_planning`, 8 lockers on
-/// one key), and W3's server time per critical section was 1.4-1.7 times what it is with
-/// generic plans.
+/// statement dlock sends finds its rows by key (the primary keys; [`LIST`]'s prefix is a scan
+/// either way), so its generic plan is the plan. Left to choose, the server kept custom plans
+/// for `ACQUIRE_QUEUED` (a waiter's attempt; they fold its flags away) and planned it at every
+/// call: 0.6ms of planning against 0.3ms of running (`pg_stat_statements` with
+/// `track_planning`, 8 lockers on one key), the server's time per critical section 1.3-1.7
+/// times what it is with generic plans in that scratch program, 1.1-1.2 times in the
+/// benchmark's W3.
 const PLAN_ONCE: &str = "IF current_setting('server_version_num')::int >= 120000 THEN \
     PERFORM set_config('plan_cache_mode', 'force_generic_plan', false); END IF;";
 
@@ -1021,10 +1023,7 @@ async fn setup(
     // sequence's advance with it (a later fence equal to or below one handed out). Only `off`
     // is raised; `local` and the `remote_*` levels are the user's (each waits for the local
     // flush at least).
-    // Every statement is planned once per connection (a generic plan, PostgreSQL 12 and
-    // later): left to choose, the server kept planning `ACQUIRE_QUEUED` at every call (its
-    // custom plans fold the flags away, and it judged them cheaper than the generic plan
-    // plus its planning), which cost more than running it (see `PLAN_ONCE`).
+    // Every statement is planned once per connection (see `PLAN_ONCE`).
     let probe = format!(
         "SET statement_timeout = {statement_ms}; \
          DO $$ BEGIN IF current_setting('synchronous_commit') = 'off' THEN \
