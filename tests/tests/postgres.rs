@@ -233,12 +233,14 @@ async fn wait_for_count(
 }
 
 /// A server of the test's own with `pg_stat_statements` (counting plans too), and a client of
-/// it.
+/// it. No autovacuum: an `ANALYZE` of a table makes every connection plan its statements on it
+/// again, at a moment no test chooses.
 async fn statements_server() -> (PostgresServer, tokio_postgres::Client) {
     let server = tokio::task::block_in_place(|| {
         PostgresServer::try_start_with(&[
             "shared_preload_libraries=pg_stat_statements",
             "pg_stat_statements.track_planning=on",
+            "autovacuum=off",
         ])
     })
     .unwrap();
@@ -1203,12 +1205,12 @@ async fn a_release_is_sent_to_the_process_it_names_alone() {
     }
 }
 
-/// Each statement dlock sends is planned once per connection, not at every call: left to
-/// choose, the server planned a waiter's attempt (the statement that keeps its place in the
-/// key's queue) anew at every call, judging its custom plans cheaper than the generic one, and
-/// the planning cost it twice the running (`pg_stat_statements` with `track_planning`). Four
-/// lockers, each its own connection, take turns on one key, so that their waiters' attempts
-/// come by the dozen.
+/// Each statement dlock prepares is planned once per connection (`pg_stat_statements` with
+/// `track_planning`): left to choose, the server planned a waiter's attempt (the statement
+/// that keeps its place in the key's queue) anew at every call, judging its custom plans
+/// cheaper than the generic one, and the planning cost it twice the running; and it plans
+/// every statement's first five calls on a connection. Four lockers, each its own connection,
+/// take turns on one key, so that their waiters' attempts come by the dozen.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_statement_is_planned_once_per_connection() {
     const LOCKERS: i64 = 4;
@@ -1237,15 +1239,17 @@ async fn each_statement_is_planned_once_per_connection() {
         )
         .await
         .unwrap();
-    let waiters_attempts: i64 = rows
+    let (waiters_attempts, planned): (i64, i64) = rows
         .iter()
         .filter(|r| r.get::<_, String>(2).contains("INSERT INTO dlock_waiters"))
-        .map(|r| r.get::<_, i64>(0))
-        .sum();
+        .fold((0, 0), |(calls, plans), r| {
+            (calls + r.get::<_, i64>(0), plans + r.get::<_, i64>(1))
+        });
     assert!(
         waiters_attempts >= 20,
         "the waiters made {waiters_attempts} attempts from a place: too few to tell"
     );
+    assert!(planned >= 1, "no plans counted: is `track_planning` on?");
     for row in &rows {
         let (calls, plans, query): (i64, i64, String) = (row.get(0), row.get(1), row.get(2));
         // Once per locker's connection, and again after a change to a table's statistics.

@@ -334,16 +334,18 @@ UPDATE dlock_locks SET expires_at = clock_timestamp() + $3::bigint * interval '1
  WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp()";
 
 /// In the setup's `DO` block: the connection's statements use generic plans
-/// (`plan_cache_mode`, PostgreSQL 12 and later; on 11 the server's own choice stays). Every
-/// statement dlock sends finds its rows by key (the primary keys; [`LIST`]'s prefix is a scan
-/// either way), so its generic plan is the plan. Left to choose, the server kept custom plans
-/// for `ACQUIRE_QUEUED` (a waiter's attempt; they fold its flags away) and planned it at every
-/// call: 0.6ms of planning against 0.3ms of running (`pg_stat_statements` with
-/// `track_planning`, 8 lockers on one key), the server's time per critical section 1.3-1.7
-/// times what it is with generic plans in that scratch program, 1.1-1.2 times in the
-/// benchmark's W3.
-const PLAN_ONCE: &str = "IF current_setting('server_version_num')::int >= 120000 THEN \
-    PERFORM set_config('plan_cache_mode', 'force_generic_plan', false); END IF;";
+/// (`plan_cache_mode`; dlock's statements need PostgreSQL 12 anyway, for `AS MATERIALIZED`).
+/// The prepared statements (and those inside dlock's functions) are then planned once per
+/// connection; those prepared at each call (an operator's inspect, list and forced release) are
+/// planned at each call either way. Every statement finds its rows by key (the primary keys),
+/// so the generic plan is the plan, but for [`LIST`]: with a C collation a custom plan could
+/// range over the index for its prefix, a generic one scans the table's rows (the locks held
+/// now). Left to choose, the server kept custom plans for `ACQUIRE_QUEUED` (a waiter's attempt;
+/// they fold its flags away) and planned it at every call: 0.6ms of planning against 0.3ms of
+/// running (`pg_stat_statements` with `track_planning`, 8 lockers on one key), the server's
+/// time per critical section 1.3-1.7 times what it is with generic plans in that scratch
+/// program, 1.06-1.22 times in the benchmark's W3.
+const PLAN_ONCE: &str = "PERFORM set_config('plan_cache_mode', 'force_generic_plan', false);";
 
 /// The longest key accepted: a btree index entry holds at most 2704 bytes.
 const MAX_KEY_BYTES: usize = 2600;
@@ -1023,7 +1025,7 @@ async fn setup(
     // sequence's advance with it (a later fence equal to or below one handed out). Only `off`
     // is raised; `local` and the `remote_*` levels are the user's (each waits for the local
     // flush at least).
-    // Every statement is planned once per connection (see `PLAN_ONCE`).
+    // The prepared statements are planned once per connection (see `PLAN_ONCE`).
     let probe = format!(
         "SET statement_timeout = {statement_ms}; \
          DO $$ BEGIN IF current_setting('synchronous_commit') = 'off' THEN \
