@@ -28,6 +28,22 @@ fn locker(url: &str, request_timeout: Duration) -> Locker {
         .expect("a valid RedLock URL")
 }
 
+/// A locker for a holder and a waiter that takes the lock from it ([`offering_waiter`]): its
+/// waiters pause 1s between attempts, so a waiter in line offers for nearly all of each second
+/// (it takes its offer back for each attempt of its own). With the default 10-50ms pauses a
+/// release had a chance of a few percent of meeting the waiter in an attempt, and then did not
+/// pass (`a_pass_no_majority_answers_leaves_nothing_behind` failed so in a CI run).
+fn offering_locker(url: &str) -> Locker {
+    Locker::builder()
+        .url(url)
+        .request_timeout(Duration::from_millis(500))
+        .timeout(Duration::from_secs(5))
+        .expire(Duration::from_secs(10))
+        .retry(Duration::from_secs(1), Duration::from_secs(1))
+        .build()
+        .expect("a valid RedLock URL")
+}
+
 /// A connection to `server` (running, not stopped).
 fn connect(server: &RedisServer) -> redis::Connection {
     server.client().get_connection().expect("connect")
@@ -914,7 +930,7 @@ async fn a_release_passes_the_lock_to_the_next_waiter_of_its_locker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_from_a_holder_that_lost_the_majority_passes_nothing() {
     let masters = RedLockServers::start();
-    let holders = locker(&masters.url(), Duration::from_millis(500));
+    let holders = offering_locker(&masters.url());
     drained(&holders).await;
     // Led by master 0, one of those the other holder takes: a waiter's attempt after a plain
     // release asks it alone, and is refused there, so master 3 runs only the release's script.
@@ -984,7 +1000,7 @@ async fn a_pass_from_a_holder_that_lost_the_majority_passes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_no_majority_answers_leaves_nothing_behind() {
     let masters = RedLockServers::start();
-    let holders = locker(&masters.url(), Duration::from_millis(500));
+    let holders = offering_locker(&masters.url());
     drained(&holders).await;
     // Led by master 0, which stays up: the waiter's place and the wake-ups are there.
     let key = key_led_by("pass-unanswered", 0, 5);
@@ -1030,7 +1046,7 @@ async fn a_pass_no_majority_answers_leaves_nothing_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pass_refused_by_counters_ahead_is_made_again_above_them() {
     let masters = RedLockServers::start();
-    let holders = locker(&masters.url(), Duration::from_millis(500));
+    let holders = offering_locker(&masters.url());
     drained(&holders).await;
     let key = unique_key("pass-ahead");
     let holder = holders.acquire(&key, LockOptions::new()).await.unwrap();
@@ -1183,9 +1199,10 @@ async fn across_two_processes_a_hot_key_is_passed_and_goes_round() {
     }
 }
 
-/// A waiter of `key` on `locker` (10s), once it has been refused, is in line (its place in the
-/// key's queue on the key's first master) and has offered to take the lock from a holder of
-/// the same locker (the offer follows the arming of its wake-up: a moment more). Waiting for
+/// A waiter of `key` on `locker` (10s; an [`offering_locker`]), once it has been refused, is in
+/// line (its place in the key's queue on the key's first master) and has offered to take the
+/// lock from a holder of the same locker (the offer follows the arming of its wake-up: a
+/// moment more). Waiting for
 /// the place, not a fixed pause: under load the first refusal can take longer.
 async fn offering_waiter(
     masters: &RedLockServers,
