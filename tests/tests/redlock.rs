@@ -19,13 +19,18 @@ use tokio::time::Instant;
 
 /// A client of `url` with `request_timeout` requests, a 10s lease and a 5s wait.
 fn locker(url: &str, request_timeout: Duration) -> Locker {
+    builder(url, request_timeout)
+        .build()
+        .expect("a valid RedLock URL")
+}
+
+/// The settings of [`locker`]'s lockers, to build one that differs in another.
+fn builder(url: &str, request_timeout: Duration) -> dlock_runtime::LockerBuilder {
     Locker::builder()
         .url(url)
         .request_timeout(request_timeout)
         .timeout(Duration::from_secs(5))
         .expire(Duration::from_secs(10))
-        .build()
-        .expect("a valid RedLock URL")
 }
 
 /// A locker for a holder and a waiter that takes the lock from it ([`offering_waiter`]): its
@@ -34,11 +39,7 @@ fn locker(url: &str, request_timeout: Duration) -> Locker {
 /// release had a chance of a few percent of meeting the waiter in an attempt, and then did not
 /// pass (`a_pass_no_majority_answers_leaves_nothing_behind` failed so in a CI run).
 fn offering_locker(url: &str) -> Locker {
-    Locker::builder()
-        .url(url)
-        .request_timeout(Duration::from_millis(500))
-        .timeout(Duration::from_secs(5))
-        .expire(Duration::from_secs(10))
+    builder(url, Duration::from_millis(500))
         .retry(Duration::from_secs(1), Duration::from_secs(1))
         .build()
         .expect("a valid RedLock URL")
@@ -1202,8 +1203,8 @@ async fn across_two_processes_a_hot_key_is_passed_and_goes_round() {
 /// A waiter of `key` on `locker` (10s; an [`offering_locker`]), once it has been refused, is in
 /// line (its place in the key's queue on the key's first master) and has offered to take the
 /// lock from a holder of the same locker (the offer follows the arming of its wake-up: a
-/// moment more). Waiting for
-/// the place, not a fixed pause: under load the first refusal can take longer.
+/// moment more). Waiting for the place, not a fixed pause: under load the first refusal can
+/// take longer.
 async fn offering_waiter(
     masters: &RedLockServers,
     locker: &Locker,
