@@ -1,8 +1,9 @@
 //! RedLock over 5 independent `redis-server`s: grants by majority under every mix of stopped and
 //! clogged masters, fences that increase across differing majorities, the partition of a
 //! holder from a majority (through TCP proxies), a master restarted without persistence (the
-//! documented limitation, and the delayed restart that avoids it), and processes that exclude
-//! each other.
+//! documented limitation, and the delayed restart that avoids it), processes that exclude
+//! each other, and releases a master missed sent to it again (at most 32 at once per locker,
+//! none once the locker is closed or dropped).
 
 use std::{
     sync::Arc,
@@ -1339,5 +1340,109 @@ async fn a_release_the_first_master_missed_is_sent_to_it_again() {
         got_at - released_at < Duration::from_secs(8),
         "the waiter got the lock {:?} after the release",
         got_at - released_at
+    );
+}
+
+/// A locker whose master 0 is reached through `proxy` (the others directly): 300ms requests,
+/// a 20s lease.
+fn through_proxy(masters: &RedLockServers, proxy: &Proxy) -> Locker {
+    let mut ports = masters.ports();
+    ports[0] = proxy.port();
+    Locker::builder()
+        .url(RedLockServers::url_of(&ports))
+        .request_timeout(Duration::from_millis(300))
+        .expire(Duration::from_secs(20))
+        .build()
+        .unwrap()
+}
+
+/// Releases that master 0 missed are sent again at most 32 at a time per locker: 40 holds
+/// released at once while a proxy holds master 0's requests (then closes the connection,
+/// dropping them; the other 4 deleted, so every release is `Ok`) leave 40 keys there; once it
+/// answers again, the 32 releases sent again take theirs within a few seconds and the other 8
+/// stay, for their lease to end (with every master down, every release would be sent again
+/// without the bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_32_releases_a_master_missed_are_sent_again_at_once() {
+    let masters = RedLockServers::start();
+    let proxy = Proxy::start(masters.server(0).port());
+    let locker = through_proxy(&masters, &proxy);
+    let prefix = unique_key("capped");
+    let mut guards = Vec::new();
+    for i in 0..40 {
+        let key = format!("{prefix}:{i}");
+        guards.push(locker.acquire(&key, LockOptions::new()).await.unwrap());
+    }
+    let left = || keys_of(masters.server(0), &prefix).len();
+    assert_eq!(left(), 40);
+    proxy.cut();
+    let mut releases = tokio::task::JoinSet::new();
+    for guard in guards {
+        releases.spawn(guard.release());
+    }
+    while let Some(released) = releases.join_next().await {
+        let released = released.unwrap();
+        assert!(released.is_ok(), "{released:?}");
+    }
+    proxy.reset();
+    let released_at = Instant::now();
+    while left() > 8 {
+        assert!(
+            released_at.elapsed() < Duration::from_secs(8),
+            "{} keys left on the master that missed the releases, after 8s",
+            left()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Long enough for every further try of a release sent again (at 100ms, 300ms, 700ms, 1.5s).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(left(), 8, "releases sent again beyond the 32 at once");
+}
+
+/// A locker dropped after a release that master 0 missed sends it no more: the key stays there
+/// once it answers again (for its lease to end), where a live locker's release sent again takes
+/// it within a few hundred ms (`a_release_the_first_master_missed_is_sent_to_it_again`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_locker_sends_its_releases_no_more() {
+    let masters = RedLockServers::start();
+    let proxy = Proxy::start(masters.server(0).port());
+    let locker = through_proxy(&masters, &proxy);
+    let key = unique_key("dropped");
+    let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
+    proxy.cut();
+    let released = guard.release().await;
+    assert!(released.is_ok(), "{released:?}");
+    drop(locker);
+    proxy.reset();
+    // The tries of a release sent again: at 100ms, 300ms, 700ms and 1.5s.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert!(
+        value(masters.server(0), &format!("dlock:{key}")).is_some(),
+        "a dropped locker's release was sent again"
+    );
+}
+
+/// `close` ends the releases sent again instead of waiting through their tries (6s and more):
+/// it returns within 2s with master 0 still cut off, and the key stays there once it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_ends_the_releases_sent_again() {
+    let masters = RedLockServers::start();
+    let proxy = Proxy::start(masters.server(0).port());
+    let locker = through_proxy(&masters, &proxy);
+    let key = unique_key("closed");
+    let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
+    proxy.cut();
+    let released = guard.release().await;
+    assert!(released.is_ok(), "{released:?}");
+    let closed = tokio::time::timeout(Duration::from_secs(2), locker.close()).await;
+    assert!(
+        matches!(closed, Ok(Ok(()))),
+        "close did not end the releases sent again: {closed:?}"
+    );
+    proxy.reset();
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert!(
+        value(masters.server(0), &format!("dlock:{key}")).is_some(),
+        "a closed locker's release was sent again"
     );
 }
