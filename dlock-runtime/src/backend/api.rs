@@ -69,6 +69,12 @@ pub(crate) struct Capabilities {
     /// A waiter's wake-up signals every moment it may have become first (a watch on its
     /// predecessor in line): the waiting loop's fallback pause can be long.
     pub(crate) reliable_wake_up: bool,
+    /// A release wakes the waiting place it names (the first live one in the key's queue), over
+    /// a connection whose loss, and whose return, wakes every waiter: a waiter with the wake-up
+    /// needs its fallback pause only for a place first in line whose process is gone (until
+    /// that place lapses) and for a holder that goes without releasing (bounded by its lease),
+    /// so the pause can be longer than `DLOCK_RETRY` (see `NAMED_WATCH_PAUSE`).
+    pub(crate) named_wake_up: bool,
     /// Why a hold cannot outlive its holder ([`Backend::keep`]), on an engine where it cannot:
     /// `hold_at_least` is then a configuration error.
     pub(crate) cannot_keep: Option<&'static str>,
@@ -87,6 +93,7 @@ impl Default for Capabilities {
             fair: FairOrder::Queue,
             passes: false,
             reliable_wake_up: false,
+            named_wake_up: false,
             cannot_keep: None,
             cannot_share: None,
             places: false,

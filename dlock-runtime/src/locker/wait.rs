@@ -34,6 +34,15 @@ use crate::{
 /// The fallback pause of a waiter whose wake-up is a watch on its predecessor in line.
 const RELIABLE_WATCH_PAUSE: Duration = Duration::from_secs(1);
 
+/// The fallback pause (at least `DLOCK_RETRY`'s) of a waiter with the wake-up of an engine
+/// whose releases name the place they wake (Redis, PostgreSQL): a waiting process asks a few
+/// times a second rather than 20-100 times, whatever the holder's hold. What it covers: a place
+/// first in line whose process is gone (releases name it until it lapses) and the requests
+/// that refresh the waiter's own place; a holder that goes without releasing bounds the pause
+/// by its lease, and a lost notification connection wakes every waiter.
+const NAMED_WATCH_PAUSE: (Duration, Duration) =
+    (Duration::from_millis(250), Duration::from_millis(500));
+
 /// How often a waiter whose release wake-up could not be armed asks for it again (during a
 /// pause, while it polls): a subscription or `LISTEN` slower than the request timeout, or a
 /// notification connection that was down, still wakes the rest of a long wait.
@@ -290,7 +299,10 @@ impl<'a> Wait<'a> {
             return Attempted::Refused(None);
         }
         self.attempts += 1;
-        let liveness = waiter_liveness(&self.locker.inner.settings);
+        let liveness = waiter_liveness(
+            &self.locker.inner.settings,
+            self.locker.inner.capabilities.named_wake_up,
+        );
         let queue = line_place(self.turn.as_ref(), self.queue_engine()).map(|(t, place)| Queued {
             place,
             liveness,
@@ -438,11 +450,17 @@ impl<'a> Wait<'a> {
     /// the predecessor signals every change that matters), never past the deadline nor the
     /// holder's remaining lease (an expired lease publishes nothing).
     fn pause_length(&self, holder_ttl: Option<Duration>) -> Duration {
-        let (min, max) = if self.watch.is_some() && self.locker.inner.capabilities.reliable_wake_up
-        {
-            (RELIABLE_WATCH_PAUSE, RELIABLE_WATCH_PAUSE)
-        } else {
-            self.locker.inner.settings.retry
+        let capabilities = &self.locker.inner.capabilities;
+        let retry = self.locker.inner.settings.retry;
+        let (min, max) = match &self.watch {
+            Some(_) if capabilities.reliable_wake_up => {
+                (RELIABLE_WATCH_PAUSE, RELIABLE_WATCH_PAUSE)
+            }
+            Some(_) if capabilities.named_wake_up => (
+                retry.0.max(NAMED_WATCH_PAUSE.0),
+                retry.1.max(NAMED_WATCH_PAUSE.1),
+            ),
+            _ => retry,
         };
         let mut pause =
             jitter(min, max).min(self.deadline.saturating_duration_since(Instant::now()));
@@ -667,11 +685,17 @@ async fn sleep_until_woken(
     Woke::Slept
 }
 
-/// How long a fair waiter keeps its place in the queue without trying again: several of its
-/// longest pauses plus the longest a slow attempt and subscription can take (four request
-/// timeouts), so only a waiter that is gone loses its place.
-fn waiter_liveness(settings: &crate::config::Settings) -> Duration {
-    (settings.retry.1 * 4 + settings.request_timeout * 4).max(Duration::from_millis(250))
+/// How long a waiter keeps its place in the queue without trying again: several of its
+/// longest pauses (with the wake-up of an engine whose releases name a place, `named`, the
+/// longer [`NAMED_WATCH_PAUSE`]) plus the longest a slow attempt and subscription can take
+/// (four request timeouts), so only a waiter that is gone loses its place.
+fn waiter_liveness(settings: &crate::config::Settings, named: bool) -> Duration {
+    let longest = if named {
+        settings.retry.1.max(NAMED_WATCH_PAUSE.1)
+    } else {
+        settings.retry.1
+    };
+    (longest * 4 + settings.request_timeout * 4).max(Duration::from_millis(250))
 }
 
 /// A uniformly random pause in `min..=max`.

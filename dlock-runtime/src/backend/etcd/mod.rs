@@ -1414,6 +1414,7 @@ impl Backend for EtcdBackend {
             fair: FairOrder::Native,
             passes: false,
             reliable_wake_up: true,
+            named_wake_up: false,
             cannot_keep: None,
             cannot_share: None,
             places: false,

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tokio_postgres::{AsyncMessage, Client, NoTls, Statement, config::SslMode, error::SqlState};
 
 use super::{
-    api::{Attempt, Backend, BoxFuture, Built, Queued, Request, Token, Watch},
+    api::{Attempt, Backend, BoxFuture, Built, Capabilities, Queued, Request, Token, Watch},
     watchers::Watchers,
 };
 
@@ -1278,6 +1278,13 @@ fn lease_ms(lease: Duration) -> i64 {
 }
 
 impl Backend for PostgresBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            named_wake_up: true,
+            ..Capabilities::default()
+        }
+    }
+
     fn acquire<'a>(&'a self, request: Request<'a>) -> BoxFuture<'a, Result<Attempt, BackendError>> {
         Box::pin(async move {
             let queue = request.queue;

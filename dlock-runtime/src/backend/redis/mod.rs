@@ -1415,6 +1415,7 @@ impl Backend for RedisBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             passes: true,
+            named_wake_up: true,
             ..Capabilities::default()
         }
     }

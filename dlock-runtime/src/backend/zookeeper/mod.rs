@@ -1424,6 +1424,7 @@ impl Backend for ZooKeeperBackend {
             fair: FairOrder::Native,
             passes: false,
             reliable_wake_up: true,
+            named_wake_up: false,
             cannot_keep: Some(
                 "ZooKeeper's lock nodes are ephemeral: they end with their holder's session, so \
                  no hold can outlive its process; `hold_at_least` is not available on `zk://`",
