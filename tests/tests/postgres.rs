@@ -1654,3 +1654,28 @@ async fn a_release_whose_reply_was_lost_with_its_connection_is_settled_by_the_le
         }
     }
 }
+
+/// A waiter with the release wake-up asks the server a few times a second while the lock is
+/// held (every 250-500ms), not at `DLOCK_RETRY`'s 10-50ms: at most 12 statements in 2s behind a
+/// hold (`pg_stat_statements`; 40-200 at 10-50ms), and the release still wakes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_with_the_wake_up_asks_a_few_times_a_second() {
+    let (server, db) = statements_server().await;
+    let (holder, waiter) = (locker(&server.url()), locker(&server.url()));
+    let key = unique_key("few");
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let waiting = dlock_tests::spawn_waiter(&waiter, &key);
+    wait_for_line(&db, &key, 1).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = statements(&db).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let asked = statements(&db).await - before - 1;
+    assert!(
+        (2..=12).contains(&asked),
+        "{asked} statements in 2s of waiting with the wake-up"
+    );
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let woke = waiting.await.unwrap() - released_at;
+    assert!(woke < Duration::from_secs(1), "woken after {woke:?}");
+}

@@ -305,18 +305,20 @@ async fn a_lingering_subscription_covers_the_next_waiter() {
 }
 
 /// A waiter refused while its place in the key's queue is fresh asks by reading the lock alone:
-/// one that tries every 10-20ms for 2s refreshes its place (a ZADD) only about every quarter of
-/// its liveness, not at every attempt, and the place stays live throughout (the release names
-/// it: the waiter gets the lock at once, not at its next poll).
+/// one that tries every 10-20ms for 2s (without the wake-up, whose waiters ask every 250-500ms)
+/// refreshes its place (a ZADD) only about every quarter of its liveness, not at every attempt,
+/// and the place stays live throughout.
 #[tokio::test]
 async fn a_waiter_refreshes_its_place_not_at_every_attempt() {
     let server = RedisServer::start();
     let holder = server.locker();
-    // Liveness: 4 × 20ms + 4 × 300ms = 1.28s; refreshed when older than 320ms.
+    // Liveness: 4 × 500ms (the longest pause of a waiter with the wake-up) + 4 × 300ms = 3.2s;
+    // refreshed when older than 800ms.
     let waiter = Locker::builder()
         .redis_url(server.url())
         .retry(Duration::from_millis(10), Duration::from_millis(20))
         .request_timeout(Duration::from_millis(300))
+        .notify(false)
         .build()
         .unwrap();
     let key = unique_key("light");
@@ -674,4 +676,64 @@ async fn fair_mode_serves_processes_in_turn() {
         waiter.await.unwrap();
     }
     assert_eq!(*served.lock().unwrap(), ["p1", "q1", "p2"]);
+}
+
+/// A waiter with the release wake-up asks the server a few times a second while the lock is
+/// held (every 250-500ms), not at `DLOCK_RETRY`'s 10-50ms: what a waiting process costs the
+/// server per acquisition no longer grows with the hold. One waiter of default settings behind
+/// a hold: at most 12 attempts in 2s (4-8 expected; 40-200 at 10-50ms), and the release still
+/// wakes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_with_the_wake_up_asks_a_few_times_a_second() {
+    let server = RedisServer::start();
+    let (holder, waiter) = (server.locker(), server.locker());
+    let key = unique_key("few");
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let waiting = spawn_waiter(&waiter, &key);
+    let mut redis = server.client().get_connection().unwrap();
+    wait_for_queue(&mut redis, &key, 1).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let attempts = server.calls("evalsha");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let attempts = server.calls("evalsha") - attempts;
+    assert!(
+        (2..=12).contains(&attempts),
+        "{attempts} attempts in 2s of waiting with the wake-up"
+    );
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let woke = waiting.await.unwrap() - released_at;
+    assert!(woke < Duration::from_secs(1), "woken after {woke:?}");
+}
+
+/// A waiting process first in line that is gone (frozen here) keeps its place until the place
+/// lapses (4s after its last attempt with these settings), and releases name it meanwhile: a
+/// waiter behind it is not woken, and gets the lock at its next fallback pause (250-500ms),
+/// not when the place lapses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_a_gone_place_gets_the_lock_at_its_pause() {
+    let server = RedisServer::start();
+    let holder = server.locker();
+    let key = unique_key("gone-first");
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let mut redis = server.client().get_connection().unwrap();
+    let mut first = Command::new(env!("CARGO_BIN_EXE_dlock-worker"))
+        .args([&server.url(), &key, "60000", "take"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_queue(&mut redis, &key, 1).await;
+    dlock_tests::signal(&first, "-STOP");
+    let waiter = server.locker();
+    let waiting = spawn_waiter(&waiter, &key);
+    wait_for_queue(&mut redis, &key, 2).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let got = waiting.await.unwrap() - released_at;
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert!(
+        got < Duration::from_millis(1500),
+        "the waiter behind a gone place got the lock {got:?} after the release"
+    );
 }
