@@ -312,8 +312,8 @@ async fn a_lingering_subscription_covers_the_next_waiter() {
 async fn a_waiter_refreshes_its_place_not_at_every_attempt() {
     let server = RedisServer::start();
     let holder = server.locker();
-    // Liveness: 4 × 500ms (the longest pause of a waiter with the wake-up) + 4 × 300ms = 3.2s;
-    // refreshed when older than 800ms.
+    // Liveness (notifications off): 4 × 20ms + 4 × 300ms = 1.28s; refreshed when older than
+    // 320ms.
     let waiter = Locker::builder()
         .redis_url(server.url())
         .retry(Duration::from_millis(10), Duration::from_millis(20))

@@ -299,9 +299,10 @@ impl<'a> Wait<'a> {
             return Attempted::Refused(None);
         }
         self.attempts += 1;
+        let settings = &self.locker.inner.settings;
         let liveness = waiter_liveness(
-            &self.locker.inner.settings,
-            self.locker.inner.capabilities.named_wake_up,
+            settings,
+            self.locker.inner.capabilities.named_wake_up && settings.notify,
         );
         let queue = line_place(self.turn.as_ref(), self.queue_engine()).map(|(t, place)| Queued {
             place,
@@ -686,7 +687,7 @@ async fn sleep_until_woken(
 }
 
 /// How long a waiter keeps its place in the queue without trying again: several of its
-/// longest pauses (with the wake-up of an engine whose releases name a place, `named`, the
+/// longest pauses (with notifications on an engine whose releases name a place, `named`, the
 /// longer [`NAMED_WATCH_PAUSE`]) plus the longest a slow attempt and subscription can take
 /// (four request timeouts), so only a waiter that is gone loses its place.
 fn waiter_liveness(settings: &crate::config::Settings, named: bool) -> Duration {
