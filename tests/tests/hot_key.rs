@@ -321,8 +321,9 @@ async fn a_pass_in_flight_is_waited_for_and_a_dropped_waiter_leaves_no_lock() {
     let holder = locker.acquire(&key, LockOptions::new()).await.unwrap();
     let first_fence = holder.fencing_token();
     let (waiter, release) = pass_late(holder).await;
-    // Several of the waiter's pauses (10-50ms) pass while the reply is held back.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Several of the waiter's pauses (250-500ms with its wake-up) pass while the reply is held
+    // back (the request timeout is 2s).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     assert!(
         !waiter.is_finished(),
         "the waiter did not wait for the pass"

@@ -432,7 +432,8 @@ impl Drop for Reaped {
 
 /// A fair waiter behind a live place, refused by a hold that lapsed (nobody released it), is
 /// told there is no holder and sleeps its pause while the place ahead takes the key or lapses:
-/// at most one attempt per 10-50ms pause (`pg_stat_statements`), not one every millisecond.
+/// at most one attempt per pause (`pg_stat_statements`; 250-500ms with its wake-up, 10-50ms
+/// without), not one every millisecond.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fair_waiter_behind_a_place_does_not_spin_on_a_lapsed_hold() {
     let (server, db) = statements_server().await;
@@ -447,7 +448,7 @@ async fn a_fair_waiter_behind_a_place_does_not_spin_on_a_lapsed_hold() {
         .await
         .unwrap();
     kept.release().await.unwrap();
-    // First in line, then frozen: its place lives 8.2s after its last attempt.
+    // First in line, then frozen: its place lives 10s after its last attempt (4 × 500ms + 4 × 2s).
     let mut ahead = Reaped(
         Command::new(env!("CARGO_BIN_EXE_dlock-worker"))
             .args([&server.url(), &key, "ahead", "fair-waiter"])

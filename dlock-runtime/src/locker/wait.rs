@@ -447,9 +447,10 @@ impl<'a> Wait<'a> {
         Attempted::Refused(ttl)
     }
 
-    /// How long to sleep: a jittered pause (`DLOCK_RETRY`; a slow safety net when a watch on
-    /// the predecessor signals every change that matters), never past the deadline nor the
-    /// holder's remaining lease (an expired lease publishes nothing).
+    /// How long to sleep: a jittered pause (`DLOCK_RETRY`; with the wake-up, a slow safety net
+    /// when a watch on the predecessor signals every change that matters, and a longer one,
+    /// [`NAMED_WATCH_PAUSE`], where releases name the place they wake), never past the deadline
+    /// nor the holder's remaining lease (an expired lease publishes nothing).
     fn pause_length(&self, holder_ttl: Option<Duration>) -> Duration {
         let capabilities = &self.locker.inner.capabilities;
         let retry = self.locker.inner.settings.retry;
