@@ -61,8 +61,9 @@ use line::Lines;
 ///   [`LockError::Backend`](crate::LockError::Backend) when the deadline passes. A refusal that asking again cannot cure (a
 ///   permission the server's ACL denies, a lock key holding another type) fails at once.
 /// - **Notifications**: a waiter refused once subscribes to the release channel of its key (on
-///   Redis, of its process's place in the key's queue; one pub/sub connection per locker; a
-///   channel stays subscribed 2s after its last waiter) and is woken by releases; the pause is
+///   Redis, of its process's place in the key's queue; one pub/sub connection per locker, asked
+///   a `PING` every 3s while it has channels; a channel stays subscribed 2s after its last
+///   waiter) and is woken by releases; the pause is
 ///   the fallback, longer once the wake-up is had: 250-500ms (at least `DLOCK_RETRY`) on Redis
 ///   and PostgreSQL, whose releases name the place they wake, 1s on etcd and ZooKeeper.
 /// - **Hot keys**: waiters of one key on one locker queue in-process (first come, first served)

@@ -31,6 +31,11 @@ use crate::backend::api::{NextInLine, Watch};
 /// How long a channel stays subscribed after its last waiter left.
 const LINGER: Duration = Duration::from_secs(2);
 
+/// How often a connection with subscribed channels is asked a `PING`: one that died silently
+/// (a NAT or firewall that dropped it; redis-rs leaves TCP keepalive off) is then taken for
+/// lost within this and a request timeout, waking every waiter, rather than never.
+const HEARTBEAT: Duration = Duration::from_secs(3);
+
 enum Op {
     Subscribe(String, oneshot::Sender<bool>),
     /// The server moved (a Sentinel failover): drop the connection and resubscribe there.
@@ -269,6 +274,18 @@ impl Sink {
             Self::Sharded(connection) => connection.sunsubscribe(channel).await,
         }
     }
+
+    /// A `PING` (on a Cluster, to a node the connection picks).
+    async fn ping(&mut self) -> RedisResult<()> {
+        match self {
+            Self::Plain(sink) => sink.ping::<redis::Value>().await.map(drop),
+            #[cfg(feature = "redis-cluster")]
+            Self::Sharded(connection) => redis::cmd("PING")
+                .query_async::<redis::Value>(connection)
+                .await
+                .map(drop),
+        }
+    }
 }
 
 impl Stream {
@@ -412,6 +429,7 @@ async fn run(shared: Arc<Shared>, ops: mpsc::UnboundedReceiver<Op>) {
         failed_at: None,
         missed: false,
         next_sweep: None,
+        next_ping: Instant::now() + HEARTBEAT,
     };
     loop {
         let go_on = if listener.connection.is_some() {
@@ -441,6 +459,8 @@ struct Listener {
     missed: bool,
     /// When the next lingering channel is due to be unsubscribed.
     next_sweep: Option<Instant>,
+    /// When the connection is next asked a `PING` (see [`HEARTBEAT`]).
+    next_ping: Instant,
 }
 
 impl Listener {
@@ -531,6 +551,7 @@ impl Listener {
     fn connected(&mut self) {
         self.failed_at = None;
         self.retry = Duration::from_millis(50);
+        self.next_ping = Instant::now() + HEARTBEAT;
     }
 
     /// Subscribes `key` on `sink` (unless it is already), recording it; whether it worked.
@@ -550,6 +571,7 @@ impl Listener {
             return true;
         };
         let sweep_at = self.next_sweep.unwrap_or_else(crate::lease::far_future);
+        let pings = !self.subscribed.is_empty();
         tokio::select! {
             message = stream.next() => match message {
                 Some((name, payload)) => {
@@ -571,6 +593,15 @@ impl Listener {
                         let _ = tokio::time::timeout(self.shared.request_timeout, sink.unsubscribe(&key)).await;
                     }
                 }
+            }
+            () = tokio::time::sleep_until(self.next_ping), if pings => {
+                let answered = tokio::time::timeout(self.shared.request_timeout, sink.ping()).await;
+                if !matches!(answered, Ok(Ok(()))) {
+                    tracing::debug!("release notification connection did not answer a PING; waiters poll until it is back");
+                    self.drop_connection(true);
+                    return true;
+                }
+                self.next_ping = Instant::now() + HEARTBEAT;
             }
             op = self.ops.recv() => match op {
                 None => return false,
@@ -759,6 +790,40 @@ mod tests {
              ({} connection attempts failed)",
             attempts()
         );
+    }
+
+    /// A connection that stops answering without closing (the server frozen with SIGSTOP: its
+    /// socket stays open, as behind a NAT that dropped the connection silently) is taken for
+    /// lost at its next `PING`: the subscribed waiter is woken, and the channel is no longer
+    /// taken for subscribed.
+    #[tokio::test]
+    async fn a_connection_that_stops_answering_is_taken_for_lost() {
+        let server = Server::start();
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}", server.1)).unwrap();
+        let notifier = Notifier::new(Some(client), Duration::from_millis(300));
+        let watch = notifier.watch("k").await.expect("subscribed");
+        let heard = watch.heard();
+        let signal = |name: &str| {
+            let status = std::process::Command::new("kill")
+                .args([name, &server.0.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(status.success(), "kill {name}");
+        };
+        signal("-STOP");
+        let deadline = Instant::now() + HEARTBEAT + Duration::from_secs(3);
+        while watch.heard() == heard {
+            if Instant::now() >= deadline {
+                signal("-CONT");
+                panic!("a connection that stopped answering woke nobody");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            notifier.watching("k").is_none(),
+            "still taken for subscribed"
+        );
+        signal("-CONT");
     }
 
     /// Releases while the notification connection is down are heard by nobody: once it is
