@@ -55,6 +55,44 @@ pub fn spawn_waiter(waiter: &Locker, key: &str) -> tokio::task::JoinHandle<tokio
     })
 }
 
+/// A waiter with the release wake-up asks the engine a few times a second while the lock is
+/// held: one waiter of `waiter` behind `holder`'s hold of `key`, once `in_line` says it waits
+/// in the engine's queue, makes 2 to 12 requests in 2s (every 250-500ms; at `DLOCK_RETRY`'s
+/// 10-50ms it made 40-200), and the release still wakes it within 1s. `requests` reads a running
+/// count of the engine's requests, each reading adding `own` to it; `what` names them.
+///
+/// # Panics
+/// When the waiter asks more or less often, or is not woken.
+pub async fn asks_a_few_times_a_second<R, F>(
+    (holder, waiter): (&Locker, &Locker),
+    key: &str,
+    in_line: impl std::future::Future<Output = ()>,
+    mut requests: R,
+    (own, what): (u64, &str),
+) where
+    R: FnMut() -> F,
+    F: std::future::Future<Output = u64>,
+{
+    let held = holder
+        .acquire(key, dlock_runtime::LockOptions::new())
+        .await
+        .unwrap();
+    let waiting = spawn_waiter(waiter, key);
+    in_line.await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = requests().await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let asked = requests().await - before - own;
+    assert!(
+        (2..=12).contains(&asked),
+        "{asked} {what} in 2s of waiting with the wake-up"
+    );
+    let released_at = tokio::time::Instant::now();
+    held.release().await.unwrap();
+    let woke = waiting.await.unwrap() - released_at;
+    assert!(woke < Duration::from_secs(1), "woken after {woke:?}");
+}
+
 /// Waits for `waiters` (of [`spawn_waiter`], each on a locker whose poll is 3s) and checks that
 /// each got the lock within 2.5s of `released_at`: from release wake-ups, in turn, not a poll.
 ///

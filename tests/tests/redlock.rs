@@ -1292,17 +1292,9 @@ async fn an_attempt_the_first_master_answered_late_and_then_refused_is_undone() 
 async fn a_release_the_first_master_missed_is_sent_to_it_again() {
     let masters = RedLockServers::start();
     let proxy = Proxy::start(masters.server(0).port());
-    let mut ports = masters.ports();
-    ports[0] = proxy.port();
-    let url = RedLockServers::url_of(&ports);
     let key = key_led_by("missed-release", 0, 5);
     let full_key = format!("dlock:{key}");
-    let locker = Locker::builder()
-        .url(url)
-        .request_timeout(Duration::from_millis(300))
-        .expire(Duration::from_secs(20))
-        .build()
-        .unwrap();
+    let locker = through_proxy(&masters, &proxy);
     let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
     // A waiter of another locker, refused once: it then asks master 0 alone, every 300ms.
     let waiter = Locker::builder()
@@ -1399,19 +1391,27 @@ async fn at_most_32_releases_a_master_missed_are_sent_again_at_once() {
     assert_eq!(left(), 8, "releases sent again beyond the 32 at once");
 }
 
+/// A lock on 5 masters, master 0 behind a cut proxy ([`through_proxy`]'s locker), released:
+/// master 0 missed the release (the other 4 deleted, so it is `Ok`), and the locker sends it
+/// again in the background. The proxy is still cut.
+async fn released_past_a_cut_master(prefix: &str) -> (RedLockServers, Proxy, Locker, String) {
+    let masters = RedLockServers::start();
+    let proxy = Proxy::start(masters.server(0).port());
+    let locker = through_proxy(&masters, &proxy);
+    let key = unique_key(prefix);
+    let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
+    proxy.cut();
+    let released = guard.release().await;
+    assert!(released.is_ok(), "{released:?}");
+    (masters, proxy, locker, key)
+}
+
 /// A locker dropped after a release that master 0 missed sends it no more: the key stays there
 /// once it answers again (for its lease to end), where a live locker's release sent again takes
 /// it within a few hundred ms (`a_release_the_first_master_missed_is_sent_to_it_again`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_locker_sends_its_releases_no_more() {
-    let masters = RedLockServers::start();
-    let proxy = Proxy::start(masters.server(0).port());
-    let locker = through_proxy(&masters, &proxy);
-    let key = unique_key("dropped");
-    let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
-    proxy.cut();
-    let released = guard.release().await;
-    assert!(released.is_ok(), "{released:?}");
+    let (masters, proxy, locker, key) = released_past_a_cut_master("dropped").await;
     drop(locker);
     proxy.reset();
     // The tries of a release sent again: at 100ms, 300ms, 700ms and 1.5s.
@@ -1426,14 +1426,7 @@ async fn a_dropped_locker_sends_its_releases_no_more() {
 /// it returns within 2s with master 0 still cut off, and the key stays there once it answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn close_ends_the_releases_sent_again() {
-    let masters = RedLockServers::start();
-    let proxy = Proxy::start(masters.server(0).port());
-    let locker = through_proxy(&masters, &proxy);
-    let key = unique_key("closed");
-    let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
-    proxy.cut();
-    let released = guard.release().await;
-    assert!(released.is_ok(), "{released:?}");
+    let (masters, proxy, locker, key) = released_past_a_cut_master("closed").await;
     let closed = tokio::time::timeout(Duration::from_secs(2), locker.close()).await;
     assert!(
         matches!(closed, Ok(Ok(()))),

@@ -59,6 +59,25 @@ pub(crate) fn option<'a>(
     }
 }
 
+/// What a waiter's release wake-up covers, which sets its fallback pause once it has it (see
+/// `pause_bounds` in the waiting loop).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WakeUp {
+    /// A release can announce nothing (RedLock's, when the key's first master missed it): the
+    /// pause stays `DLOCK_RETRY`.
+    Partial,
+    /// A release wakes the waiting place it names (the first live one in the key's queue), over
+    /// a connection whose loss, and whose return, wakes every waiter (Redis, PostgreSQL): the
+    /// pause covers only a place first in line whose process is gone (until that place lapses)
+    /// and the waiter's own place, so it can be longer (`NAMED_WATCH_PAUSE`).
+    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
+    Named,
+    /// A watch on the waiter's predecessor in line signals every moment it may have become
+    /// first (etcd, ZooKeeper): the pause is a slow safety net.
+    #[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
+    Predecessor,
+}
+
 /// What an engine can do, read once by the locker.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Capabilities {
@@ -66,15 +85,9 @@ pub(crate) struct Capabilities {
     pub(crate) fair: FairOrder,
     /// A hold can go straight to another acquisition of this process ([`Backend::pass`]).
     pub(crate) passes: bool,
-    /// A waiter's wake-up signals every moment it may have become first (a watch on its
-    /// predecessor in line): the waiting loop's fallback pause can be long.
-    pub(crate) reliable_wake_up: bool,
-    /// A release wakes the waiting place it names (the first live one in the key's queue), over
-    /// a connection whose loss, and whose return, wakes every waiter: a waiter with the wake-up
-    /// needs its fallback pause only for a place first in line whose process is gone (until
-    /// that place lapses) and for a holder that goes without releasing (bounded by its lease),
-    /// so the pause can be longer than `DLOCK_RETRY` (see `NAMED_WATCH_PAUSE`).
-    pub(crate) named_wake_up: bool,
+    /// What a waiter's release wake-up covers: how long its fallback pause may be once it has
+    /// the wake-up.
+    pub(crate) wake_up: WakeUp,
     /// Why a hold cannot outlive its holder ([`Backend::keep`]), on an engine where it cannot:
     /// `hold_at_least` is then a configuration error.
     pub(crate) cannot_keep: Option<&'static str>,
@@ -92,8 +105,7 @@ impl Default for Capabilities {
         Self {
             fair: FairOrder::Queue,
             passes: false,
-            reliable_wake_up: false,
-            named_wake_up: false,
+            wake_up: WakeUp::Partial,
             cannot_keep: None,
             cannot_share: None,
             places: false,

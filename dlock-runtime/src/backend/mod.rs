@@ -22,7 +22,8 @@ mod watchers;
 mod zookeeper;
 
 pub(crate) use api::{
-    Attempt, Backend, BoxFuture, Built, Capabilities, FairOrder, Queued, Request, Token, Watch,
+    Attempt, Backend, BoxFuture, Built, Capabilities, FairOrder, Queued, Request, Token, WakeUp,
+    Watch,
 };
 pub(crate) use memory::MemoryBackend;
 #[cfg(feature = "redlock")]

@@ -25,7 +25,7 @@ use super::{
 };
 use crate::{
     LockError, LockGuard, LockOptions,
-    backend::{Attempt, FairOrder, Queued, Request, Token, Watch},
+    backend::{Attempt, FairOrder, Queued, Request, Token, WakeUp, Watch},
     error::BackendError,
     guard::Hold,
     lease::{Grant, Lease, far_future},
@@ -299,10 +299,9 @@ impl<'a> Wait<'a> {
             return Attempted::Refused(None);
         }
         self.attempts += 1;
-        let settings = &self.locker.inner.settings;
         let liveness = waiter_liveness(
-            settings,
-            self.locker.inner.capabilities.named_wake_up && settings.notify,
+            &self.locker.inner.settings,
+            self.locker.inner.capabilities.wake_up,
         );
         let queue = line_place(self.turn.as_ref(), self.queue_engine()).map(|(t, place)| Queued {
             place,
@@ -447,23 +446,14 @@ impl<'a> Wait<'a> {
         Attempted::Refused(ttl)
     }
 
-    /// How long to sleep: a jittered pause (`DLOCK_RETRY`; with the wake-up, a slow safety net
-    /// when a watch on the predecessor signals every change that matters, and a longer one,
-    /// [`NAMED_WATCH_PAUSE`], where releases name the place they wake), never past the deadline
-    /// nor the holder's remaining lease (an expired lease publishes nothing).
+    /// How long to sleep: a jittered pause within [`pause_bounds`], never past the deadline nor
+    /// the holder's remaining lease (an expired lease publishes nothing).
     fn pause_length(&self, holder_ttl: Option<Duration>) -> Duration {
-        let capabilities = &self.locker.inner.capabilities;
-        let retry = self.locker.inner.settings.retry;
-        let (min, max) = match &self.watch {
-            Some(_) if capabilities.reliable_wake_up => {
-                (RELIABLE_WATCH_PAUSE, RELIABLE_WATCH_PAUSE)
-            }
-            Some(_) if capabilities.named_wake_up => (
-                retry.0.max(NAMED_WATCH_PAUSE.0),
-                retry.1.max(NAMED_WATCH_PAUSE.1),
-            ),
-            _ => retry,
-        };
+        let (min, max) = pause_bounds(
+            &self.locker.inner.settings,
+            self.locker.inner.capabilities.wake_up,
+            self.watch.is_some(),
+        );
         let mut pause =
             jitter(min, max).min(self.deadline.saturating_duration_since(Instant::now()));
         if let Some(ttl) = holder_ttl {
@@ -687,16 +677,31 @@ async fn sleep_until_woken(
     Woke::Slept
 }
 
+/// The bounds of a waiter's pause: `DLOCK_RETRY`, or, once it has the wake-up (`watching`),
+/// what the engine's wake-up leaves to it (see [`WakeUp`]).
+fn pause_bounds(
+    settings: &crate::config::Settings,
+    wake_up: WakeUp,
+    watching: bool,
+) -> (Duration, Duration) {
+    let retry = settings.retry;
+    match wake_up {
+        _ if !watching => retry,
+        WakeUp::Partial => retry,
+        WakeUp::Named => (
+            retry.0.max(NAMED_WATCH_PAUSE.0),
+            retry.1.max(NAMED_WATCH_PAUSE.1),
+        ),
+        WakeUp::Predecessor => (RELIABLE_WATCH_PAUSE, RELIABLE_WATCH_PAUSE),
+    }
+}
+
 /// How long a waiter keeps its place in the queue without trying again: several of its
-/// longest pauses (with notifications on an engine whose releases name a place, `named`, the
-/// longer [`NAMED_WATCH_PAUSE`]) plus the longest a slow attempt and subscription can take
-/// (four request timeouts), so only a waiter that is gone loses its place.
-fn waiter_liveness(settings: &crate::config::Settings, named: bool) -> Duration {
-    let longest = if named {
-        settings.retry.1.max(NAMED_WATCH_PAUSE.1)
-    } else {
-        settings.retry.1
-    };
+/// longest pauses (with notifications on, a waiter's once it has the wake-up) plus the longest
+/// a slow attempt and subscription can take (four request timeouts), so only a waiter that is
+/// gone loses its place.
+fn waiter_liveness(settings: &crate::config::Settings, wake_up: WakeUp) -> Duration {
+    let longest = pause_bounds(settings, wake_up, settings.notify).1;
     (longest * 4 + settings.request_timeout * 4).max(Duration::from_millis(250))
 }
 

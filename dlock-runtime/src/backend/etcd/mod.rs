@@ -54,7 +54,7 @@ use self::{
 };
 use super::api::{
     Attempt, Backend, BoxFuture, Built, Capabilities, EngineOption, FairOrder, NextInLine, Request,
-    Token, Watch, option,
+    Token, WakeUp, Watch, option,
 };
 use super::deadlines::{Deadlines, Due, Scheduled, take_due};
 use crate::{
@@ -1413,8 +1413,7 @@ impl Backend for EtcdBackend {
         Capabilities {
             fair: FairOrder::Native,
             passes: false,
-            reliable_wake_up: true,
-            named_wake_up: false,
+            wake_up: WakeUp::Predecessor,
             cannot_keep: None,
             cannot_share: None,
             places: false,

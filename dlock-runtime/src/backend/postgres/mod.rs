@@ -18,7 +18,9 @@ use tokio::time::Instant;
 use tokio_postgres::{AsyncMessage, Client, NoTls, Statement, config::SslMode, error::SqlState};
 
 use super::{
-    api::{Attempt, Backend, BoxFuture, Built, Capabilities, Queued, Request, Token, Watch},
+    api::{
+        Attempt, Backend, BoxFuture, Built, Capabilities, Queued, Request, Token, WakeUp, Watch,
+    },
     watchers::Watchers,
 };
 
@@ -1280,7 +1282,7 @@ fn lease_ms(lease: Duration) -> i64 {
 impl Backend for PostgresBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            named_wake_up: true,
+            wake_up: WakeUp::Named,
             ..Capabilities::default()
         }
     }

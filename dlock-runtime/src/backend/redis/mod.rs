@@ -9,7 +9,7 @@ use redis::{
 };
 
 use super::api::{
-    Attempt, Backend, BoxFuture, Built, Capabilities, EngineOption, Request, Token, Watch,
+    Attempt, Backend, BoxFuture, Built, Capabilities, EngineOption, Request, Token, WakeUp, Watch,
     lease_millis, option,
 };
 use notify::Notifier;
@@ -1415,7 +1415,7 @@ impl Backend for RedisBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             passes: true,
-            named_wake_up: true,
+            wake_up: WakeUp::Named,
             ..Capabilities::default()
         }
     }

@@ -84,7 +84,7 @@ use self::layout::{LEASE_NAME, LEASES, LOCK_NAME, LOCKS, Mark, READ_NAME, WRITE_
 
 use super::api::{
     Attempt, Backend, BoxFuture, Built, Capabilities, EngineOption, FairOrder, NextInLine, Request,
-    Token, Watch, option,
+    Token, WakeUp, Watch, option,
 };
 use super::deadlines::{Deadlines, Due, Scheduled, take_due};
 use crate::lease::{LossAlarm, fire_held, loss_signal};
@@ -1423,8 +1423,7 @@ impl Backend for ZooKeeperBackend {
             cannot_share: None,
             fair: FairOrder::Native,
             passes: false,
-            reliable_wake_up: true,
-            named_wake_up: false,
+            wake_up: WakeUp::Predecessor,
             cannot_keep: Some(
                 "ZooKeeper's lock nodes are ephemeral: they end with their holder's session, so \
                  no hold can outlive its process; `hold_at_least` is not available on `zk://`",
