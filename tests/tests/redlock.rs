@@ -628,6 +628,34 @@ async fn a_release_wakes_the_process_it_names_alone() {
     woken_in_turn(tasks, released_at).await;
 }
 
+/// A waiter with the release wake-up asks the masters a few times a second while the lock is
+/// held (every 250-500ms), not at `DLOCK_RETRY`'s 10-50ms: the releasing client names the
+/// place first in the first master's queue (and a release that master missed is sent to it
+/// again, which then names it), so the pause is only a fallback, as on one Redis. One waiter of
+/// default settings behind a hold: at most 12 scripts in 2s over the 5 masters (one per
+/// attempt: a waiter refused once asks the first master alone; 40-200 at 10-50ms), and the
+/// release still wakes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_with_the_wake_up_asks_a_few_times_a_second() {
+    let masters = RedLockServers::start();
+    let first = 2;
+    let key = key_led_by("few", first, 5);
+    let (holder, waiter) = (
+        locker(&masters.url(), Duration::from_millis(200)),
+        locker(&masters.url(), Duration::from_millis(200)),
+    );
+    let mut leader = connect(masters.server(first));
+    let queue = dlock_tests::queue_of(&key);
+    dlock_tests::asks_a_few_times_a_second(
+        (&holder, &waiter),
+        &key,
+        dlock_tests::queue_reaches(&mut leader, &queue, 1),
+        || std::future::ready((0..5).map(|i| masters.server(i).calls("evalsha")).sum()),
+        (0, "scripts"),
+    )
+    .await;
+}
+
 /// A place serves wake-ups only: with notifications off a waiter keeps none (it polls). A forced
 /// release, which no holder's release follows, wakes the place first in the first master's
 /// queue, even when that master held nothing to announce; that waiter's release wakes the next.

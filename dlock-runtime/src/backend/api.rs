@@ -63,13 +63,15 @@ pub(crate) fn option<'a>(
 /// `pause_bounds` in the waiting loop).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum WakeUp {
-    /// A release can announce nothing (RedLock's, when the key's first master missed it): the
-    /// pause stays `DLOCK_RETRY`.
+    /// No release wake-up that waiters can count on (the embedded engine's waiters are woken
+    /// in-process): the pause stays `DLOCK_RETRY`.
     Partial,
     /// A release wakes the waiting place it names (the first live one in the key's queue), over
-    /// a connection whose loss, and whose return, wakes every waiter (Redis, PostgreSQL): the
-    /// pause covers only a place first in line whose process is gone (until that place lapses)
-    /// and the waiter's own place, so it can be longer (`NAMED_WATCH_PAUSE`).
+    /// a connection whose loss, and whose return, wakes every waiter (Redis, PostgreSQL; RedLock,
+    /// whose releasing client names the place first in the first master's queue, and whose
+    /// release that master missed is sent to it again and then names it): the pause covers only
+    /// a place first in line whose process is gone (until that place lapses) and the waiter's
+    /// own place, so it can be longer (`NAMED_WATCH_PAUSE`).
     #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
     Named,
     /// A watch on the waiter's predecessor in line signals every moment it may have become

@@ -35,7 +35,7 @@ use crate::{
 const RELIABLE_WATCH_PAUSE: Duration = Duration::from_secs(1);
 
 /// The fallback pause (at least `DLOCK_RETRY`'s) of a waiter with the wake-up of an engine
-/// whose releases name the place they wake (Redis, PostgreSQL): a waiting process asks a few
+/// whose releases name the place they wake (Redis, RedLock, PostgreSQL): a waiting process asks a few
 /// times a second rather than 20-100 times, whatever the holder's hold. What it covers: a place
 /// first in line whose process is gone (releases name it until it lapses) and the requests
 /// that refresh the waiter's own place; a holder that goes without releasing bounds the pause

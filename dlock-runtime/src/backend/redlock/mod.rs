@@ -56,7 +56,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use super::{
     api::{
         Attempt, Backend, BoxFuture, Built, Capabilities, FairOrder, NextInLine, Request, Token,
-        Watch,
+        WakeUp, Watch,
     },
     redis::{RedisBackend, now_micros, slot},
 };
@@ -1114,6 +1114,11 @@ impl Backend for RedLockBackend {
             ),
             places: true,
             passes: true,
+            // The releasing client wakes the place first in the first master's queue once its
+            // round has answered, and a release the first master missed is sent to it again,
+            // which then wakes that place (see `release_again`); the first master's notification
+            // connection, when lost, wakes every waiter.
+            wake_up: WakeUp::Named,
             ..Capabilities::default()
         }
     }
