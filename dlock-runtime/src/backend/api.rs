@@ -69,9 +69,11 @@ pub(crate) enum WakeUp {
     /// A release wakes the waiting place it names (the first live one in the key's queue), over
     /// a connection whose loss, and whose return, wakes every waiter (Redis, PostgreSQL; RedLock,
     /// whose releasing client names the place first in the first master's queue, and whose
-    /// release that master missed is sent to it again and then names it): the pause covers only
+    /// release that master missed is sent to it again and then names it): the pause covers
     /// a place first in line whose process is gone (until that place lapses) and the waiter's
-    /// own place, so it can be longer (`NAMED_WATCH_PAUSE`).
+    /// own place, so it can be longer (`NAMED_WATCH_PAUSE`). On RedLock it also covers the
+    /// hand-offs while the key's first master is down (its waiters keep a wake-up no release
+    /// reaches) and votes split with a master unanswering.
     #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
     Named,
     /// A watch on the waiter's predecessor in line signals every moment it may have become
