@@ -35,11 +35,12 @@ use crate::{
 const RELIABLE_WATCH_PAUSE: Duration = Duration::from_secs(1);
 
 /// The fallback pause (at least `DLOCK_RETRY`'s) of a waiter with the wake-up of an engine
-/// whose releases name the place they wake (Redis, RedLock, PostgreSQL): a waiting process asks a few
-/// times a second rather than 20-100 times, whatever the holder's hold. What it covers: a place
-/// first in line whose process is gone (releases name it until it lapses) and the requests
-/// that refresh the waiter's own place; a holder that goes without releasing bounds the pause
-/// by its lease, and a lost notification connection wakes every waiter.
+/// whose releases name the place they wake (Redis, RedLock, PostgreSQL): a waiting process asks
+/// a few times a second rather than 20-100 times, whatever the holder's hold. What it covers:
+/// a place first in line whose process is gone (releases name it until it lapses) and the
+/// requests that refresh the waiter's own place; a holder that goes without releasing bounds
+/// the pause by its lease, and a lost notification connection wakes every waiter (on RedLock,
+/// a first master that stays down leaves its waiters this pause per hand-off).
 const NAMED_WATCH_PAUSE: (Duration, Duration) =
     (Duration::from_millis(250), Duration::from_millis(500));
 
