@@ -656,6 +656,46 @@ async fn a_waiter_with_the_wake_up_asks_a_few_times_a_second() {
     .await;
 }
 
+/// While a key's first master is down, its waiters hear releases from the other masters: a
+/// waiter whose wake-up was its place's channel on that master loses it with the master and asks
+/// for another at once, the others' announcements on the key's channel, so the next release
+/// still wakes it, not its next poll (3s here). It used to keep the dead wake-up and wait a
+/// whole pause for each hand-off until the master was back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_first_master_down_a_waiter_hears_the_others() {
+    let mut masters = RedLockServers::start();
+    let first = 1;
+    let key = key_led_by("leaderless", first, 5);
+    let holder = locker(&masters.url(), Duration::from_millis(200));
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let waiting = spawn_waiter(&slow_poller(&masters), &key);
+    let queue = dlock_tests::queue_of(&key);
+    let mut leader = connect(masters.server(first));
+    dlock_tests::queue_reaches(&mut leader, &queue, 1).await;
+    let channels: Vec<String> = redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg(format!("{queue}:*"))
+        .query(&mut leader)
+        .unwrap();
+    assert_eq!(
+        channels.len(),
+        1,
+        "the waiter listens on its place's channel"
+    );
+    masters.server_mut(first).kill();
+    // Long enough for the waiter to be woken by the lost connection, be refused, and subscribe
+    // on the other masters.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let woken_at = waiting.await.unwrap();
+    assert!(
+        woken_at - released_at < Duration::from_millis(1000),
+        "woken {:?} after the release: polled, not notified",
+        woken_at - released_at
+    );
+}
+
 /// A place serves wake-ups only: with notifications off a waiter keeps none (it polls). A forced
 /// release, which no holder's release follows, wakes the place first in the first master's
 /// queue, even when that master held nothing to announce; that waiter's release wakes the next.

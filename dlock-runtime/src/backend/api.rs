@@ -405,10 +405,15 @@ impl NextInLine {
     }
 }
 
+/// Whether a wake-up hears releases now (see [`Watch::hearing`]).
+pub(crate) type Hearing = Arc<dyn Fn() -> bool + Send + Sync>;
+
 /// A registration for release wake-ups of one key; dropping it unregisters.
 pub(crate) struct Watch {
     notify: Arc<Notify>,
     next: NextInLine,
+    /// `None`: it hears every release as long as it lives.
+    hearing: Option<Hearing>,
     _registration: Box<dyn Any + Send + Sync>,
 }
 
@@ -423,8 +428,27 @@ impl Watch {
         Self {
             notify,
             next,
+            hearing: None,
             _registration: Box::new(registration),
         }
+    }
+
+    /// The same wake-up, which hears releases only while `hearing` says so: a notification
+    /// connection that dropped (it woke every waiter then) hears nothing until it is back, and
+    /// a waiter that keeps it meanwhile asks at `DLOCK_RETRY` and for another wake-up.
+    pub(crate) fn hearing(mut self, hearing: Hearing) -> Self {
+        self.hearing = Some(hearing);
+        self
+    }
+
+    /// Whether releases reach this wake-up now.
+    pub(crate) fn hears(&self) -> bool {
+        self.hearing.as_ref().is_none_or(|hears| hears())
+    }
+
+    /// What [`hears`](Self::hears) asks, for a wake-up made of this one and others.
+    pub(crate) fn hearing_of(&self) -> Option<Hearing> {
+        self.hearing.clone()
     }
 
     pub(crate) fn notify(&self) -> Arc<Notify> {

@@ -39,8 +39,9 @@ const RELIABLE_WATCH_PAUSE: Duration = Duration::from_secs(1);
 /// a few times a second rather than 20-100 times, whatever the holder's hold. What it covers:
 /// a place first in line whose process is gone (releases name it until it lapses) and the
 /// requests that refresh the waiter's own place; a holder that goes without releasing bounds
-/// the pause by its lease, and a lost notification connection wakes every waiter (on RedLock,
-/// a first master that stays down leaves its waiters this pause per hand-off).
+/// the pause by its lease, and a lost notification connection wakes every waiter, which then
+/// ask at `DLOCK_RETRY` until it is back or they have another wake-up that hears (on RedLock,
+/// while a key's first master is down, the other masters' announcements).
 const NAMED_WATCH_PAUSE: (Duration, Duration) =
     (Duration::from_millis(250), Duration::from_millis(500));
 
@@ -453,7 +454,7 @@ impl<'a> Wait<'a> {
         let (min, max) = pause_bounds(
             &self.locker.inner.settings,
             self.locker.inner.capabilities.wake_up,
-            self.watch.is_some(),
+            self.watch.as_ref().is_some_and(Watch::hears),
         );
         let mut pause =
             jitter(min, max).min(self.deadline.saturating_duration_since(Instant::now()));
@@ -492,7 +493,15 @@ impl<'a> Wait<'a> {
                 None => std::future::pending().await,
             }
         });
-        let rewatch_at = self.rewatch_at.filter(|_| self.watch.is_none());
+        // A wake-up that no longer hears releases (its notification connection dropped) is
+        // kept, for it hears again once that is back, while another is asked for at once and
+        // then every while: on RedLock, while a key's first master is down, the other masters'
+        // announcements.
+        let hears = self.watch.as_ref().is_some_and(Watch::hears);
+        if self.watch.is_some() && !hears && self.rewatch_at.is_none() {
+            self.rewatch_at = Some(Instant::now());
+        }
+        let rewatch_at = self.rewatch_at.filter(|_| !hears);
         let (locker, key, token) = (self.locker, &self.orphan.key, &self.orphan.token);
         // Done only with the wake-up: asked in vain, it asks again a while later.
         let rewatch = std::pin::pin!(async {
@@ -522,7 +531,7 @@ impl<'a> Wait<'a> {
         match woke {
             Woke::Passed(passed) => Some(passed),
             Woke::Watch(watch) => {
-                tracing::debug!(key = %key, "release wake-up armed late; the wait asks again at once");
+                tracing::debug!(key = %key, "release wake-up armed late, or again; the wait asks again at once");
                 self.rewatch_at = None;
                 self.watch = Some(watch);
                 None
@@ -629,19 +638,20 @@ enum Woke {
     Slept,
     /// A holder of this locker answered the waiter's offer to take the lock.
     Passed(Passed),
-    /// The release wake-up, asked for again and had (the waiter had none).
+    /// The release wake-up, asked for again and had (the waiter had none, or one that no
+    /// longer hears).
     Watch(Watch),
 }
 
 /// The pause itself: until `sleep` ends, the wake-up rings (for this waiter's place `me`, on an
 /// engine whose releases name one: the others keep waiting instead of all asking at once), a
-/// holder answers (`answer`), the locker closes, or, without a wake-up, asking for it again
+/// holder answers (`answer`), the locker closes, or, without a wake-up that hears, asking for one
 /// (`rewatch`) has it.
 async fn sleep_until_woken(
     wake_up: Option<(Pin<&mut Notified<'_>>, &Watch, &Notify)>,
     me: Option<&Token>,
     mut answer: Pin<&mut impl std::future::Future<Output = Passed>>,
-    rewatch: Pin<&mut impl std::future::Future<Output = Watch>>,
+    mut rewatch: Pin<&mut impl std::future::Future<Output = Watch>>,
     mut sleep: Pin<&mut tokio::time::Sleep>,
     mut closing: Pin<&mut impl std::future::Future<Output = ()>>,
 ) -> Woke {
@@ -657,6 +667,7 @@ async fn sleep_until_woken(
         () = &mut sleep => false,
         () = first => true,
         answer = &mut answer => return Woke::Passed(answer),
+        watch = &mut rewatch => return Woke::Watch(watch),
         () = &mut closing => return Woke::Slept,
     };
     while woken
@@ -672,14 +683,15 @@ async fn sleep_until_woken(
             () = &mut sleep => false,
             () = again => true,
             answer = &mut answer => return Woke::Passed(answer),
+            watch = &mut rewatch => return Woke::Watch(watch),
             () = &mut closing => return Woke::Slept,
         };
     }
     Woke::Slept
 }
 
-/// The bounds of a waiter's pause: `DLOCK_RETRY`, or, once it has the wake-up (`watching`),
-/// what the engine's wake-up leaves to it (see [`WakeUp`]).
+/// The bounds of a waiter's pause: `DLOCK_RETRY`, or, while it has a wake-up that hears
+/// releases (`watching`), what the engine's wake-up leaves to it (see [`WakeUp`]).
 fn pause_bounds(
     settings: &crate::config::Settings,
     wake_up: WakeUp,

@@ -19,7 +19,8 @@ use tokio_postgres::{AsyncMessage, Client, NoTls, Statement, config::SslMode, er
 
 use super::{
     api::{
-        Attempt, Backend, BoxFuture, Built, Capabilities, Queued, Request, Token, WakeUp, Watch,
+        Attempt, Backend, BoxFuture, Built, Capabilities, Hearing, Queued, Request, Token, WakeUp,
+        Watch,
     },
     watchers::Watchers,
 };
@@ -1638,7 +1639,8 @@ impl Notifier {
         );
         self.learn_tag(place);
         // A task gone with its runtime may have left `listening` set.
-        (running && self.shared.listening.borrow().covers(place.is_some())).then_some(watch)
+        (running && self.shared.listening.borrow().covers(place.is_some()))
+            .then(|| watch.hearing(self.hearing(place.is_some())))
     }
 
     /// A wake-up for `key`, once `LISTEN` is in place (for a waiter from a `place`, on its
@@ -1658,7 +1660,14 @@ impl Notifier {
         )
         .await
         .is_ok_and(|r| r.is_ok());
-        up.then_some(watch)
+        up.then(|| watch.hearing(self.hearing(with_place)))
+    }
+
+    /// Whether `LISTEN` is in place on a live connection (with a place, on its channel too):
+    /// from a drop until the connection is back, its waiters hear no release.
+    fn hearing(&self, with_place: bool) -> Hearing {
+        let shared = self.shared.clone();
+        Arc::new(move || shared.listening.borrow().covers(with_place))
     }
 }
 

@@ -26,7 +26,7 @@ use redis::{
 };
 use tokio::sync::{Notify, mpsc, oneshot};
 
-use crate::backend::api::{NextInLine, Watch};
+use crate::backend::api::{Hearing, NextInLine, Watch};
 
 /// How long a channel stays subscribed after its last waiter left.
 const LINGER: Duration = Duration::from_secs(2);
@@ -178,7 +178,7 @@ impl Notifier {
             ops: self.ops(),
             key: key.to_owned(),
         };
-        Some(Watch::new(notify, next, registration))
+        Some(Watch::new(notify, next, registration).hearing(self.hearing(key)))
     }
 
     /// A wake-up for releases of `key`, once the server has confirmed the subscription; `None`
@@ -216,7 +216,14 @@ impl Notifier {
             .await
             .ok()?
             .ok()?;
-        subscribed.then(|| Watch::new(notify, next, registration))
+        subscribed.then(|| Watch::new(notify, next, registration).hearing(self.hearing(key)))
+    }
+
+    /// Whether `key`'s channel is subscribed on a live connection: from a drop until the
+    /// connection is back and subscribed again, its waiters hear no release.
+    fn hearing(&self, key: &str) -> Hearing {
+        let (shared, key) = (self.shared.clone(), key.to_owned());
+        Arc::new(move || shared.channels().get(&key).is_some_and(|c| c.confirmed))
     }
 }
 
@@ -828,8 +835,9 @@ mod tests {
 
     /// Releases while the notification connection is down are heard by nobody: once it is
     /// back, every waiter is told to look once more. The server is stopped under a subscribed
-    /// waiter (which is woken by the loss), and started again on its port: the waiter is woken
-    /// a second time once the connection is made again.
+    /// waiter (which is woken by the loss, and whose wake-up says it hears nothing meanwhile:
+    /// the waiter asks at `DLOCK_RETRY`), and started again on its port: the waiter is woken a
+    /// second time once the connection is made again, and its wake-up hears again.
     #[tokio::test]
     async fn a_connection_made_again_wakes_every_waiter() {
         let server = Server::start();
@@ -837,6 +845,7 @@ mod tests {
         let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
         let notifier = Notifier::new(Some(client), Duration::from_millis(300));
         let watch = notifier.watch("k").await.expect("subscribed");
+        assert!(watch.hears(), "subscribed, yet deaf");
         let heard = watch.heard();
         drop(server);
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -844,6 +853,10 @@ mod tests {
             assert!(Instant::now() < deadline, "the loss woke nobody");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        assert!(
+            !watch.hears(),
+            "taken to hear releases with its connection lost"
+        );
         // Down for a while: a few connection attempts fail.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let after_loss = watch.heard();
@@ -857,5 +870,6 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert!(notifier.watching("k").is_some(), "subscribed again");
+        assert!(watch.hears(), "deaf with its connection back");
     }
 }

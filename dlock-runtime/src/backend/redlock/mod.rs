@@ -55,8 +55,8 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::{
     api::{
-        Attempt, Backend, BoxFuture, Built, Capabilities, FairOrder, NextInLine, Request, Token,
-        WakeUp, Watch,
+        Attempt, Backend, BoxFuture, Built, Capabilities, FairOrder, Hearing, NextInLine, Request,
+        Token, WakeUp, Watch,
     },
     redis::{RedisBackend, now_micros, slot},
 };
@@ -1143,6 +1143,9 @@ impl RedLockBackend {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
         let combined = Arc::new(Notify::new());
         let sources: Vec<Arc<Notify>> = watches.iter().map(Watch::notify).collect();
+        // Counting is only right while every master's watch hears: one that lost its
+        // connection makes the waiter ask at `DLOCK_RETRY` and for a combination of the others.
+        let hearing: Vec<Hearing> = watches.iter().filter_map(Watch::hearing_of).collect();
         let forward = combined.clone();
         let task = runtime.spawn(async move {
             let mut heard = vec![false; sources.len()];
@@ -1164,14 +1167,15 @@ impl RedLockBackend {
                 }
             }
         });
-        Some(Watch::new(
+        let watch = Watch::new(
             combined,
             NextInLine::default(),
             Forwarding {
                 _watches: watches,
                 task,
             },
-        ))
+        );
+        Some(watch.hearing(Arc::new(move || hearing.iter().all(|hears| hears()))))
     }
 }
 
