@@ -696,6 +696,65 @@ async fn with_the_first_master_down_a_waiter_hears_the_others() {
     );
 }
 
+/// An attempt whose votes split with a master failing (no majority either way: two contenders
+/// that split each undo their votes, and no release follows to wake either) is asked again at
+/// `DLOCK_RETRY`, not after the 250-500ms pause of a waiter a holder refused. A waiter behind
+/// another holder's keys on 3 masters (it has its place's wake-up on the first master, which is
+/// free); then one of those masters is unclogged and a master outside them killed: its attempts
+/// split (the first master and one other grant, two refuse, one fails). At least 15 attempts in
+/// 1.5s (2 scripts each on the unclogged master: the vote and its undo; 3-6 attempts at the
+/// pause), and once a second master is unclogged it gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn votes_split_with_a_master_failing_are_asked_again_at_the_retry_pause() {
+    let mut masters = RedLockServers::start();
+    let first = 0;
+    let key = key_led_by("split", first, 5);
+    let stored = format!("dlock:{key}");
+    for i in 1..=3 {
+        clog(masters.server(i), &stored);
+    }
+    let waiter = locker(&masters.url(), Duration::from_millis(200));
+    let waiting = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        tokio::spawn(async move {
+            let options = LockOptions::new().timeout(Duration::from_secs(10));
+            let guard = waiter.acquire(&key, options).await.unwrap();
+            let at = Instant::now();
+            guard.release().await.unwrap();
+            at
+        })
+    };
+    // Refused, in line, subscribed, and past its quick retries after the first master's grants.
+    let queue = dlock_tests::queue_of(&key);
+    dlock_tests::queue_reaches(&mut connect(masters.server(first)), &queue, 1).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    masters.server_mut(4).kill();
+    unclog(masters.server(3), &stored);
+    let before = masters.server(3).calls("evalsha");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let split = masters.server(3).calls("evalsha") - before;
+    eprintln!("{split} scripts on the unclogged master in 1.5s of split votes");
+    assert!(
+        split >= 30,
+        "{split} scripts in 1.5s on the unclogged master: the waiter paused as if refused"
+    );
+    assert!(
+        !waiting.is_finished(),
+        "the lock was taken without a majority"
+    );
+    unclog(masters.server(1), &stored);
+    let unclogged = Instant::now();
+    let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter got the lock once a majority was free")
+        .unwrap();
+    assert!(
+        got - unclogged < Duration::from_secs(1),
+        "{:?}",
+        got - unclogged
+    );
+}
+
 /// A place serves wake-ups only: with notifications off a waiter keeps none (it polls). A forced
 /// release, which no holder's release follows, wakes the place first in the first master's
 /// queue, even when that master held nothing to announce; that waiter's release wakes the next.

@@ -451,10 +451,16 @@ impl<'a> Wait<'a> {
     /// How long to sleep: a jittered pause within [`pause_bounds`], never past the deadline nor
     /// the holder's remaining lease (an expired lease publishes nothing).
     fn pause_length(&self, holder_ttl: Option<Duration>) -> Duration {
+        let wake_up = self.locker.inner.capabilities.wake_up;
+        // Where releases name the place they wake, the longer pause is for a waiter a holder
+        // refused; after a failed attempt (no answer in time; on RedLock, votes split with a
+        // master silent, where two contenders each undo theirs and no release follows) the
+        // waiter asks again at `DLOCK_RETRY`.
+        let failed = self.last_error.is_some() && wake_up == WakeUp::Named;
         let (min, max) = pause_bounds(
             &self.locker.inner.settings,
-            self.locker.inner.capabilities.wake_up,
-            self.watch.as_ref().is_some_and(Watch::hears),
+            wake_up,
+            !failed && self.watch.as_ref().is_some_and(Watch::hears),
         );
         let mut pause =
             jitter(min, max).min(self.deadline.saturating_duration_since(Instant::now()));
