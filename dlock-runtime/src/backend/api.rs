@@ -71,9 +71,9 @@ pub(crate) enum WakeUp {
     /// whose releasing client names the place first in the first master's queue, and whose
     /// release that master missed is sent to it again and then names it): the pause covers
     /// a place first in line whose process is gone (until that place lapses) and the waiter's
-    /// own place, so it can be longer (`NAMED_WATCH_PAUSE`). On RedLock it also covers the
-    /// hand-offs while the key's first master is down (its waiters keep a wake-up no release
-    /// reaches) and votes split with a master unanswering.
+    /// own place, so it can be longer (`NAMED_WATCH_PAUSE`), while the wake-up hears (its
+    /// connection is up: see [`Watch::hears`]) and the last attempt did not fail. On RedLock it
+    /// also covers a release that some of the other masters missed.
     #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
     Named,
     /// A watch on the waiter's predecessor in line signals every moment it may have become

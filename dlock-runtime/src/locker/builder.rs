@@ -110,7 +110,9 @@ impl LockerBuilder {
 
     /// Bounds of the jittered pause between attempts. Default: 10ms..50ms. A waiter woken by
     /// releases pauses longer between attempts (at least 250-500ms on Redis, RedLock and
-    /// PostgreSQL, 1s on etcd and ZooKeeper): there the pause is only a fallback.
+    /// PostgreSQL, 1s on etcd and ZooKeeper): there the pause is only a fallback. On Redis,
+    /// RedLock and PostgreSQL it is this one again while the waiter's notification connection
+    /// is down and after an attempt that failed.
     pub fn retry(mut self, min: Duration, max: Duration) -> Self {
         self.settings.retry = (min, max);
         self
