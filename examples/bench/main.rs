@@ -232,6 +232,13 @@ async fn run(cli: &Cli, args: &Args) -> Result<bool, Error> {
             Err(e) => return Err(e),
         };
         println!("{}", report::table(&rows));
+        let release_errors = harness::RELEASE_ERRORS.swap(0, std::sync::atomic::Ordering::Relaxed);
+        if release_errors > 0 {
+            println!(
+                "dlock releases that returned an error on this engine: {release_errors} (each \
+                 key was freed by the release sent again in the background, or by its lease)"
+            );
+        }
         println!(
             "requests/acq: {} the engine served per acquisition (W3: less the body's 2); client \
              requests/acq (W4): what the lock clients sent.",
