@@ -436,6 +436,7 @@ impl Watch {
     /// The same wake-up, which hears releases only while `hearing` says so: a notification
     /// connection that dropped (it woke every waiter then) hears nothing until it is back, and
     /// a waiter that keeps it meanwhile asks at `DLOCK_RETRY` and for another wake-up.
+    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
     pub(crate) fn hearing(mut self, hearing: Hearing) -> Self {
         self.hearing = Some(hearing);
         self
@@ -447,6 +448,7 @@ impl Watch {
     }
 
     /// What [`hears`](Self::hears) asks, for a wake-up made of this one and others.
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
     pub(crate) fn hearing_of(&self) -> Option<Hearing> {
         self.hearing.clone()
     }
