@@ -76,8 +76,17 @@ pub(super) struct Wait<'a> {
     /// attempt.
     watch: Option<Watch>,
     watch_asked: bool,
-    /// When to ask again for the wake-up, asked for and not had (see [`REWATCH_EVERY`]).
+    /// When to ask again for the wake-up, asked for and not had (see [`REWATCH_EVERY`]); a
+    /// wake-up that no longer hears asks at once.
     rewatch_at: Option<Instant>,
+    /// The request for another wake-up, under way across pauses while the waiter has none
+    /// that hears (aborted when dropped).
+    rewatching: Option<Rewatch>,
+    /// The wake-up the waiter had when it stopped hearing, kept while another stands in: it is
+    /// taken back once it hears again (on RedLock, the place's channel on the key's first
+    /// master, back after an outage; the other masters' announcements wake every waiting
+    /// process at each release). Its registration keeps its connection being made again.
+    spare: Option<Watch>,
     /// A holder's answer to this waiter's offer to take the lock, once it came.
     passed: Option<Passed>,
     /// The waiter before this one took the lock, having heard this many release wake-ups:
@@ -128,6 +137,8 @@ impl<'a> Wait<'a> {
             watch: None,
             watch_asked: !locker.inner.settings.notify || timeout.is_zero(),
             rewatch_at: None,
+            rewatching: None,
+            spare: None,
             passed: None,
             handed_on: None,
             attempts: 0,
@@ -157,6 +168,7 @@ impl<'a> Wait<'a> {
                 // Late, or closing.
                 Ok(None) | Err(()) => break,
             }
+            wait.take_back_spare();
             // Armed before the request, so a release published while it is in flight still
             // wakes this waiter.
             let notify = wait.watch.as_ref().map(Watch::notify);
@@ -492,57 +504,67 @@ impl<'a> Wait<'a> {
         // anyone, on an engine without one.
         // (Not `self.place()`: the offer's answer below borrows `self.orphan` meanwhile.)
         let me = line_place(self.turn.as_ref(), self.queue_engine()).map(|(_, place)| place);
-        let answer = &mut self.orphan.baton;
-        let answer = std::pin::pin!(async move {
-            match answer {
-                Some((_, answer)) => answer.await.unwrap_or(Passed::Unknown),
-                None => std::future::pending().await,
-            }
-        });
-        // A wake-up that no longer hears releases (its notification connection dropped) is
-        // kept, for it hears again once that is back, while another is asked for at once and
-        // then every while: on RedLock, while a key's first master is down, the other masters'
-        // announcements.
+        // A wake-up that no longer hears releases (its notification connection dropped) stays
+        // until another is had, asked for at once and then every while (on RedLock, while a
+        // key's first master is down, the other masters' announcements), and is taken back
+        // once it hears again (see `take_back_spare`).
         let hears = self.watch.as_ref().is_some_and(Watch::hears);
-        if self.watch.is_some() && !hears && self.rewatch_at.is_none() {
-            self.rewatch_at = Some(Instant::now());
+        if hears || (self.watch.is_none() && self.rewatch_at.is_none()) {
+            self.rewatching = None;
+        } else if self.rewatching.is_none() {
+            let at = self.rewatch_at.unwrap_or_else(Instant::now);
+            self.rewatching = Some(Rewatch::start(self.locker, &self.orphan, me.cloned(), at));
         }
-        let rewatch_at = self.rewatch_at.filter(|_| !hears);
-        let (locker, key, token) = (self.locker, &self.orphan.key, &self.orphan.token);
-        // Done only with the wake-up: asked in vain, it asks again a while later.
-        let rewatch = std::pin::pin!(async {
-            let Some(mut at) = rewatch_at else {
-                return std::future::pending().await;
-            };
-            loop {
-                tokio::time::sleep_until(at).await;
-                if let Some(watch) = locker.backend().watch(key, token, me).await {
-                    return watch;
+        let woke = {
+            let answer = &mut self.orphan.baton;
+            let answer = std::pin::pin!(async move {
+                match answer {
+                    Some((_, answer)) => answer.await.unwrap_or(Passed::Unknown),
+                    None => std::future::pending().await,
                 }
-                at = Instant::now() + REWATCH_EVERY;
-            }
-        });
-        let sleep = std::pin::pin!(tokio::time::sleep_until(wake_at));
-        let closing = std::pin::pin!(self.locker.inner.closing.cancelled());
-        let wake_up = match (notified, &self.watch, notify) {
-            (Some(first), Some(watch), Some(notify)) => Some((first, watch, notify)),
-            _ => None,
+            });
+            let rewatching = &mut self.rewatching;
+            let rewatch = std::pin::pin!(async move {
+                match rewatching {
+                    Some(Rewatch(task)) => match task.await {
+                        Ok(watch) => watch,
+                        Err(_) => std::future::pending().await,
+                    },
+                    None => std::future::pending().await,
+                }
+            });
+            let sleep = std::pin::pin!(tokio::time::sleep_until(wake_at));
+            let closing = std::pin::pin!(self.locker.inner.closing.cancelled());
+            let wake_up = match (notified, &self.watch, notify) {
+                (Some(first), Some(watch), Some(notify)) => Some((first, watch, notify)),
+                _ => None,
+            };
+            sleep_until_woken(wake_up, me, answer, rewatch, sleep, closing).await
         };
-        let woke = sleep_until_woken(wake_up, me, answer, rewatch, sleep, closing).await;
-        // A request for the wake-up was under way, or was made in vain: the next one a while
-        // from now.
-        if rewatch_at.is_some_and(|at| at <= Instant::now()) {
-            self.rewatch_at = Some(Instant::now() + REWATCH_EVERY);
-        }
         match woke {
             Woke::Passed(passed) => Some(passed),
             Woke::Watch(watch) => {
+                let key = &self.orphan.key;
                 tracing::debug!(key = %key, "release wake-up armed late, or again; the wait asks again at once");
                 self.rewatch_at = None;
-                self.watch = Some(watch);
+                self.rewatching = None;
+                let deaf = self.watch.replace(watch).filter(|old| !old.hears());
+                if self.spare.is_none() {
+                    self.spare = deaf;
+                }
                 None
             }
             Woke::Slept => None,
+        }
+    }
+
+    /// The wake-up that stopped hearing, back in place of the one that stood in once it hears
+    /// again (before an attempt: its wake-up is armed before the request).
+    fn take_back_spare(&mut self) {
+        if self.spare.as_ref().is_some_and(Watch::hears) {
+            tracing::debug!(key = %self.orphan.key, "release wake-up heard again; the one that stood in goes");
+            self.watch = self.spare.take();
+            self.rewatching = None;
         }
     }
 
@@ -635,6 +657,34 @@ impl<'a> Wait<'a> {
                 }
             }
         }
+    }
+}
+
+/// A request for the release wake-up that goes on across pauses until it has one, asking at
+/// `at` and then every [`REWATCH_EVERY`]: one cut off at the end of a 10-50ms pause would
+/// never outlast a slow subscription (RedLock asks a first master that does not answer before
+/// the others). Aborted when dropped.
+struct Rewatch(tokio::task::JoinHandle<Watch>);
+
+impl Rewatch {
+    fn start(locker: &Locker, orphan: &OrphanCleanup<'_>, me: Option<Token>, at: Instant) -> Self {
+        let (locker, key, token) = (locker.clone(), orphan.key.clone(), orphan.token.clone());
+        Self(tokio::spawn(async move {
+            let mut at = at;
+            loop {
+                tokio::time::sleep_until(at).await;
+                if let Some(watch) = locker.backend().watch(&key, &token, me.as_ref()).await {
+                    return watch;
+                }
+                at = Instant::now() + REWATCH_EVERY;
+            }
+        }))
+    }
+}
+
+impl Drop for Rewatch {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

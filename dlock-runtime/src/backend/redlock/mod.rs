@@ -1147,6 +1147,10 @@ impl RedLockBackend {
         // connection makes the waiter ask at `DLOCK_RETRY` and for a combination of the others.
         let hearing: Vec<Hearing> = watches.iter().filter_map(Watch::hearing_of).collect();
         let forward = combined.clone();
+        // Counts the releases it wakes for, as a place's channel does: a waiter behind one
+        // that took the lock in this process compares counts to tell whether a release came.
+        let next = NextInLine::default();
+        let counted = next.clone();
         let task = runtime.spawn(async move {
             let mut heard = vec![false; sources.len()];
             loop {
@@ -1163,13 +1167,14 @@ impl RedLockBackend {
                 heard[listening[which]] = true;
                 if heard.iter().filter(|h| **h).count() >= needed {
                     heard.fill(false);
+                    counted.heard(None);
                     forward.notify_waiters();
                 }
             }
         });
         let watch = Watch::new(
             combined,
-            NextInLine::default(),
+            next,
             Forwarding {
                 _watches: watches,
                 task,
