@@ -59,8 +59,8 @@ pub(crate) fn option<'a>(
     }
 }
 
-/// What a waiter's release wake-up covers, which sets its fallback pause once it has it (see
-/// `pause_bounds` in the waiting loop).
+/// What a waiter's release wake-up covers, which sets its fallback pause while it has one that
+/// hears (see `pause_bounds` in the waiting loop).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum WakeUp {
     /// No release wake-up that waiters can count on (the embedded engine's waiters are woken

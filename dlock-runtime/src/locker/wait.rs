@@ -41,13 +41,16 @@ const RELIABLE_WATCH_PAUSE: Duration = Duration::from_secs(1);
 /// requests that refresh the waiter's own place; a holder that goes without releasing bounds
 /// the pause by its lease, and a lost notification connection wakes every waiter, which then
 /// ask at `DLOCK_RETRY` until it is back or they have another wake-up that hears (on RedLock,
-/// while a key's first master is down, the other masters' announcements).
+/// while a key's first master is down, the other masters' announcements). After an attempt
+/// that failed (no answer; RedLock's votes split with a master failing) the pause is
+/// `DLOCK_RETRY` too.
 const NAMED_WATCH_PAUSE: (Duration, Duration) =
     (Duration::from_millis(250), Duration::from_millis(500));
 
-/// How often a waiter whose release wake-up could not be armed asks for it again (during a
-/// pause, while it polls): a subscription or `LISTEN` slower than the request timeout, or a
-/// notification connection that was down, still wakes the rest of a long wait.
+/// How often a waiter whose release wake-up could not be armed, or no longer hears, asks for
+/// one again (in a task that goes on across its pauses, while it polls): a subscription or
+/// `LISTEN` slower than the request timeout, or a notification connection that was down, still
+/// wakes the rest of a long wait.
 const REWATCH_EVERY: Duration = Duration::from_secs(1);
 
 /// The turn and its line's place, when the wait uses one (`uses`: see `Wait::queue_engine`)

@@ -26,10 +26,12 @@
 //!   to (woken by the first master's own release, a waiter could ask before the others had let
 //!   the key go). The release is woken for even when the holder's majority did not include the
 //!   first master. An attempt's undoing announces nothing. A waiter that the first master granted
-//!   but no majority followed asks again after 2 and 4ms (a release still under way on the
+//!   but no majority followed asks again after 2, 4, 8… ms (a release still under way on the
 //!   others), then waits to be woken. The other masters announce every release on the key's
-//!   channel, for the waiters that could not subscribe on the first (it is down): those wake
-//!   when enough masters announced it.
+//!   channel, for the waiters that could not subscribe on the first (it is down, or went down
+//!   during the wait: its connection's loss leaves the waiter's wake-up deaf, and it asks for
+//!   another): those wake when enough masters announced it, and take their place's channel
+//!   back once the first master's connection is made again.
 //! - **Passing on a hot key**: a release with a waiter of the same locker offering to take the
 //!   lock (see the locker's line) is one round instead: `pass.lua` on every master sets the key
 //!   to the waiter's token where it is still the holder's, with a fence proposed as an
