@@ -414,6 +414,9 @@ pub(crate) struct Watch {
     next: NextInLine,
     /// `None`: it hears every release as long as it lives.
     hearing: Option<Hearing>,
+    /// Its count of wake-ups is its own, not the key's (or the place's) that every waiter of
+    /// it shares: no other waiter's reading compares with it.
+    own_count: bool,
     _registration: Box<dyn Any + Send + Sync>,
 }
 
@@ -429,6 +432,7 @@ impl Watch {
             notify,
             next,
             hearing: None,
+            own_count: false,
             _registration: Box::new(registration),
         }
     }
@@ -447,6 +451,14 @@ impl Watch {
         self.hearing.as_ref().is_none_or(|hears| hears())
     }
 
+    /// The same wake-up, counting its wake-ups on its own (a RedLock combination of the
+    /// masters' wake-ups): [`heard`](Self::heard) says nothing to compare.
+    #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
+    pub(crate) fn counted_alone(mut self) -> Self {
+        self.own_count = true;
+        self
+    }
+
     /// What [`hears`](Self::hears) asks, for a wake-up made of this one and others.
     #[cfg_attr(not(feature = "redlock"), allow(dead_code))]
     pub(crate) fn hearing_of(&self) -> Option<Hearing> {
@@ -463,9 +475,9 @@ impl Watch {
     }
 
     /// How many wake-ups of this key this process has heard: a waiter compares two readings to
-    /// tell whether a release came in between.
-    pub(crate) fn heard(&self) -> u64 {
-        self.next.count()
+    /// tell whether a release came in between. `None` for a wake-up that counts on its own.
+    pub(crate) fn heard(&self) -> Option<u64> {
+        (!self.own_count).then(|| self.next.count())
     }
 }
 

@@ -311,7 +311,7 @@ impl<'a> Wait<'a> {
     async fn attempt(&mut self) -> Attempted {
         let quiet = (self.handed_on.take())
             .zip(self.watch.as_ref())
-            .is_some_and(|(at, watch)| watch.heard() == at);
+            .is_some_and(|(at, watch)| watch.heard() == Some(at));
         if quiet {
             return Attempted::Refused(None);
         }
@@ -526,15 +526,18 @@ impl<'a> Wait<'a> {
                     None => std::future::pending().await,
                 }
             });
-            let rewatching = &mut self.rewatching;
+            let (rewatching, rewatch_at) = (&mut self.rewatching, &mut self.rewatch_at);
+            // Its end is taken once: `Woke::Watch` drops the task's handle, and so does a task
+            // that ended without one (its runtime shutting down), for another a while later.
             let rewatch = std::pin::pin!(async move {
-                match rewatching {
-                    Some(Rewatch(task)) => match task.await {
-                        Ok(watch) => watch,
-                        Err(_) => std::future::pending().await,
-                    },
-                    None => std::future::pending().await,
+                if let Some(Rewatch(task)) = rewatching {
+                    if let Ok(watch) = task.await {
+                        return watch;
+                    }
+                    *rewatching = None;
+                    *rewatch_at = Some(Instant::now() + REWATCH_EVERY);
                 }
+                std::future::pending().await
             });
             let sleep = std::pin::pin!(tokio::time::sleep_until(wake_at));
             let closing = std::pin::pin!(self.locker.inner.closing.cancelled());
@@ -575,7 +578,7 @@ impl<'a> Wait<'a> {
     /// heard so many release wake-ups: the next waiter there asks nothing until another comes
     /// (or a pass does).
     fn holding(self, grant: Grant) -> LockGuard {
-        let heard = self.watch.as_ref().map(Watch::heard);
+        let heard = self.watch.as_ref().and_then(Watch::heard);
         let Self {
             locker,
             options,
@@ -619,6 +622,7 @@ impl<'a> Wait<'a> {
             last_error,
             fatal,
             watch,
+            spare,
             ..
         } = self;
         let (key, token) = orphan.give_up();
@@ -627,7 +631,7 @@ impl<'a> Wait<'a> {
         async move {
             // Kept until the removal is done: dropping the wake-up may unsubscribe, a request
             // of its own that the removal need not wait behind.
-            let _watch = watch;
+            let _watch = (watch, spare);
             let left = locker
                 .remove_leftovers((&key, options.kind), token, place, lease.length)
                 .await;
@@ -676,6 +680,10 @@ impl Rewatch {
             let mut at = at;
             loop {
                 tokio::time::sleep_until(at).await;
+                if locker.is_closing() {
+                    // The wait ends, and aborts this: no subscription after `close`.
+                    return std::future::pending().await;
+                }
                 if let Some(watch) = locker.backend().watch(&key, &token, me.as_ref()).await {
                     return watch;
                 }

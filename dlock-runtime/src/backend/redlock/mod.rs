@@ -1149,10 +1149,6 @@ impl RedLockBackend {
         // connection makes the waiter ask at `DLOCK_RETRY` and for a combination of the others.
         let hearing: Vec<Hearing> = watches.iter().filter_map(Watch::hearing_of).collect();
         let forward = combined.clone();
-        // Counts the releases it wakes for, as a place's channel does: a waiter behind one
-        // that took the lock in this process compares counts to tell whether a release came.
-        let next = NextInLine::default();
-        let counted = next.clone();
         let task = runtime.spawn(async move {
             let mut heard = vec![false; sources.len()];
             loop {
@@ -1169,20 +1165,22 @@ impl RedLockBackend {
                 heard[listening[which]] = true;
                 if heard.iter().filter(|h| **h).count() >= needed {
                     heard.fill(false);
-                    counted.heard(None);
                     forward.notify_waiters();
                 }
             }
         });
+        // Each combination is its own: a waiter behind one that took the lock in this process
+        // has nothing to compare its count with, and asks.
         let watch = Watch::new(
             combined,
-            next,
+            NextInLine::default(),
             Forwarding {
                 _watches: watches,
                 task,
             },
         );
-        Some(watch.hearing(Arc::new(move || hearing.iter().all(|hears| hears()))))
+        let hearing = Arc::new(move || hearing.iter().all(|hears| hears()));
+        Some(watch.hearing(hearing).counted_alone())
     }
 }
 
