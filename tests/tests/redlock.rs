@@ -575,14 +575,61 @@ async fn woken_by_the_release(masters: &RedLockServers, key: &str) {
     let waiting = spawn_waiter(&slow_poller(masters), key);
     // Long enough for the waiter's first refusal, subscription and covering attempt.
     tokio::time::sleep(Duration::from_millis(800)).await;
+    woken_within(held, waiting, Duration::from_millis(2000)).await;
+}
+
+/// `held` released, `waiting` (a [`spawn_waiter`] of a slow poller) gets the lock within
+/// `bound`: woken, not at its poll.
+async fn woken_within(
+    held: dlock_runtime::LockGuard,
+    waiting: tokio::task::JoinHandle<Instant>,
+    bound: Duration,
+) {
     let released_at = Instant::now();
     held.release().await.unwrap();
     let woken_at = waiting.await.unwrap();
     assert!(
-        woken_at - released_at < Duration::from_millis(2000),
-        "{key}: woken {:?} after the release: polled, not notified",
+        woken_at - released_at < bound,
+        "woken {:?} after the release: polled, not notified",
         woken_at - released_at
     );
+}
+
+/// The place channels subscribed on the key's first master (`leader`) for the queue `queue`.
+fn place_channels(leader: &mut redis::Connection, queue: &str) -> Vec<String> {
+    redis::cmd("PUBSUB")
+        .arg("CHANNELS")
+        .arg(format!("{queue}:*"))
+        .query(leader)
+        .unwrap()
+}
+
+/// `holder`'s hold of a key whose first master is master `first`, and a slow poller waiting for it
+/// from its place in that master's queue, listening on its place's channel there: the key,
+/// its queue, the hold and the waiter.
+async fn waiting_on_the_first_master(
+    masters: &RedLockServers,
+    holder: &Locker,
+    prefix: &str,
+    first: usize,
+) -> (
+    String,
+    String,
+    dlock_runtime::LockGuard,
+    tokio::task::JoinHandle<Instant>,
+) {
+    let key = key_led_by(prefix, first, 5);
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let waiting = spawn_waiter(&slow_poller(masters), &key);
+    let queue = dlock_tests::queue_of(&key);
+    let mut leader = connect(masters.server(first));
+    dlock_tests::queue_reaches(&mut leader, &queue, 1).await;
+    assert_eq!(
+        place_channels(&mut leader, &queue).len(),
+        1,
+        "the waiter listens on its place's channel"
+    );
+    (key, queue, held, waiting)
 }
 
 /// A release wakes the waiting process it names, not every waiting process: each of 4 waiting
@@ -610,11 +657,7 @@ async fn a_release_wakes_the_process_it_names_alone() {
             "master {i}: {on_key} processes listen on the key's channel"
         );
     }
-    let channels: Vec<String> = redis::cmd("PUBSUB")
-        .arg("CHANNELS")
-        .arg(format!("{queue}:*"))
-        .query(&mut leader)
-        .unwrap();
+    let channels = place_channels(&mut leader, &queue);
     assert_eq!(
         channels.len(),
         4,
@@ -665,35 +708,14 @@ async fn a_waiter_with_the_wake_up_asks_a_few_times_a_second() {
 async fn with_the_first_master_down_a_waiter_hears_the_others() {
     let mut masters = RedLockServers::start();
     let first = 1;
-    let key = key_led_by("leaderless", first, 5);
     let holder = locker(&masters.url(), Duration::from_millis(200));
-    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
-    let waiting = spawn_waiter(&slow_poller(&masters), &key);
-    let queue = dlock_tests::queue_of(&key);
-    let mut leader = connect(masters.server(first));
-    dlock_tests::queue_reaches(&mut leader, &queue, 1).await;
-    let channels: Vec<String> = redis::cmd("PUBSUB")
-        .arg("CHANNELS")
-        .arg(format!("{queue}:*"))
-        .query(&mut leader)
-        .unwrap();
-    assert_eq!(
-        channels.len(),
-        1,
-        "the waiter listens on its place's channel"
-    );
+    let (_, _, held, waiting) =
+        waiting_on_the_first_master(&masters, &holder, "leaderless", first).await;
     masters.server_mut(first).kill();
     // Long enough for the waiter to be woken by the lost connection, be refused, and subscribe
     // on the other masters.
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let released_at = Instant::now();
-    held.release().await.unwrap();
-    let woken_at = waiting.await.unwrap();
-    assert!(
-        woken_at - released_at < Duration::from_millis(1000),
-        "woken {:?} after the release: polled, not notified",
-        woken_at - released_at
-    );
+    woken_within(held, waiting, Duration::from_millis(1000)).await;
 }
 
 /// A waiter that took the other masters' announcements while the key's first master was down
@@ -704,12 +726,9 @@ async fn with_the_first_master_down_a_waiter_hears_the_others() {
 async fn a_waiter_takes_its_place_back_when_the_first_master_is_back() {
     let mut masters = RedLockServers::start();
     let first = 1;
-    let key = key_led_by("back", first, 5);
     let holder = locker(&masters.url(), Duration::from_millis(200));
-    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
-    let waiting = spawn_waiter(&slow_poller(&masters), &key);
-    let queue = dlock_tests::queue_of(&key);
-    dlock_tests::queue_reaches(&mut connect(masters.server(first)), &queue, 1).await;
+    let (key, queue, held, waiting) =
+        waiting_on_the_first_master(&masters, &holder, "back", first).await;
     let on_key = |masters: &RedLockServers| -> usize {
         (0..5)
             .filter(|i| *i != first)
@@ -737,24 +756,12 @@ async fn a_waiter_takes_its_place_back_when_the_first_master_is_back() {
     }
     let mut leader = connect(masters.server(first));
     dlock_tests::queue_reaches(&mut leader, &queue, 1).await;
-    let channels: Vec<String> = redis::cmd("PUBSUB")
-        .arg("CHANNELS")
-        .arg(format!("{queue}:*"))
-        .query(&mut leader)
-        .unwrap();
     assert_eq!(
-        channels.len(),
+        place_channels(&mut leader, &queue).len(),
         1,
         "the waiter listens on its place's channel again"
     );
-    let released_at = Instant::now();
-    held.release().await.unwrap();
-    let woken_at = waiting.await.unwrap();
-    assert!(
-        woken_at - released_at < Duration::from_millis(1000),
-        "woken {:?} after the release: polled, not notified",
-        woken_at - released_at
-    );
+    woken_within(held, waiting, Duration::from_millis(1000)).await;
 }
 
 /// An attempt whose votes split with a master failing (no majority either way: two contenders
@@ -775,17 +782,7 @@ async fn votes_split_with_a_master_failing_are_asked_again_at_the_retry_pause() 
     for i in 1..=3 {
         clog(masters.server(i), &stored);
     }
-    let waiter = locker(&masters.url(), Duration::from_millis(200));
-    let waiting = {
-        let (waiter, key) = (waiter.clone(), key.clone());
-        tokio::spawn(async move {
-            let options = LockOptions::new().timeout(Duration::from_secs(10));
-            let guard = waiter.acquire(&key, options).await.unwrap();
-            let at = Instant::now();
-            guard.release().await.unwrap();
-            at
-        })
-    };
+    let waiting = spawn_waiter(&locker(&masters.url(), Duration::from_millis(200)), &key);
     // Refused, in line, subscribed, and past its quick retries after the first master's grants.
     let queue = dlock_tests::queue_of(&key);
     dlock_tests::queue_reaches(&mut connect(masters.server(first)), &queue, 1).await;
