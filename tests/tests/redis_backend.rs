@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use dlock_runtime::{LockOptions, Locker};
+use dlock_tests::proxy::Proxy;
 use dlock_tests::resp::{self, Value};
 use dlock_tests::{RedisServer, acquire_and_release, free_port, unique_key};
 use redis::Commands as _;
@@ -444,4 +445,99 @@ async fn replica_acknowledgement_on_a_single_server() {
         .unwrap();
     assert!(replica.exists(&format!("dlock:{key}")));
     guard.release().await.unwrap();
+}
+
+/// The number of normal clients (not subscribers) the server closed with `CLIENT KILL`, as the
+/// server's `timeout` or a proxy closes idle clients; the test's own connection is spared.
+fn close_idle_clients(server: &RedisServer) -> i64 {
+    match server.command(&["CLIENT", "KILL", "TYPE", "normal"]) {
+        Ok(Value::Int(closed)) => closed,
+        other => panic!("CLIENT KILL: {other:?}"),
+    }
+}
+
+/// A connection the server closed while it was idle (its `timeout`, a proxy, a restart: redis-rs
+/// learns of it only when a request fails on it) costs no request: a release, a `try_acquire`
+/// and a renewal made next are sent once more on a new connection. Before, each failed with a
+/// broken pipe (the release left its key for its 30s lease).
+#[tokio::test]
+async fn requests_on_a_connection_closed_while_idle_are_sent_again() {
+    let server = RedisServer::start();
+    let locker = server.locker();
+    let key = unique_key("idle");
+    let lease = LockOptions::new().expire(Duration::from_secs(30));
+    let guard = locker.acquire(&key, lease.clone()).await.unwrap();
+    assert!(close_idle_clients(&server) >= 1);
+    // Long enough for the client to read the close.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released = guard.release().await;
+    assert!(released.is_ok(), "release: {released:?}");
+    assert!(!server.exists(&format!("dlock:{key}")), "the key stayed");
+
+    assert!(close_idle_clients(&server) >= 1);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let tried = locker.try_acquire(&key, Duration::from_secs(30)).await;
+    let guard = match tried {
+        Ok(Some(guard)) => guard,
+        other => panic!("try_acquire: {other:?}"),
+    };
+
+    assert!(close_idle_clients(&server) >= 1);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let extended = guard.extend(Duration::from_secs(20)).await;
+    assert!(extended.is_ok(), "extend: {extended:?}");
+    guard.release().await.unwrap();
+}
+
+/// A release whose connection closed before its reply (the server ran it) is sent again; it
+/// finds the key gone, which the first sending did or an expiry did: within the lease the release
+/// is `Ok`, after it `Lost`. For a mutex and a semaphore's permit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sent_again_after_a_lost_reply_is_judged_by_the_lease() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let locker = Locker::builder()
+        .redis_url(format!("redis://127.0.0.1:{}", proxy.port()))
+        .request_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let cases = [
+        (LockOptions::new(), Duration::from_secs(30), false),
+        (LockOptions::new(), Duration::from_secs(1), true),
+        (
+            LockOptions::new().permits(2),
+            Duration::from_secs(30),
+            false,
+        ),
+        (LockOptions::new().permits(2), Duration::from_secs(1), true),
+    ];
+    for (options, lease, lapsed) in cases {
+        let key = unique_key("resent-release");
+        // The release script loaded: its first sending is not answered NOSCRIPT.
+        let warm = locker.acquire(&unique_key("warm"), options.clone()).await;
+        warm.unwrap().release().await.unwrap();
+        let guard = locker.acquire(&key, options.expire(lease)).await.unwrap();
+        if lapsed {
+            tokio::time::sleep(lease + Duration::from_millis(100)).await;
+            assert!(!guard.is_held());
+        }
+        proxy.cut_replies_on(key.as_bytes());
+        let releasing = tokio::spawn(guard.release());
+        // The release ran on the server; its reply waits in the proxy.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while server.exists(&format!("dlock:{key}")) || !proxy.replies_cut() {
+            assert!(Instant::now() < deadline, "the release never ran");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        proxy.reset();
+        let released = releasing.await.unwrap();
+        if lapsed {
+            assert!(
+                matches!(released, Err(dlock_runtime::LockError::Lost { .. })),
+                "a release after the lease ran out: {released:?}"
+            );
+        } else {
+            assert!(released.is_ok(), "a release within the lease: {released:?}");
+        }
+    }
 }

@@ -587,6 +587,15 @@ async fn woken_within(
 ) {
     let released_at = Instant::now();
     held.release().await.unwrap();
+    woken_since(released_at, waiting, bound).await;
+}
+
+/// `waiting` got the lock within `bound` of `released_at`.
+async fn woken_since(
+    released_at: Instant,
+    waiting: tokio::task::JoinHandle<Instant>,
+    bound: Duration,
+) {
     let woken_at = waiting.await.unwrap();
     assert!(
         woken_at - released_at < bound,
@@ -762,6 +771,40 @@ async fn a_waiter_takes_its_place_back_when_the_first_master_is_back() {
         "the waiter listens on its place's channel again"
     );
     woken_within(held, waiting, Duration::from_millis(1000)).await;
+}
+
+/// A release whose connection to the key's first master was closed while idle (a restart, the
+/// server's `timeout`, a proxy: redis-rs learns of it only when a request fails on it) deletes the
+/// key there within its round and wakes the waiter: the release is sent once more on a new
+/// connection, not left to the release sent again 100ms later (nor, when its locker is dropped
+/// meanwhile, to the lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_on_a_first_master_connection_closed_while_idle_is_sent_again() {
+    let masters = RedLockServers::start();
+    let first = 2;
+    let holder = locker(&masters.url(), Duration::from_millis(200));
+    let (key, _, held, waiting) =
+        waiting_on_the_first_master(&masters, &holder, "idle", first).await;
+    let stored = format!("dlock:{key}");
+    let holders_value = value(masters.server(first), &stored);
+    assert!(holders_value.is_some());
+    let closed = masters
+        .server(first)
+        .command(&["CLIENT", "KILL", "TYPE", "normal"]);
+    assert!(
+        matches!(closed, Ok(dlock_tests::resp::Value::Int(n)) if n >= 1),
+        "{closed:?}"
+    );
+    // Long enough for the clients to read the close.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    assert_ne!(
+        value(masters.server(first), &stored),
+        holders_value,
+        "the release left the key on the first master"
+    );
+    woken_since(released_at, waiting, Duration::from_secs(1)).await;
 }
 
 /// An attempt whose votes split with a master failing (no majority either way: two contenders
@@ -1602,19 +1645,20 @@ async fn released_past_a_cut_master(prefix: &str) -> (RedLockServers, Proxy, Loc
     (masters, proxy, locker, key)
 }
 
-/// A locker dropped after a release that master 0 missed sends it no more: the key stays there
-/// once it answers again (for its lease to end), where a live locker's release sent again takes
-/// it within a few hundred ms (`a_release_the_first_master_missed_is_sent_to_it_again`).
+/// A locker dropped after a release that master 0 missed still sends it again (a guard released
+/// as its locker's last handle goes is a common last release): the key goes once master 0
+/// answers, within a few hundred ms, not at the end of its lease. `close` stops the re-sends
+/// (`close_ends_the_releases_sent_again`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropped_locker_sends_its_releases_no_more() {
+async fn a_dropped_lockers_releases_are_still_sent_again() {
     let (masters, proxy, locker, key) = released_past_a_cut_master("dropped").await;
     drop(locker);
     proxy.reset();
     // The tries of a release sent again: at 100ms, 300ms, 700ms and 1.5s.
     tokio::time::sleep(Duration::from_millis(2000)).await;
     assert!(
-        value(masters.server(0), &format!("dlock:{key}")).is_some(),
-        "a dropped locker's release was sent again"
+        value(masters.server(0), &format!("dlock:{key}")).is_none(),
+        "a dropped locker's release was not sent again"
     );
 }
 

@@ -353,6 +353,50 @@ impl Conn {
     }
 }
 
+/// Whether a request that finds its connection dropped is sent again (see
+/// [`RedisBackend::request`]).
+#[derive(Clone, Copy)]
+enum Repeat {
+    /// Once more: the request is safe to repeat with the same token. An acquisition that finds
+    /// its own hold takes it again with a new fence (lock.lua's `already_mine`); an extension, a
+    /// wake-up, leaving the queue and a look do the same again; a release sent again that finds
+    /// the key gone is unsettled (see [`Released::deleted`]).
+    Once,
+    /// Never: a pass sent again would find the next holder it made and say it did not hold the
+    /// key; a forced release would say nothing was held.
+    Never,
+}
+
+/// A release's reply (release.lua, release_shared.lua: bit 0 deleted), and whether it came
+/// from a second sending.
+pub(crate) struct Released {
+    reply: i64,
+    sent_again: bool,
+}
+
+impl Released {
+    /// Whether the release deleted the hold. A release sent again after its connection was
+    /// dropped that finds the hold gone is unsettled: the first sending may have deleted it
+    /// before its reply was lost (see [`BackendError::is_unsettled`]).
+    pub(crate) fn deleted(&self) -> Result<bool, BackendError> {
+        match (self.reply & 1 == 1, self.sent_again) {
+            (false, true) => Err(BackendError::new(
+                "Redis release: the connection was dropped before the reply, and sent again the \
+                 release found the hold gone (deleted by the first, or gone before it)",
+            )
+            .unsettled()),
+            (deleted, _) => Ok(deleted),
+        }
+    }
+
+    /// RedLock's first master: whether a place waits in its queue of the key (release.lua's
+    /// bit 2, with [`Announce::Never`]).
+    #[cfg(feature = "redlock")]
+    pub(crate) fn place_waits(&self) -> bool {
+        self.reply & 4 != 0
+    }
+}
+
 /// One script call, written once into the `EVALSHA` command it is sent as: redis-rs's
 /// `ScriptInvocation` keeps every key and argument in a `Vec` of its own and copies them into a
 /// new command at each call (about 7 allocations per call more, measured by the benchmark's W1).
@@ -781,21 +825,52 @@ impl RedisBackend {
     fn forget_connection_after(&self, _error: &BackendError) {}
 
     /// Runs one script call, bounded by the request timeout even while the connection is being
-    /// re-established.
+    /// re-established; sent once more when it finds its connection dropped (see
+    /// [`request`](Self::request)).
     async fn call<T: redis::FromRedisValue>(
         &self,
         what: &'static str,
         call: Call,
     ) -> Result<T, BackendError> {
-        // Two request timeouts: a NOSCRIPT answer costs a SCRIPT LOAD and a second EVALSHA; a
-        // Sentinel asks for the master first.
+        self.request(what, &call, Repeat::Once)
+            .await
+            .map(|(reply, _)| reply)
+    }
+
+    /// Runs one script call, bounded by twice the request timeout (a NOSCRIPT answer costs a
+    /// SCRIPT LOAD and a second EVALSHA; a Sentinel is asked for the master first), even while
+    /// the connection is being re-established. With [`Repeat::Once`], a call that finds its
+    /// connection dropped is sent once more, on the connection made again: redis-rs notices a
+    /// connection closed while it was idle (a server restarted, a server's `timeout` or a
+    /// proxy closing idle clients) only when a request fails on it, and then makes another.
+    /// Without it, the first release after a restart failed, and its key stayed until its
+    /// lease ended. Whether the reply is from a second sending is returned with it: the first
+    /// may have run, its reply lost with the connection.
+    async fn request<T: redis::FromRedisValue>(
+        &self,
+        what: &'static str,
+        call: &Call,
+        repeat: Repeat,
+    ) -> Result<(T, bool), BackendError> {
         let bound = self.request_timeout * 2;
+        let mut sent_again = false;
         let result = tokio::time::timeout(bound, async {
-            let mut connection = self.connection().await?;
-            connection
-                .invoke(&call)
-                .await
-                .map_err(|e| classify(what, e))
+            loop {
+                let mut connection = self.connection().await?;
+                match connection.invoke(call).await {
+                    Ok(reply) => return Ok((reply, sent_again)),
+                    Err(e)
+                        if e.is_unrecoverable_error()
+                            && !sent_again
+                            && matches!(repeat, Repeat::Once) =>
+                    {
+                        tracing::debug!(error = %e, "Redis {what}: the connection was dropped; sent once more on a new one");
+                        self.forget_connection_after(&classify(what, e));
+                        sent_again = true;
+                    }
+                    Err(e) => return Err(classify(what, e)),
+                }
+            }
         })
         .await
         .unwrap_or_else(|_| {
@@ -858,7 +933,9 @@ impl RedisBackend {
             .arg(lock_value(to, &self.identity))
             .arg(lease_millis(lease))
             .arg(proposed);
-        self.call("pass", call).await
+        self.request("pass", &call, Repeat::Never)
+            .await
+            .map(|(reply, _)| reply)
     }
 
     /// A mutex's release (release.lua) announced as `announce` says: its reply (bit 0 deleted,
@@ -868,7 +945,7 @@ impl RedisBackend {
         key: &str,
         token: &Token,
         announce: Announce,
-    ) -> Result<i64, BackendError> {
+    ) -> Result<Released, BackendError> {
         let (script, keys) = release_script(announce, self.publish_command());
         let mut call = Call::new(script, keys);
         call.arg(key);
@@ -879,11 +956,11 @@ impl RedisBackend {
         call.arg(token.as_str());
         // release.lua: bit 0 deleted, bit 1 the notification was refused (no channel
         // permission); the release stands either way.
-        let reply: i64 = self.call("release", call).await?;
+        let (reply, sent_again): (i64, bool) = self.request("release", &call, Repeat::Once).await?;
         if reply & 2 != 0 {
             self.publish_denied(key);
         }
-        Ok(reply)
+        Ok(Released { reply, sent_again })
     }
 
     /// RedLock's undoing of an attempt on this master: the compare-and-delete of a release,
@@ -891,20 +968,20 @@ impl RedisBackend {
     /// refused by the majority that holds the lock).
     #[cfg(feature = "redlock")]
     pub(crate) async fn undo(&self, key: &str, token: &Token) -> Result<bool, BackendError> {
-        Ok(self.release_mutex(key, token, Announce::Never).await? & 1 == 1)
+        Ok(self.release_mutex(key, token, Announce::Never).await?.reply & 1 == 1)
     }
 
     /// RedLock's release on the key's first master: the compare-and-delete, announced to
-    /// nobody yet; whether it deleted, and whether a place waits in this master's queue (then
-    /// the client wakes it once its release round has answered, see [`Self::wake_first`]).
+    /// nobody yet; whether it deleted ([`Released::deleted`]), and whether a place waits in this
+    /// master's queue ([`Released::place_waits`]: then the client wakes it once its release
+    /// round has answered, see [`Self::wake_first`]).
     #[cfg(feature = "redlock")]
     pub(crate) async fn release_first(
         &self,
         key: &str,
         token: &Token,
-    ) -> Result<(bool, bool), BackendError> {
-        let reply = self.release_mutex(key, token, Announce::Never).await?;
-        Ok((reply & 1 == 1, reply & 4 != 0))
+    ) -> Result<Released, BackendError> {
+        self.release_mutex(key, token, Announce::Never).await
     }
 
     /// The call of RedLock's wake.lua (`script`) for the queue of `key` on this master.
@@ -1361,14 +1438,15 @@ impl Backend for RedisBackend {
                 call.arg(key)
                     .arg(token.as_str())
                     .arg(self.publish_command());
-                let reply: i64 = self.call("release", call).await?;
+                let (reply, sent_again) = self.request("release", &call, Repeat::Once).await?;
                 if reply & 2 != 0 {
                     self.publish_denied(key);
                 }
-                return Ok(reply & 1 == 1);
+                return Released { reply, sent_again }.deleted();
             }
-            let reply = self.release_mutex(key, token, self.announce).await?;
-            Ok(reply & 1 == 1)
+            self.release_mutex(key, token, self.announce)
+                .await?
+                .deleted()
         })
     }
 
@@ -1436,7 +1514,7 @@ impl Backend for RedisBackend {
                 .arg(lease_millis(lease))
                 .arg(now_micros());
             // pass.lua: the new hold's fence, or 0 when `from` did not hold the key.
-            let fence: u64 = self.call("pass", call).await?;
+            let (fence, _): (u64, _) = self.request("pass", &call, Repeat::Never).await?;
             if fence == 0 {
                 return Ok(None);
             }
@@ -1493,7 +1571,8 @@ impl Backend for RedisBackend {
                 .arg(companion(&self.fair_prefix, key, "queue"))
                 .arg(self.publish_command())
                 .arg(now_micros());
-            let held: redis::Value = self.call("force release", call).await?;
+            let (held, _): (redis::Value, _) =
+                self.request("force release", &call, Repeat::Never).await?;
             Ok(match held {
                 redis::Value::Array(parts) if parts.len() == 2 => {
                     let (kind, holds): (String, Vec<String>) =

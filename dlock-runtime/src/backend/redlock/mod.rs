@@ -153,7 +153,10 @@ pub(crate) struct RedLockBackend {
     /// [`Backend::close`] waits for them.
     wakes: TaskTracker,
     /// Cancelled by [`Backend::close`]: the releases sent again stop trying (their leases end
-    /// what they leave).
+    /// what they leave). Not by a drop: a locker's last release is often made as its last
+    /// handle goes (a guard released after the `Locker` was dropped), and what it missed would
+    /// refuse the key's waiters until its lease ended; the re-sends end on their own within
+    /// [`RELEASE_AGAIN_TRIES`].
     closing: CancellationToken,
     /// One permit per release sent again now (see [`RELEASE_AGAIN_AT_ONCE`]).
     releasing_again: Arc<tokio::sync::Semaphore>,
@@ -395,7 +398,8 @@ impl RedLockBackend {
     /// locker closes. What it leaves would otherwise stay until its lease ends: on the key's
     /// first master, it refuses every waiter that was refused once (they ask that master
     /// alone). The first master then wakes the place first in its queue. At most
-    /// [`RELEASE_AGAIN_AT_ONCE`] at a time, and none once the locker is closed or dropped.
+    /// [`RELEASE_AGAIN_AT_ONCE`] at a time, and none once the locker is closed (a dropped locker's go
+    /// on to their end).
     fn release_again(&self, key: &str, token: &Token, mut missed: Vec<usize>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -427,8 +431,7 @@ impl RedLockBackend {
                             if i != first {
                                 return redis.release(key, LockKind::Mutex, token).await.map(drop);
                             }
-                            let (_, waits) = redis.release_first(key, token).await?;
-                            if waits {
+                            if redis.release_first(key, token).await?.place_waits() {
                                 redis.wake_first(wake_script(), key).await?;
                             }
                             Ok(())
@@ -871,9 +874,9 @@ impl Backend for RedLockBackend {
                     if std::ptr::eq(node, first) {
                         let waits = &waits;
                         Box::pin(async move {
-                            let (deleted, place_waits) = node.release_first(key, token).await?;
-                            waits.store(place_waits, Ordering::Relaxed);
-                            Ok(deleted)
+                            let released = node.release_first(key, token).await?;
+                            waits.store(released.place_waits(), Ordering::Relaxed);
+                            released.deleted()
                         })
                     } else {
                         node.release(key, LockKind::Mutex, token)
@@ -1189,13 +1192,6 @@ impl RedLockBackend {
 struct Forwarding {
     _watches: Vec<Watch>,
     task: tokio::task::JoinHandle<()>,
-}
-
-/// A locker dropped without `close`: its releases sent again stop.
-impl Drop for RedLockBackend {
-    fn drop(&mut self) {
-        self.closing.cancel();
-    }
 }
 
 impl Drop for Forwarding {
