@@ -50,7 +50,8 @@ use line::Lines;
 /// # Behavior
 /// - **Connection**: [`from_env`](Self::from_env) and the [builder](Self::builder) do no I/O; the
 ///   Redis connection is made on first use, multiplexed for every lock of this locker and its
-///   clones, and re-established by itself after the server or the network drops it.
+///   clones, and re-established by itself after the server or the network drops it (a request
+///   that finds it dropped is sent once more on the new one: see `docs/redis.md`).
 /// - **Waiting**: an acquisition tries at once, then sleeps a jittered pause (`DLOCK_RETRY`,
 ///   never longer than the holder's remaining lease nor past the deadline) between attempts; the
 ///   last attempt is made at the deadline. A timeout of zero makes exactly one attempt.
