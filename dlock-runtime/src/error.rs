@@ -172,7 +172,7 @@ impl BackendError {
 
     /// A release that may have deleted the key before its reply was lost, and found it gone
     /// when sent again (see [`is_unsettled`](Self::is_unsettled)).
-    #[cfg(any(feature = "postgres", feature = "redis"))]
+    #[cfg(feature = "postgres")]
     pub(crate) fn unsettled(mut self) -> Self {
         self.unsettled = true;
         self

@@ -533,11 +533,12 @@ impl LockGuard {
 
     /// Releases the lock now.
     ///
-    /// A release sent once more after its connection closed (PostgreSQL) that finds the key
-    /// gone cannot tell whether its first sending deleted it: it succeeds when the lease still
-    /// held on the client's clock as the release went out (nobody else could have deleted the
-    /// key, short of [`Locker::force_release`](crate::Locker::force_release)), and says
-    /// [`LockError::Lost`] otherwise.
+    /// A release sent once more after its connection closed that finds the key gone cannot
+    /// tell whether its first sending deleted it. On PostgreSQL it succeeds when the lease
+    /// still held on the client's clock as the release went out (nothing else deletes the row,
+    /// short of [`Locker::force_release`](crate::Locker::force_release)), and says
+    /// [`LockError::Lost`] otherwise; on Redis, where a key can also vanish (a restart without
+    /// persistence, a failover, an eviction), it is a [`LockError::Backend`] error.
     ///
     /// # Errors
     /// [`LockError::Lost`] when the key had expired or been taken over (nothing of another

@@ -1436,6 +1436,41 @@ async fn fence_after_a_stall_of(
     );
 }
 
+/// Terminates the listening connection of the waiter logged in as `role` (waiting for it to
+/// listen first), and refuses its reconnections: the role may have one connection, its
+/// statement connection, until `ALTER ROLE <role> CONNECTION LIMIT -1`.
+async fn cut_listening(server: &PostgresServer, db: &tokio_postgres::Client, role: &str) {
+    let listening = format!(
+        "SELECT pid FROM pg_stat_activity WHERE usename = '{role}' AND query LIKE 'LISTEN%'"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while db.query(&listening, &[]).await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the waiter never listened");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server
+        .sql(&format!("ALTER ROLE {role} CONNECTION LIMIT 1"))
+        .unwrap();
+    let terminated = db
+        .execute(
+            &format!("SELECT pg_terminate_backend(pid) FROM ({listening}) l"),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(terminated, 1, "the listening connection was not terminated");
+}
+
+/// A role `name` that owns a database `name`, and a URL of that database for `user`.
+fn role_with_database(server: &PostgresServer, name: &str) -> impl Fn(&str) -> String {
+    server.sql(&format!("CREATE ROLE {name} LOGIN")).unwrap();
+    server
+        .sql(&format!("CREATE DATABASE {name} OWNER {name}"))
+        .unwrap();
+    let (port, name) = (server.port(), name.to_owned());
+    move |user: &str| format!("postgres://{user}@127.0.0.1:{port}/{name}")
+}
+
 /// Releases while the listening connection is down and cannot be made again are looked for
 /// once it is back: the waiter (a 6s poll) asks again as soon as it listens again, not at its
 /// next poll. The waiter's role may have one connection while its listening one is terminated
@@ -1443,11 +1478,7 @@ async fn fence_after_a_stall_of(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releases_in_a_gap_of_the_listening_connection_are_looked_for_after_it() {
     let server = pg::shared_server();
-    server.sql("CREATE ROLE listen_gap LOGIN").unwrap();
-    server
-        .sql("CREATE DATABASE listen_gap OWNER listen_gap")
-        .unwrap();
-    let url_as = |user: &str| format!("postgres://{user}@127.0.0.1:{}/listen_gap", server.port());
+    let url_as = role_with_database(&server, "listen_gap");
     let waiter = Locker::builder()
         .url(url_as("listen_gap"))
         .timeout(Duration::from_secs(30))
@@ -1465,24 +1496,7 @@ async fn releases_in_a_gap_of_the_listening_connection_are_looked_for_after_it()
         .unwrap();
     let waiting = dlock_tests::spawn_waiter(&waiter, &key);
     let db = pg::client(&url_as(dlock_tests::postgres::SUPERUSER)).await;
-    let listening = "SELECT pid FROM pg_stat_activity \
-                     WHERE usename = 'listen_gap' AND query LIKE 'LISTEN%'";
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while db.query(listening, &[]).await.unwrap().is_empty() {
-        assert!(Instant::now() < deadline, "the waiter never listened");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    server
-        .sql("ALTER ROLE listen_gap CONNECTION LIMIT 1")
-        .unwrap();
-    let terminated = db
-        .execute(
-            &format!("SELECT pg_terminate_backend(pid) FROM ({listening}) l"),
-            &[],
-        )
-        .await
-        .unwrap();
-    assert_eq!(terminated, 1, "the listening connection was not terminated");
+    cut_listening(&server, &db, "listen_gap").await;
     // The waiter looked once when its listening connection went, and was refused.
     tokio::time::sleep(Duration::from_millis(400)).await;
     held.release().await.unwrap();
@@ -1499,6 +1513,64 @@ async fn releases_in_a_gap_of_the_listening_connection_are_looked_for_after_it()
         got - lifted < Duration::from_secs(3),
         "the lock came {:?} after the listening connection could be made again: the 6s poll",
         got - lifted
+    );
+    waiter.close().await.unwrap();
+}
+
+/// A waiter whose listening connection is down (terminated, its reconnections refused) hears no
+/// release, so it asks at `DLOCK_RETRY` (10-50ms by default), not after the 250-500ms pause of a
+/// waiter a release will wake: at least 20 statements of its role in 1.5s
+/// (`pg_stat_statements`; 3-6 attempts at the pause). Once its connection can be made again, it
+/// gets the lock after the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_listening_connection_is_down_asks_at_the_retry_pause() {
+    let (server, db) = statements_server().await;
+    let url_as = role_with_database(&server, "deaf");
+    let waiter = Locker::builder()
+        .url(url_as("deaf"))
+        .timeout(Duration::from_secs(30))
+        .request_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let holder = locker(&url_as(dlock_tests::postgres::SUPERUSER));
+    let key = unique_key("deaf");
+    dlock_tests::acquire_and_release(&waiter, &key).await;
+    let held = holder
+        .acquire(&key, LockOptions::new().expire(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    let waiting = dlock_tests::spawn_waiter(&waiter, &key);
+    cut_listening(&server, &db, "deaf").await;
+    let asked = || async {
+        let calls: Option<i64> = db
+            .query_one(
+                "SELECT sum(calls)::bigint FROM pg_stat_statements WHERE userid = 'deaf'::regrole",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        calls.unwrap_or(0)
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = asked().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let statements = asked().await - before;
+    assert!(
+        statements >= 20,
+        "{statements} statements in 1.5s of a waiter that cannot hear releases"
+    );
+    server.sql("ALTER ROLE deaf CONNECTION LIMIT -1").unwrap();
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the waiter got the lock")
+        .unwrap();
+    assert!(
+        got - released_at < Duration::from_secs(3),
+        "the lock came {:?} after the release",
+        got - released_at
     );
     waiter.close().await.unwrap();
 }

@@ -457,9 +457,10 @@ fn close_idle_clients(server: &RedisServer) -> i64 {
 }
 
 /// A connection the server closed while it was idle (its `timeout`, a proxy, a restart: redis-rs
-/// learns of it only when a request fails on it) costs no request: a release, a `try_acquire`
-/// and a renewal made next are sent once more on a new connection. Before, each failed with a
-/// broken pipe (the release left its key for its 30s lease).
+/// learns of it only when a request fails on it) costs no request: a release, a `try_acquire`,
+/// an extension, a readiness `ping` and a pass made next are sent once more on a new
+/// connection. Before, each failed with a broken pipe (the release left its key for its 30s
+/// lease).
 #[tokio::test]
 async fn requests_on_a_connection_closed_while_idle_are_sent_again() {
     let server = RedisServer::start();
@@ -486,41 +487,107 @@ async fn requests_on_a_connection_closed_while_idle_are_sent_again() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let extended = guard.extend(Duration::from_secs(20)).await;
     assert!(extended.is_ok(), "extend: {extended:?}");
-    guard.release().await.unwrap();
+
+    assert!(close_idle_clients(&server) >= 1);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let pinged = locker.ping().await;
+    assert!(pinged.is_ok(), "ping: {pinged:?}");
+
+    // A waiter of the same locker takes the lock from the holder's release (a pass).
+    let waiting = dlock_tests::spawn_waiter(&locker, &key);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(close_idle_clients(&server) >= 1);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let passed = guard.release().await;
+    assert!(passed.is_ok(), "a release that passes: {passed:?}");
+    tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter got the lock")
+        .unwrap();
 }
 
-/// A release whose connection closed before its reply (the server ran it) is sent again; it
-/// finds the key gone, which the first sending did or an expiry did: within the lease the release
-/// is `Ok`, after it `Lost`. For a mutex and a semaphore's permit.
+/// A pass whose reply was lost with its connection (the server ran it) is sent again, finds
+/// the next holder's token and sets it again with a new fence: the holder's release is `Ok`
+/// and the waiter holds the lock. Before, the pass sent again found the key no longer the
+/// holder's and said so: the release said `Lost` for a lock it had handed over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_sent_again_after_a_lost_reply_is_judged_by_the_lease() {
+async fn a_pass_sent_again_after_a_lost_reply_hands_the_lock_over() {
     let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let locker = Locker::builder()
+        .redis_url(format!("redis://127.0.0.1:{}", proxy.port()))
+        .timeout(Duration::from_secs(20))
+        .expire(Duration::from_secs(30))
+        .request_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let hand_over = |key: String| {
+        let locker = locker.clone();
+        async move {
+            let held = locker.acquire(&key, LockOptions::new()).await.unwrap();
+            let waiting = dlock_tests::spawn_waiter(&locker, &key);
+            // The waiter offers to take the lock.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            (held, waiting)
+        }
+    };
+    // The pass script loaded.
+    let (held, waiting) = hand_over(unique_key("warm")).await;
+    held.release().await.unwrap();
+    waiting.await.unwrap();
+
+    let key = unique_key("resent-pass");
+    let stored = format!("dlock:{key}");
+    let (held, waiting) = hand_over(key.clone()).await;
+    let holders_token =
+        |value: Option<String>| value.map(|v| v.chars().take(32).collect::<String>());
+    let mut redis = server.client().get_connection().unwrap();
+    let holder = holders_token(redis.get(&stored).unwrap()).expect("held");
+    // The pass names the holder's token; the waiter's attempts do not.
+    proxy.cut_replies_on(holder.as_bytes());
+    let releasing = tokio::spawn(held.release());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while holders_token(redis.get(&stored).unwrap()).as_ref() == Some(&holder)
+        || !proxy.replies_cut()
+    {
+        assert!(Instant::now() < deadline, "the pass never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.reset();
+    let released = releasing.await.unwrap();
+    assert!(released.is_ok(), "the holder's release: {released:?}");
+    tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter got the lock")
+        .unwrap();
+}
+
+/// A release sent again after its connection dropped that finds the hold gone cannot tell
+/// whether its first sending deleted it or the hold was gone before, and says so with a
+/// `Backend` error, never `Ok` nor `Lost`: (1) the connection closed after the server ran the
+/// release (a proxy drops it with the reply), for a mutex and a semaphore's permit; (2) the
+/// server restarted without persistence under a 30s hold (no renewal in between): the key was
+/// lost, and another client could have taken it, so the release must not say `Ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_sent_again_that_finds_the_hold_gone_is_an_error() {
+    let mut server = RedisServer::start();
     let proxy = Proxy::start(server.port());
     let locker = Locker::builder()
         .redis_url(format!("redis://127.0.0.1:{}", proxy.port()))
         .request_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
-    let cases = [
-        (LockOptions::new(), Duration::from_secs(30), false),
-        (LockOptions::new(), Duration::from_secs(1), true),
-        (
-            LockOptions::new().permits(2),
-            Duration::from_secs(30),
-            false,
-        ),
-        (LockOptions::new().permits(2), Duration::from_secs(1), true),
-    ];
-    for (options, lease, lapsed) in cases {
+    let lease = Duration::from_secs(30);
+    let cannot_tell = |released: Result<(), dlock_runtime::LockError>| match released {
+        Err(e) if e.is_backend() => {}
+        other => panic!("a release that cannot tell: {other:?}"),
+    };
+    for options in [LockOptions::new(), LockOptions::new().permits(2)] {
         let key = unique_key("resent-release");
         // The release script loaded: its first sending is not answered NOSCRIPT.
         let warm = locker.acquire(&unique_key("warm"), options.clone()).await;
         warm.unwrap().release().await.unwrap();
         let guard = locker.acquire(&key, options.expire(lease)).await.unwrap();
-        if lapsed {
-            tokio::time::sleep(lease + Duration::from_millis(100)).await;
-            assert!(!guard.is_held());
-        }
         proxy.cut_replies_on(key.as_bytes());
         let releasing = tokio::spawn(guard.release());
         // The release ran on the server; its reply waits in the proxy.
@@ -530,14 +597,14 @@ async fn a_release_sent_again_after_a_lost_reply_is_judged_by_the_lease() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         proxy.reset();
-        let released = releasing.await.unwrap();
-        if lapsed {
-            assert!(
-                matches!(released, Err(dlock_runtime::LockError::Lost { .. })),
-                "a release after the lease ran out: {released:?}"
-            );
-        } else {
-            assert!(released.is_ok(), "a release within the lease: {released:?}");
-        }
+        cannot_tell(releasing.await.unwrap());
     }
+    let key = unique_key("restarted");
+    let guard = locker
+        .acquire(&key, LockOptions::new().expire(lease))
+        .await
+        .unwrap();
+    server.restart();
+    assert!(!server.exists(&format!("dlock:{key}")));
+    cannot_tell(guard.release().await);
 }

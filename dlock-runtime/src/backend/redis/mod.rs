@@ -358,12 +358,13 @@ impl Conn {
 #[derive(Clone, Copy)]
 enum Repeat {
     /// Once more: the request is safe to repeat with the same token. An acquisition that finds
-    /// its own hold takes it again with a new fence (lock.lua's `already_mine`); an extension, a
+    /// its own hold takes it again with a new fence (lock.lua's `already_mine`; a RedLock
+    /// master answers the repeated proposal `Behind`, and the round is asked again above it); a
+    /// pass that finds the next holder's token sets it again (pass.lua); an extension, a
     /// wake-up, leaving the queue and a look do the same again; a release sent again that finds
-    /// the key gone is unsettled (see [`Released::deleted`]).
+    /// the hold gone is an error (see [`Released::deleted`]).
     Once,
-    /// Never: a pass sent again would find the next holder it made and say it did not hold the
-    /// key; a forced release would say nothing was held.
+    /// Never: a forced release sent again would say nothing was held.
     Never,
 }
 
@@ -375,16 +376,17 @@ pub(crate) struct Released {
 }
 
 impl Released {
-    /// Whether the release deleted the hold. A release sent again after its connection was
-    /// dropped that finds the hold gone is unsettled: the first sending may have deleted it
-    /// before its reply was lost (see [`BackendError::is_unsettled`]).
+    /// Whether the release deleted the hold. A release sent again after its connection dropped
+    /// that finds the hold gone cannot tell whether its first sending deleted it (the reply lost
+    /// with the connection) or the hold was gone before (a restart without persistence, a
+    /// failover, an eviction): neither `Ok` nor `Lost`, an error. (PostgreSQL settles the same
+    /// case by the lease, as nothing but a release deletes its rows; a Redis key can vanish.)
     pub(crate) fn deleted(&self) -> Result<bool, BackendError> {
         match (self.reply & 1 == 1, self.sent_again) {
             (false, true) => Err(BackendError::new(
-                "Redis release: the connection was dropped before the reply, and sent again the \
-                 release found the hold gone (deleted by the first, or gone before it)",
-            )
-            .unsettled()),
+                "Redis release: the connection dropped before the reply, and sent again the \
+                 release found the hold gone (deleted by the first sending, or lost before it)",
+            )),
             (deleted, _) => Ok(deleted),
         }
     }
@@ -839,32 +841,52 @@ impl RedisBackend {
 
     /// Runs one script call, bounded by twice the request timeout (a NOSCRIPT answer costs a
     /// SCRIPT LOAD and a second EVALSHA; a Sentinel is asked for the master first), even while
-    /// the connection is being re-established. With [`Repeat::Once`], a call that finds its
-    /// connection dropped is sent once more, on the connection made again: redis-rs notices a
-    /// connection closed while it was idle (a server restarted, a server's `timeout` or a
-    /// proxy closing idle clients) only when a request fails on it, and then makes another.
-    /// Without it, the first release after a restart failed, and its key stayed until its
-    /// lease ended. Whether the reply is from a second sending is returned with it: the first
-    /// may have run, its reply lost with the connection.
+    /// the connection is being re-established; with [`Repeat::Once`], sent once more when it
+    /// finds its connection dropped (see [`sent`](Self::sent)). Whether the reply is from a
+    /// second sending is returned with it: the first may have run, its reply lost with the
+    /// connection.
     async fn request<T: redis::FromRedisValue>(
         &self,
         what: &'static str,
         call: &Call,
         repeat: Repeat,
     ) -> Result<(T, bool), BackendError> {
+        self.sent(what, repeat, |mut connection| async move {
+            connection.invoke(call).await
+        })
+        .await
+    }
+
+    /// Sends `send` on the connection, bounded by twice the request timeout. With
+    /// [`Repeat::Once`], a request that finds its connection dropped is sent once more, on the
+    /// connection made again: redis-rs notices a connection closed while it was idle (a server
+    /// restarted, a server's `timeout` or a proxy closing idle clients) only when a request
+    /// fails on it, and then makes another. Without it the first request after such a close
+    /// failed: a `try_acquire`, a readiness `ping`, a release (its key left for its lease), a
+    /// pass. A Cluster connection re-sends such requests itself, unseen here.
+    async fn sent<T, F, Fut>(
+        &self,
+        what: &'static str,
+        repeat: Repeat,
+        mut send: F,
+    ) -> Result<(T, bool), BackendError>
+    where
+        F: FnMut(Conn) -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
         let bound = self.request_timeout * 2;
         let mut sent_again = false;
         let result = tokio::time::timeout(bound, async {
             loop {
-                let mut connection = self.connection().await?;
-                match connection.invoke(call).await {
+                let connection = self.connection().await?;
+                match send(connection).await {
                     Ok(reply) => return Ok((reply, sent_again)),
                     Err(e)
-                        if e.is_unrecoverable_error()
+                        if e.is_connection_dropped()
                             && !sent_again
                             && matches!(repeat, Repeat::Once) =>
                     {
-                        tracing::debug!(error = %e, "Redis {what}: the connection was dropped; sent once more on a new one");
+                        tracing::debug!(error_kind = ?e.kind(), "Redis {what}: the connection was dropped; sent once more on a new one");
                         self.forget_connection_after(&classify(what, e));
                         sent_again = true;
                     }
@@ -933,9 +955,7 @@ impl RedisBackend {
             .arg(lock_value(to, &self.identity))
             .arg(lease_millis(lease))
             .arg(proposed);
-        self.request("pass", &call, Repeat::Never)
-            .await
-            .map(|(reply, _)| reply)
+        self.call("pass", call).await
     }
 
     /// A mutex's release (release.lua) announced as `announce` says: its reply (bit 0 deleted,
@@ -1256,21 +1276,11 @@ impl RedisBackend {
 
     /// `PING` on the connection the locks use, bounded as a script call is.
     pub(crate) async fn ping_server(&self) -> Result<(), BackendError> {
-        let bound = self.request_timeout * 2;
-        let result = tokio::time::timeout(bound, async {
-            let mut connection = self.connection().await?;
-            connection.ping().await.map_err(|e| classify("ping", e))
+        self.sent("ping", Repeat::Once, |mut connection| async move {
+            connection.ping().await
         })
         .await
-        .unwrap_or_else(|_| {
-            Err(BackendError::new(format!(
-                "Redis ping got no reply within {bound:?}"
-            )))
-        });
-        if let Err(error) = &result {
-            self.forget_connection_after(error);
-        }
-        result
+        .map(drop)
     }
 }
 
@@ -1514,7 +1524,7 @@ impl Backend for RedisBackend {
                 .arg(lease_millis(lease))
                 .arg(now_micros());
             // pass.lua: the new hold's fence, or 0 when `from` did not hold the key.
-            let (fence, _): (u64, _) = self.request("pass", &call, Repeat::Never).await?;
+            let fence: u64 = self.call("pass", call).await?;
             if fence == 0 {
                 return Ok(None);
             }
