@@ -158,6 +158,9 @@ pub struct BackendError {
     /// A release whose first sending may have deleted the key before its reply was lost, and
     /// whose repetition found the key gone: released by it, or lost before it.
     unsettled: bool,
+    /// With `unsettled`: the engine can lose a hold without a release (a Redis restart without
+    /// persistence, a failover, an eviction), so the lease cannot say it was released.
+    may_vanish: bool,
 }
 
 impl BackendError {
@@ -167,21 +170,37 @@ impl BackendError {
             source: None,
             refused: false,
             unsettled: false,
+            may_vanish: false,
         }
     }
 
     /// A release that may have deleted the key before its reply was lost, and found it gone
     /// when sent again (see [`is_unsettled`](Self::is_unsettled)).
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "redis"))]
     pub(crate) fn unsettled(mut self) -> Self {
         self.unsettled = true;
         self
     }
 
-    /// Whether this is a release the engine cannot tell released from lost: the caller
-    /// decides by the hold's lease on its own clock when the release was sent.
+    /// An unsettled release on an engine that can lose a hold without a release (see
+    /// [`settled_by_lease`](Self::settled_by_lease)).
+    #[cfg(feature = "redis")]
+    pub(crate) fn may_vanish(mut self) -> Self {
+        self.may_vanish = true;
+        self
+    }
+
+    /// Whether this is a release the engine cannot tell released from lost. Sent after the
+    /// hold's lease ran out on the client's clock, it is lost either way.
     pub(crate) fn is_unsettled(&self) -> bool {
         self.unsettled
+    }
+
+    /// Whether an unsettled release sent within the lease was the release: where nothing but a
+    /// release deletes a hold (PostgreSQL), nobody else could have deleted it; where a hold can
+    /// vanish (Redis), it cannot be told.
+    pub(crate) fn settled_by_lease(&self) -> bool {
+        self.unsettled && !self.may_vanish
     }
 
     /// An error that asking again cannot cure (a permission the server's ACL denies, a lock key
@@ -210,6 +229,7 @@ impl BackendError {
             source: Some(Box::new(source)),
             refused: false,
             unsettled: false,
+            may_vanish: false,
         }
     }
 }

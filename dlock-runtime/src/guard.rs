@@ -534,16 +534,17 @@ impl LockGuard {
     /// Releases the lock now.
     ///
     /// A release sent once more after its connection closed that finds the key gone cannot
-    /// tell whether its first sending deleted it. On PostgreSQL it succeeds when the lease
-    /// still held on the client's clock as the release went out (nothing else deletes the row,
-    /// short of [`Locker::force_release`](crate::Locker::force_release)), and says
-    /// [`LockError::Lost`] otherwise; on Redis, where a key can also vanish (a restart without
-    /// persistence, a failover, an eviction), it is a [`LockError::Backend`] error.
+    /// tell whether its first sending deleted it. Sent after the lease ran out on the client's
+    /// clock it says [`LockError::Lost`]. Sent within it, on PostgreSQL it succeeds (nothing
+    /// else deletes the row, short of [`Locker::force_release`](crate::Locker::force_release));
+    /// on Redis, where a key can also vanish (a restart without persistence, a failover, an
+    /// eviction), it is a [`LockError::Backend`] error.
     ///
     /// # Errors
     /// [`LockError::Lost`] when the key had expired or been taken over (nothing of another
     /// holder was deleted);
-    /// [`LockError::Backend`] when the server could not be reached (the lease will free it).
+    /// [`LockError::Backend`] when the server could not be reached (the lease will free it), or
+    /// on Redis when a release sent again within the lease cannot tell (above).
     pub async fn release(mut self) -> Result<(), LockError> {
         self.released = true;
         let hold = &self.hold;
@@ -578,9 +579,13 @@ impl LockGuard {
             }
             // Deleted by a first sending whose reply was lost, or gone before it: while the
             // lease held on the client's clock, nobody else could have deleted the key.
-            Err(error) if error.is_unsettled() && held_when_sent => {
+            Err(error) if error.settled_by_lease() && held_when_sent => {
                 tracing::debug!(key = %hold.key, "lock released (its first reply was lost; the key was gone when sent again, within the lease)");
                 Ok(())
+            }
+            Err(error) if error.is_unsettled() && held_when_sent => {
+                tracing::warn!(key = %hold.key, name = hold.name, "lock release: its first reply was lost, and sent again it found the key gone; whether it released or the hold was lost before (a restart, a failover) cannot be told");
+                Err(LockError::Backend(error))
             }
             Err(error) if error.is_unsettled() => {
                 hold.mark_lost("at release the key was gone, and the lease had run out");

@@ -464,7 +464,13 @@ fn close_idle_clients(server: &RedisServer) -> i64 {
 #[tokio::test]
 async fn requests_on_a_connection_closed_while_idle_are_sent_again() {
     let server = RedisServer::start();
-    let locker = server.locker();
+    // The waiter of the last step pauses 5s with its offer standing: the release falls within
+    // it, and the waiter sends nothing meanwhile that would find the dropped connection first.
+    let locker = Locker::builder()
+        .redis_url(server.url())
+        .retry(Duration::from_secs(5), Duration::from_secs(5))
+        .build()
+        .unwrap();
     let key = unique_key("idle");
     let lease = LockOptions::new().expire(Duration::from_secs(30));
     let guard = locker.acquire(&key, lease.clone()).await.unwrap();
@@ -514,10 +520,12 @@ async fn requests_on_a_connection_closed_while_idle_are_sent_again() {
 async fn a_pass_sent_again_after_a_lost_reply_hands_the_lock_over() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
+    // A waiter pauses 5s with its offer standing: the release falls within it.
     let locker = Locker::builder()
         .redis_url(format!("redis://127.0.0.1:{}", proxy.port()))
         .timeout(Duration::from_secs(20))
         .expire(Duration::from_secs(30))
+        .retry(Duration::from_secs(5), Duration::from_secs(5))
         .request_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
@@ -563,11 +571,12 @@ async fn a_pass_sent_again_after_a_lost_reply_hands_the_lock_over() {
 }
 
 /// A release sent again after its connection dropped that finds the hold gone cannot tell
-/// whether its first sending deleted it or the hold was gone before, and says so with a
-/// `Backend` error, never `Ok` nor `Lost`: (1) the connection closed after the server ran the
-/// release (a proxy drops it with the reply), for a mutex and a semaphore's permit; (2) the
-/// server restarted without persistence under a 30s hold (no renewal in between): the key was
-/// lost, and another client could have taken it, so the release must not say `Ok`.
+/// whether its first sending deleted it or the hold was gone before: within the lease it says
+/// so with a `Backend` error, never `Ok` nor `Lost`; after the lease ran out on the client's
+/// clock, `Lost`. (1) The connection closed after the server ran the release (a proxy drops it
+/// with the reply), for a mutex and a semaphore's permit, within the lease and after it; (2)
+/// the server restarted without persistence under a 30s hold (no renewal in between): the key
+/// was lost, and another client could have taken it, so the release must not say `Ok`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_sent_again_that_finds_the_hold_gone_is_an_error() {
     let mut server = RedisServer::start();
@@ -577,17 +586,34 @@ async fn a_release_sent_again_that_finds_the_hold_gone_is_an_error() {
         .request_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
-    let lease = Duration::from_secs(30);
-    let cannot_tell = |released: Result<(), dlock_runtime::LockError>| match released {
-        Err(e) if e.is_backend() => {}
-        other => panic!("a release that cannot tell: {other:?}"),
+    let check = |released: Result<(), dlock_runtime::LockError>, lapsed: bool| match released {
+        Err(e) if lapsed && e.is_lost() => {}
+        Err(dlock_runtime::LockError::Backend(e))
+            if !lapsed && e.to_string().contains("found the hold gone") => {}
+        other => {
+            panic!("a release sent again that found the hold gone (lapsed: {lapsed}): {other:?}")
+        }
     };
-    for options in [LockOptions::new(), LockOptions::new().permits(2)] {
+    let cases = [
+        (LockOptions::new(), Duration::from_secs(30), false),
+        (LockOptions::new(), Duration::from_secs(1), true),
+        (
+            LockOptions::new().permits(2),
+            Duration::from_secs(30),
+            false,
+        ),
+        (LockOptions::new().permits(2), Duration::from_secs(1), true),
+    ];
+    for (options, lease, lapsed) in cases {
         let key = unique_key("resent-release");
         // The release script loaded: its first sending is not answered NOSCRIPT.
         let warm = locker.acquire(&unique_key("warm"), options.clone()).await;
         warm.unwrap().release().await.unwrap();
         let guard = locker.acquire(&key, options.expire(lease)).await.unwrap();
+        if lapsed {
+            tokio::time::sleep(lease + Duration::from_millis(100)).await;
+            assert!(!guard.is_held());
+        }
         proxy.cut_replies_on(key.as_bytes());
         let releasing = tokio::spawn(guard.release());
         // The release ran on the server; its reply waits in the proxy.
@@ -597,14 +623,14 @@ async fn a_release_sent_again_that_finds_the_hold_gone_is_an_error() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         proxy.reset();
-        cannot_tell(releasing.await.unwrap());
+        check(releasing.await.unwrap(), lapsed);
     }
     let key = unique_key("restarted");
     let guard = locker
-        .acquire(&key, LockOptions::new().expire(lease))
+        .acquire(&key, LockOptions::new().expire(Duration::from_secs(30)))
         .await
         .unwrap();
     server.restart();
     assert!(!server.exists(&format!("dlock:{key}")));
-    cannot_tell(guard.release().await);
+    check(guard.release().await, false);
 }

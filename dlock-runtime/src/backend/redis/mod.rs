@@ -360,9 +360,9 @@ enum Repeat {
     /// Once more: the request is safe to repeat with the same token. An acquisition that finds
     /// its own hold takes it again with a new fence (lock.lua's `already_mine`; a RedLock
     /// master answers the repeated proposal `Behind`, and the round is asked again above it); a
-    /// pass that finds the next holder's token sets it again (pass.lua); an extension, a
-    /// wake-up, leaving the queue and a look do the same again; a release sent again that finds
-    /// the hold gone is an error (see [`Released::deleted`]).
+    /// pass that finds the very value it sets (its first sending's) sets it again (pass.lua); an
+    /// extension, a wake-up, leaving the queue and a look do the same again; a release sent
+    /// again that finds the hold gone is unsettled (see [`Released::deleted`]).
     Once,
     /// Never: a forced release sent again would say nothing was held.
     Never,
@@ -379,14 +379,17 @@ impl Released {
     /// Whether the release deleted the hold. A release sent again after its connection dropped
     /// that finds the hold gone cannot tell whether its first sending deleted it (the reply lost
     /// with the connection) or the hold was gone before (a restart without persistence, a
-    /// failover, an eviction): neither `Ok` nor `Lost`, an error. (PostgreSQL settles the same
-    /// case by the lease, as nothing but a release deletes its rows; a Redis key can vanish.)
+    /// failover, an eviction): unsettled, and not settled by the lease (PostgreSQL's is, as
+    /// nothing but a release deletes its rows; a Redis key can vanish). The guard says `Lost`
+    /// when the lease had run out as it was sent, an error otherwise.
     pub(crate) fn deleted(&self) -> Result<bool, BackendError> {
         match (self.reply & 1 == 1, self.sent_again) {
             (false, true) => Err(BackendError::new(
                 "Redis release: the connection dropped before the reply, and sent again the \
                  release found the hold gone (deleted by the first sending, or lost before it)",
-            )),
+            )
+            .unsettled()
+            .may_vanish()),
             (deleted, _) => Ok(deleted),
         }
     }
