@@ -552,3 +552,79 @@ pub fn hold_history(data: &mut redis::Connection, key: &str) -> Vec<(u32, u64)> 
         })
         .collect()
 }
+
+/// The holds whose release loses its reply in
+/// [`release_with_its_reply_lost`]: a mutex and a semaphore's permit, each within its lease
+/// (30s: `false`) and after it ran out (1s, waited out: `true`).
+pub fn lost_reply_cases() -> [(dlock_runtime::LockOptions, Duration, bool); 4] {
+    let (mutex, permit) = (
+        dlock_runtime::LockOptions::new(),
+        dlock_runtime::LockOptions::new().permits(2),
+    );
+    let (within, after) = (Duration::from_secs(30), Duration::from_secs(1));
+    [
+        (mutex.clone(), within, false),
+        (mutex, after, true),
+        (permit.clone(), within, false),
+        (permit, after, true),
+    ]
+}
+
+/// A hold of `key` (`options`, `lease`; waited out when `lapsed`) released through `proxy` with
+/// its reply lost: the replies are cut once the release is written, and once the server ran it
+/// (`gone` says the hold is gone there) the proxy closes the connection, dropping the reply.
+/// What the release, sent again on a new connection, returns.
+///
+/// # Panics
+/// When the acquisition fails, or the release has not run within 5s.
+pub async fn release_with_its_reply_lost<G, F>(
+    locker: &Locker,
+    proxy: &proxy::Proxy,
+    key: &str,
+    (options, lease, lapsed): (dlock_runtime::LockOptions, Duration, bool),
+    mut gone: G,
+) -> Result<(), dlock_runtime::LockError>
+where
+    G: FnMut() -> F,
+    F: std::future::Future<Output = bool>,
+{
+    let guard = locker.acquire(key, options.expire(lease)).await.unwrap();
+    if lapsed {
+        tokio::time::sleep(lease + Duration::from_millis(100)).await;
+        assert!(!guard.is_held());
+    }
+    proxy.cut_replies_on(key.as_bytes());
+    let releasing = tokio::spawn(guard.release());
+    // The release ran on the server; its reply waits in the proxy.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !(gone().await && proxy.replies_cut()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the release never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.reset();
+    releasing.await.unwrap()
+}
+
+/// Waits up to 20s for `waiting` (of [`spawn_waiter`]) and checks that it got the lock within
+/// `bound` of `since` (the release, or the moment the release's wake-up could reach it).
+///
+/// # Panics
+/// When the waiter failed, did not get the lock within 20s, or got it later than `bound`.
+pub async fn woken_since(
+    since: tokio::time::Instant,
+    waiting: tokio::task::JoinHandle<tokio::time::Instant>,
+    bound: Duration,
+) {
+    let woken_at = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the waiter got the lock within 20s")
+        .unwrap();
+    assert!(
+        woken_at - since < bound,
+        "the lock came {:?} after it could be woken: a poll, not a wake-up",
+        woken_at - since
+    );
+}

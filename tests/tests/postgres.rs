@@ -1471,23 +1471,30 @@ fn role_with_database(server: &PostgresServer, name: &str) -> impl Fn(&str) -> S
     move |user: &str| format!("postgres://{user}@127.0.0.1:{port}/{name}")
 }
 
-/// Releases while the listening connection is down and cannot be made again are looked for
-/// once it is back: the waiter (a 6s poll) asks again as soon as it listens again, not at its
-/// next poll. The waiter's role may have one connection while its listening one is terminated
-/// (its reconnections refused), the holder releases meanwhile, then the limit goes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn releases_in_a_gap_of_the_listening_connection_are_looked_for_after_it() {
-    let server = pg::shared_server();
-    let url_as = role_with_database(&server, "listen_gap");
-    let waiter = Locker::builder()
-        .url(url_as("listen_gap"))
+/// A waiter logged in as `role` (a new role with its own database; `retry`, or the default)
+/// waiting behind a 60s hold of the superuser's, with its listening connection cut
+/// ([`cut_listening`]): the waiter, the hold and the wait.
+async fn waiting_without_listening(
+    server: &PostgresServer,
+    db: &tokio_postgres::Client,
+    role: &str,
+    retry: Option<Duration>,
+) -> (
+    Locker,
+    dlock_runtime::LockGuard,
+    tokio::task::JoinHandle<Instant>,
+) {
+    let url_as = role_with_database(server, role);
+    let mut waiter = Locker::builder()
+        .url(url_as(role))
         .timeout(Duration::from_secs(30))
-        .retry(Duration::from_secs(6), Duration::from_secs(6))
-        .request_timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
+        .request_timeout(Duration::from_millis(300));
+    if let Some(retry) = retry {
+        waiter = waiter.retry(retry, retry);
+    }
+    let waiter = waiter.build().unwrap();
     let holder = locker(&url_as(dlock_tests::postgres::SUPERUSER));
-    let key = unique_key("listen-gap");
+    let key = unique_key(role);
     // The schema, the waiter's, and its statement connection.
     dlock_tests::acquire_and_release(&waiter, &key).await;
     let held = holder
@@ -1495,8 +1502,20 @@ async fn releases_in_a_gap_of_the_listening_connection_are_looked_for_after_it()
         .await
         .unwrap();
     let waiting = dlock_tests::spawn_waiter(&waiter, &key);
-    let db = pg::client(&url_as(dlock_tests::postgres::SUPERUSER)).await;
-    cut_listening(&server, &db, "listen_gap").await;
+    cut_listening(server, db, role).await;
+    (waiter, held, waiting)
+}
+
+/// Releases while the listening connection is down and cannot be made again are looked for
+/// once it is back: the waiter (a 6s poll) asks again as soon as it listens again, not at its
+/// next poll. The waiter's role may have one connection while its listening one is terminated
+/// (its reconnections refused), the holder releases meanwhile, then the limit goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_in_a_gap_of_the_listening_connection_are_looked_for_after_it() {
+    let server = pg::shared_server();
+    let db = pg::client(&server.url()).await;
+    let (waiter, held, waiting) =
+        waiting_without_listening(&server, &db, "listen_gap", Some(Duration::from_secs(6))).await;
     // The waiter looked once when its listening connection went, and was refused.
     tokio::time::sleep(Duration::from_millis(400)).await;
     held.release().await.unwrap();
@@ -1504,16 +1523,8 @@ async fn releases_in_a_gap_of_the_listening_connection_are_looked_for_after_it()
     server
         .sql("ALTER ROLE listen_gap CONNECTION LIMIT -1")
         .unwrap();
-    let lifted = Instant::now();
-    let got = tokio::time::timeout(Duration::from_secs(20), waiting)
-        .await
-        .expect("the waiter got the lock")
-        .unwrap();
-    assert!(
-        got - lifted < Duration::from_secs(3),
-        "the lock came {:?} after the listening connection could be made again: the 6s poll",
-        got - lifted
-    );
+    // Not the 6s poll.
+    dlock_tests::woken_since(Instant::now(), waiting, Duration::from_secs(3)).await;
     waiter.close().await.unwrap();
 }
 
@@ -1525,22 +1536,7 @@ async fn releases_in_a_gap_of_the_listening_connection_are_looked_for_after_it()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_listening_connection_is_down_asks_at_the_retry_pause() {
     let (server, db) = statements_server().await;
-    let url_as = role_with_database(&server, "deaf");
-    let waiter = Locker::builder()
-        .url(url_as("deaf"))
-        .timeout(Duration::from_secs(30))
-        .request_timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
-    let holder = locker(&url_as(dlock_tests::postgres::SUPERUSER));
-    let key = unique_key("deaf");
-    dlock_tests::acquire_and_release(&waiter, &key).await;
-    let held = holder
-        .acquire(&key, LockOptions::new().expire(Duration::from_secs(60)))
-        .await
-        .unwrap();
-    let waiting = dlock_tests::spawn_waiter(&waiter, &key);
-    cut_listening(&server, &db, "deaf").await;
+    let (waiter, held, waiting) = waiting_without_listening(&server, &db, "deaf", None).await;
     let asked = || async {
         let calls: Option<i64> = db
             .query_one(
@@ -1563,15 +1559,7 @@ async fn a_waiter_whose_listening_connection_is_down_asks_at_the_retry_pause() {
     server.sql("ALTER ROLE deaf CONNECTION LIMIT -1").unwrap();
     let released_at = Instant::now();
     held.release().await.unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(20), waiting)
-        .await
-        .expect("the waiter got the lock")
-        .unwrap();
-    assert!(
-        got - released_at < Duration::from_secs(3),
-        "the lock came {:?} after the release",
-        got - released_at
-    );
+    dlock_tests::woken_since(released_at, waiting, Duration::from_secs(3)).await;
     waiter.close().await.unwrap();
 }
 
@@ -1678,28 +1666,10 @@ async fn a_release_whose_reply_was_lost_with_its_connection_is_settled_by_the_le
         .request_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
-    let cases = [
-        (LockOptions::new(), Duration::from_secs(30), false),
-        (LockOptions::new(), Duration::from_secs(1), true),
-        (
-            LockOptions::new().permits(2),
-            Duration::from_secs(30),
-            false,
-        ),
-        (LockOptions::new().permits(2), Duration::from_secs(1), true),
-    ];
-    for (options, lease, lapsed) in cases {
+    for case in dlock_tests::lost_reply_cases() {
+        let lapsed = case.2;
         let key = unique_key("resent-release");
-        let guard = locker.acquire(&key, options.expire(lease)).await.unwrap();
-        if lapsed {
-            tokio::time::sleep(lease + Duration::from_millis(100)).await;
-            assert!(!guard.is_held());
-        }
-        proxy.cut_replies_on(key.as_bytes());
-        let releasing = tokio::spawn(guard.release());
-        // The release committed on the server; its reply waits in the proxy.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
+        let gone = || async {
             let rows: i64 = db
                 .query_one(
                     "SELECT (SELECT count(*) FROM dlock_locks WHERE key LIKE '%' || $1)
@@ -1709,14 +1679,10 @@ async fn a_release_whose_reply_was_lost_with_its_connection_is_settled_by_the_le
                 .await
                 .unwrap()
                 .get(0);
-            if rows == 0 && proxy.replies_cut() {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the release never ran");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        proxy.reset();
-        let released = releasing.await.unwrap();
+            rows == 0
+        };
+        let released =
+            dlock_tests::release_with_its_reply_lost(&locker, &proxy, &key, case, gone).await;
         if lapsed {
             assert!(
                 matches!(released, Err(dlock_runtime::LockError::Lost { .. })),

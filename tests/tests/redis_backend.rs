@@ -447,6 +447,13 @@ async fn replica_acknowledgement_on_a_single_server() {
     guard.release().await.unwrap();
 }
 
+/// A locker's settings through `proxy`, with a 2s request timeout.
+fn through(proxy: &Proxy) -> dlock_runtime::LockerBuilder {
+    Locker::builder()
+        .redis_url(format!("redis://127.0.0.1:{}", proxy.port()))
+        .request_timeout(Duration::from_secs(2))
+}
+
 /// The number of normal clients (not subscribers) the server closed with `CLIENT KILL`, as the
 /// server's `timeout` or a proxy closes idle clients; the test's own connection is spared.
 fn close_idle_clients(server: &RedisServer) -> i64 {
@@ -513,7 +520,7 @@ async fn requests_on_a_connection_closed_while_idle_are_sent_again() {
 }
 
 /// A pass whose reply was lost with its connection (the server ran it) is sent again, finds
-/// the next holder's token and sets it again with a new fence: the holder's release is `Ok`
+/// the very value its first sending wrote and sets it again with a new fence: the holder's release is `Ok`
 /// and the waiter holds the lock. Before, the pass sent again found the key no longer the
 /// holder's and said so: the release said `Lost` for a lock it had handed over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -521,12 +528,10 @@ async fn a_pass_sent_again_after_a_lost_reply_hands_the_lock_over() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
     // A waiter pauses 5s with its offer standing: the release falls within it.
-    let locker = Locker::builder()
-        .redis_url(format!("redis://127.0.0.1:{}", proxy.port()))
+    let locker = through(&proxy)
         .timeout(Duration::from_secs(20))
         .expire(Duration::from_secs(30))
         .retry(Duration::from_secs(5), Duration::from_secs(5))
-        .request_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
     let hand_over = |key: String| {
@@ -581,11 +586,7 @@ async fn a_pass_sent_again_after_a_lost_reply_hands_the_lock_over() {
 async fn a_release_sent_again_that_finds_the_hold_gone_is_an_error() {
     let mut server = RedisServer::start();
     let proxy = Proxy::start(server.port());
-    let locker = Locker::builder()
-        .redis_url(format!("redis://127.0.0.1:{}", proxy.port()))
-        .request_timeout(Duration::from_secs(2))
-        .build()
-        .unwrap();
+    let locker = through(&proxy).build().unwrap();
     let check = |released: Result<(), dlock_runtime::LockError>, lapsed: bool| match released {
         Err(e) if lapsed && e.is_lost() => {}
         Err(dlock_runtime::LockError::Backend(e))
@@ -594,36 +595,16 @@ async fn a_release_sent_again_that_finds_the_hold_gone_is_an_error() {
             panic!("a release sent again that found the hold gone (lapsed: {lapsed}): {other:?}")
         }
     };
-    let cases = [
-        (LockOptions::new(), Duration::from_secs(30), false),
-        (LockOptions::new(), Duration::from_secs(1), true),
-        (
-            LockOptions::new().permits(2),
-            Duration::from_secs(30),
-            false,
-        ),
-        (LockOptions::new().permits(2), Duration::from_secs(1), true),
-    ];
-    for (options, lease, lapsed) in cases {
-        let key = unique_key("resent-release");
+    for case in dlock_tests::lost_reply_cases() {
+        let (options, lapsed) = (case.0.clone(), case.2);
         // The release script loaded: its first sending is not answered NOSCRIPT.
-        let warm = locker.acquire(&unique_key("warm"), options.clone()).await;
+        let warm = locker.acquire(&unique_key("warm"), options).await;
         warm.unwrap().release().await.unwrap();
-        let guard = locker.acquire(&key, options.expire(lease)).await.unwrap();
-        if lapsed {
-            tokio::time::sleep(lease + Duration::from_millis(100)).await;
-            assert!(!guard.is_held());
-        }
-        proxy.cut_replies_on(key.as_bytes());
-        let releasing = tokio::spawn(guard.release());
-        // The release ran on the server; its reply waits in the proxy.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while server.exists(&format!("dlock:{key}")) || !proxy.replies_cut() {
-            assert!(Instant::now() < deadline, "the release never ran");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        proxy.reset();
-        check(releasing.await.unwrap(), lapsed);
+        let key = unique_key("resent-release");
+        let gone = || std::future::ready(!server.exists(&format!("dlock:{key}")));
+        let released =
+            dlock_tests::release_with_its_reply_lost(&locker, &proxy, &key, case, gone).await;
+        check(released, lapsed);
     }
     let key = unique_key("restarted");
     let guard = locker

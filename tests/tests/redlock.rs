@@ -587,21 +587,7 @@ async fn woken_within(
 ) {
     let released_at = Instant::now();
     held.release().await.unwrap();
-    woken_since(released_at, waiting, bound).await;
-}
-
-/// `waiting` got the lock within `bound` of `released_at`.
-async fn woken_since(
-    released_at: Instant,
-    waiting: tokio::task::JoinHandle<Instant>,
-    bound: Duration,
-) {
-    let woken_at = waiting.await.unwrap();
-    assert!(
-        woken_at - released_at < bound,
-        "woken {:?} after the release: polled, not notified",
-        woken_at - released_at
-    );
+    dlock_tests::woken_since(released_at, waiting, bound).await;
 }
 
 /// The place channels subscribed on the key's first master (`leader`) for the queue `queue`.
@@ -805,7 +791,7 @@ async fn a_release_on_a_first_master_connection_closed_while_idle_is_sent_again(
         holders_value,
         "the release left the key on the first master"
     );
-    woken_since(released_at, waiting, Duration::from_secs(1)).await;
+    dlock_tests::woken_since(released_at, waiting, Duration::from_secs(1)).await;
 }
 
 /// An attempt whose votes split with a master failing (no majority either way: two contenders
