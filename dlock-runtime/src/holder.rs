@@ -125,6 +125,7 @@ impl Default for Identity {
 /// (humantime's formatter panics before 1970 and fails after 9999). Made at every acquisition:
 /// the date and the second are formatted once a second on each thread, and the milliseconds
 /// written into them.
+#[derive(Clone, Copy)]
 pub(crate) struct Since(Option<[u8; Self::LEN]>);
 
 impl Since {

@@ -17,6 +17,8 @@ use notify::Notifier;
 mod notify;
 #[cfg(feature = "redis-sentinel")]
 mod sentinel;
+#[cfg(test)]
+pub(crate) mod test_server;
 use crate::{
     LockError, LockInfo, LockKind,
     config::Settings,
@@ -256,14 +258,18 @@ fn extend_shared_script() -> &'static Script {
 
 /// A lock's value: its acquisition's token, a space, and its holder's record with the time now
 /// (the scripts add `fence=N`), written straight into the command.
-pub(crate) fn lock_value<'a>(
+fn lock_value<'a>(token: &'a Token, identity: &'a Identity) -> impl redis::ToRedisArgs + 'a {
+    lock_value_since(token, identity, holder::Since::now())
+}
+
+/// [`lock_value`] stamped `since`: the same value on every master of a RedLock pass and in each
+/// of its rounds.
+fn lock_value_since<'a>(
     token: &'a Token,
     identity: &'a Identity,
+    since: holder::Since,
 ) -> impl redis::ToRedisArgs + 'a {
-    Stamped(
-        [token.as_str(), " ", identity.as_str()],
-        holder::Since::now(),
-    )
+    Stamped([token.as_str(), " ", identity.as_str()], since)
 }
 
 /// The holder's record with the time now, for a hold of a semaphore or read/write lock (its
@@ -940,14 +946,15 @@ impl RedisBackend {
     }
 
     /// RedLock's pass on this node: `script` (the RedLock folder's) with the lock key, its
-    /// fencing counter, the holder's token, the next holder's value, its lease and the proposed
-    /// fence; its reply as it came.
+    /// fencing counter, the holder's token, the next holder's value stamped `since` (one stamp
+    /// per pass: the script knows a pass asked again by its very value), its lease and the
+    /// proposed fence; its reply as it came.
     #[cfg(feature = "redlock")]
     pub(crate) async fn pass_proposed(
         &self,
         script: &'static Script,
         key: &str,
-        (from, to): (&Token, &Token),
+        (from, to, since): (&Token, &Token, holder::Since),
         lease: Duration,
         proposed: u64,
     ) -> Result<redis::Value, BackendError> {
@@ -955,7 +962,7 @@ impl RedisBackend {
         call.arg(key)
             .arg(self.fence_key(key))
             .arg(from.as_str())
-            .arg(lock_value(to, &self.identity))
+            .arg(lock_value_since(to, &self.identity, since))
             .arg(lease_millis(lease))
             .arg(proposed);
         self.call("pass", call).await

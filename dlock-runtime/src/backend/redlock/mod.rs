@@ -66,6 +66,7 @@ use crate::{
     LockError, LockInfo, LockKind,
     config::Settings,
     error::BackendError,
+    holder,
     url::{EngineUrl, HostList, tls_needs_feature},
 };
 
@@ -724,18 +725,19 @@ impl RedLockBackend {
 }
 
 impl RedLockBackend {
-    /// Every master's answer to passing `key` from `from` to `to` with the fence `proposed`.
+    /// Every master's answer to passing `key` from `from` to `to` (its value stamped `since`)
+    /// with the fence `proposed`.
     async fn pass_round(
         &self,
         key: &str,
-        (from, to): (&Token, &Token),
+        (from, to, since): (&Token, &Token, holder::Since),
         lease: Duration,
         proposed: u64,
     ) -> Vec<Result<Vote, BackendError>> {
         self.round(|node| {
             Box::pin(async move {
                 let reply = node
-                    .pass_proposed(pass_script(), key, (from, to), lease, proposed)
+                    .pass_proposed(pass_script(), key, (from, to, since), lease, proposed)
                     .await?;
                 Vote::from_reply(&reply)
             })
@@ -944,13 +946,16 @@ impl Backend for RedLockBackend {
     ) -> BoxFuture<'a, Result<Option<u64>, BackendError>> {
         Box::pin(async move {
             let started = Instant::now();
+            // One value for the next holder on every master and in both rounds: pass.lua knows
+            // its own pass asked again by it.
+            let value = (from, to, holder::Since::now());
             let mut proposed = self.proposal();
-            let mut votes = self.pass_round(key, (from, to), lease, proposed).await;
+            let mut votes = self.pass_round(key, value, lease, proposed).await;
             if let Some(higher) = self.retry_above(&votes) {
                 // A lagging clock: once more, above every counter that refused it (a master that
-                // passed already grants again, to the same next holder).
+                // passed already grants again: it holds this pass's very value).
                 proposed = proposed.max(higher);
-                votes = self.pass_round(key, (from, to), lease, proposed).await;
+                votes = self.pass_round(key, value, lease, proposed).await;
             }
             let count =
                 |f: fn(&Vote) -> bool| votes.iter().filter(|v| v.as_ref().is_ok_and(f)).count();
@@ -1313,6 +1318,81 @@ mod tests {
         assert!(!backend.memos().contains_key(&next.0));
         backend.forget(&last);
         assert_eq!(backend.memos().len(), 21);
+    }
+
+    /// A pass hands the lock over from its holder only, or again to this very pass's value: on
+    /// three real masters, a key holding the next holder's token with another record and fence
+    /// (what its own attempt answered late, or an earlier pass to it, leaves) is not the
+    /// holder's, and the pass says the holder had lost it (`None`), leaving the key as it was.
+    /// Before, pass.lua took the token alone for its own pass asked again, granted, and the
+    /// holder was told it had passed a lock it had lost. The holder's own hold passes.
+    #[tokio::test]
+    async fn a_pass_finding_the_next_holders_token_alone_passes_nothing() {
+        use crate::backend::redis::test_server::Server;
+        let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+        let hosts: Vec<String> = servers
+            .iter()
+            .map(|server| format!("127.0.0.1:{}", server.1))
+            .collect();
+        let url = format!("redis+redlock://{}", hosts.join(","));
+        let backend = from(&url, Duration::from_secs(30), Duration::from_millis(500)).unwrap();
+        let (holder, next) = (Token::generate().unwrap(), Token::generate().unwrap());
+        let key = "dlock:pass-token-alone";
+        let mut connections = Vec::new();
+        for host in &hosts {
+            let client = redis::Client::open(format!("redis://{host}")).unwrap();
+            connections.push(client.get_multiplexed_async_connection().await.unwrap());
+        }
+        let set_all = |connections: &mut Vec<redis::aio::MultiplexedConnection>, value: String| {
+            let mut connections = connections.clone();
+            async move {
+                for c in &mut connections {
+                    let () = redis::cmd("SET")
+                        .arg(key)
+                        .arg(&value)
+                        .arg("PX")
+                        .arg(30_000)
+                        .query_async(c)
+                        .await
+                        .unwrap();
+                }
+            }
+        };
+        let get_all = |connections: &mut Vec<redis::aio::MultiplexedConnection>| {
+            let mut connections = connections.clone();
+            async move {
+                let mut values = Vec::new();
+                for c in &mut connections {
+                    let value: Option<String> =
+                        redis::cmd("GET").arg(key).query_async(c).await.unwrap();
+                    values.push(value.unwrap_or_default());
+                }
+                values
+            }
+        };
+        let elsewhere = format!(
+            "{} pid=1@elsewhere since=2026-11-29T00:00:00.000Z fence=7",
+            next.as_str()
+        );
+        set_all(&mut connections, elsewhere.clone()).await;
+        let passed = backend
+            .pass(key, &holder, &next, Duration::from_secs(30))
+            .await;
+        assert!(matches!(passed, Ok(None)), "{passed:?}");
+        assert_eq!(get_all(&mut connections).await, vec![elsewhere; 3]);
+
+        let held = format!(
+            "{} pid=1@here since=2026-11-29T00:00:00.000Z fence=8",
+            holder.as_str()
+        );
+        set_all(&mut connections, held).await;
+        let passed = backend
+            .pass(key, &holder, &next, Duration::from_secs(30))
+            .await;
+        assert!(matches!(passed, Ok(Some(_))), "{passed:?}");
+        for value in get_all(&mut connections).await {
+            assert!(value.starts_with(next.as_str()), "{value}");
+        }
     }
 
     #[test]

@@ -1,0 +1,50 @@
+//! Tests' own `redis-server`s (notifications, RedLock's scripts).
+
+use std::time::Duration;
+
+/// A `redis-server` of the test's own on a loopback port, stopped when dropped.
+pub(crate) struct Server(pub(crate) std::process::Child, pub(crate) u16);
+
+impl Server {
+    /// On a free port below the ephemeral range (32768 and up on Linux), so that no other
+    /// test's `bind(0)` nor a connection's own port takes it while the server restarts.
+    pub(crate) fn start() -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos())
+            ^ std::process::id();
+        let port = (0..1000)
+            .map(|i| 20_000 + u16::try_from((seed.wrapping_add(i * 7919)) % 10_000).unwrap())
+            .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
+            .expect("a free port in 20000-29999");
+        Self::start_on(port)
+    }
+
+    pub(crate) fn start_on(port: u16) -> Self {
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("redis-server could not be started ({e}): apt-get install redis-server")
+            });
+        let server = Self(child, port);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "redis-server did not listen on {port}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        server
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
