@@ -465,9 +465,9 @@ fn close_idle_clients(server: &RedisServer) -> i64 {
 
 /// A connection the server closed while it was idle (its `timeout`, a proxy, a restart: redis-rs
 /// learns of it only when a request fails on it) costs no request: a release, a `try_acquire`,
-/// an extension, a readiness `ping` and a pass made next are sent once more on a new
-/// connection. Before, each failed with a broken pipe (the release left its key for its 30s
-/// lease).
+/// an extension, a listing (`SCAN`), a readiness `ping` and a pass made next are sent once more
+/// on a new connection. Before, each failed with a broken pipe (the release left its key for
+/// its 30s lease).
 #[tokio::test]
 async fn requests_on_a_connection_closed_while_idle_are_sent_again() {
     let server = RedisServer::start();
@@ -500,6 +500,14 @@ async fn requests_on_a_connection_closed_while_idle_are_sent_again() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let extended = guard.extend(Duration::from_secs(20)).await;
     assert!(extended.is_ok(), "extend: {extended:?}");
+
+    assert!(close_idle_clients(&server) >= 1);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let listed = locker.list(&key).await;
+    assert!(
+        listed.as_ref().is_ok_and(|locks| locks.len() == 1),
+        "list: {listed:?}"
+    );
 
     assert!(close_idle_clients(&server) >= 1);
     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -196,3 +196,70 @@ async fn dead_sentinels_and_unknown_masters_are_errors_within_the_wait() {
         assert!(err.is_backend(), "{url}: {err:?}");
     }
 }
+
+/// Commands the sentinels processed (a client's lookups of the master, and the sentinels' own
+/// pings of each other: a few a second).
+fn lookups(sentinels: &RedisSentinels) -> u64 {
+    sentinels
+        .sentinel_ports()
+        .into_iter()
+        .map(|port| {
+            let info = sentinels
+                .command(port, &["INFO", "stats"])
+                .ok()
+                .as_ref()
+                .and_then(resp::text)
+                .unwrap_or_default();
+            info.lines()
+                .find_map(|line| line.strip_prefix("total_commands_processed:"))
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+/// Requests that fail together on a connection the master dropped (here `CLIENT KILL`) are sent
+/// once more on one new connection: the sentinels are asked for the master once, not once per
+/// request (6 commands on the sentinels measured, one lookup is 2 or 3 of them and the
+/// sentinels' own pings the rest; 63 before). Before, each failing request forgot whatever
+/// connection was stored (one made since by another request too), and each request that found
+/// none made its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_failing_together_ask_the_sentinels_once() {
+    const REQUESTS: usize = 20;
+    let sentinels = RedisSentinels::start();
+    let locker = locker(&sentinels, 0);
+    acquire_and_release(&locker, &unique_key("warm")).await;
+    let master = sentinels.master_port();
+    for round in 0..3 {
+        let before = lookups(&sentinels);
+        sentinels
+            .command(master, &["CLIENT", "KILL", "TYPE", "normal"])
+            .expect("CLIENT KILL");
+        let tasks: Vec<_> = (0..REQUESTS)
+            .map(|i| {
+                let (locker, key) = (locker.clone(), unique_key(&format!("together-{i}")));
+                tokio::spawn(async move {
+                    let guard = locker
+                        .try_acquire(&key, Duration::from_secs(30))
+                        .await
+                        .expect("sent once more on a new connection")
+                        .expect("a free key");
+                    guard.release().await.expect("the release");
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let asked = lookups(&sentinels) - before;
+        eprintln!(
+            "round {round}: {asked} commands on the sentinels for {REQUESTS} failing requests"
+        );
+        assert!(
+            asked <= 30,
+            "round {round}: {asked} commands on the sentinels for {REQUESTS} requests failing \
+             together (a lookup each is about 60)"
+        );
+    }
+}

@@ -349,12 +349,12 @@ impl Conn {
         }
     }
 
-    async fn ping(&mut self) -> redis::RedisResult<()> {
-        let ping = redis::cmd("PING");
+    /// `cmd` as it is: on a Cluster, where redis-rs routes it (a key's master, or any node).
+    async fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
         match self {
-            Self::Single(c) => ping.query_async(c).await,
+            Self::Single(c) => cmd.query_async(c).await,
             #[cfg(feature = "redis-cluster")]
-            Self::Cluster(c) => ping.query_async(c).await,
+            Self::Cluster(c) => cmd.query_async(c).await,
         }
     }
 }
@@ -483,6 +483,9 @@ struct Connection {
     runtime: tokio::task::JoinHandle<()>,
     /// Sentinel: the failover count when its master was found; 0 otherwise.
     generation: u64,
+    /// Which of this backend's connections it is (the count of those made before): a request
+    /// that failed on it forgets this one only, not one made since by another request.
+    serial: u64,
 }
 
 impl Connection {
@@ -500,6 +503,10 @@ impl Drop for Connection {
 pub(crate) struct RedisBackend {
     link: Link,
     connection: std::sync::Mutex<Option<Connection>>,
+    /// Connections made so far (the next one's serial).
+    made: std::sync::atomic::AtomicU64,
+    /// Held while a connection is made.
+    making: tokio::sync::Mutex<()>,
     request_timeout: Duration,
     fence_prefix: String,
     fair_prefix: String,
@@ -594,6 +601,8 @@ impl RedisBackend {
             link,
             notifier,
             connection: std::sync::Mutex::new(None),
+            made: std::sync::atomic::AtomicU64::new(0),
+            making: tokio::sync::Mutex::new(()),
             request_timeout: timeout,
             fence_prefix: format!("{}{FENCE_PREFIX}", settings.key_prefix),
             fair_prefix: format!("{}{FAIR_PREFIX}", settings.key_prefix),
@@ -662,8 +671,15 @@ impl RedisBackend {
     /// The shared connection, made lazily on first use; it reconnects by itself afterwards. It
     /// is made again when the runtime it was made on has shut down (its tasks died with it), as
     /// when one locker serves several `#[tokio::test]`s in turn, and (Sentinel) when it was
-    /// dropped after an error because the master may have moved.
-    async fn connection(&self) -> Result<Conn, BackendError> {
+    /// dropped after an error because the master may have moved. With its serial, for
+    /// [`forget_connection_after`](Self::forget_connection_after).
+    async fn connection(&self) -> Result<(Conn, u64), BackendError> {
+        if let Some(connection) = self.live_connection() {
+            return Ok(connection);
+        }
+        // One request makes it (on Sentinel asking the sentinels); those that find none
+        // meanwhile wait for it and share it.
+        let _making = self.making.lock().await;
         if let Some(connection) = self.live_connection() {
             return Ok(connection);
         }
@@ -674,7 +690,7 @@ impl RedisBackend {
 
     /// A new connection, once no live one is left: to the one server, the Cluster, or the
     /// master the sentinels name now.
-    async fn open_connection(&self) -> Result<Conn, BackendError> {
+    async fn open_connection(&self) -> Result<(Conn, u64), BackendError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
             BackendError::new("the Redis backend runs on a tokio runtime; none is running")
         })?;
@@ -714,14 +730,14 @@ impl RedisBackend {
         Ok(self.store(Conn::Single(manager), &runtime, generation))
     }
 
-    fn live_connection(&self) -> Option<Conn> {
+    fn live_connection(&self) -> Option<(Conn, u64)> {
         let generation = self.generation();
         self.connection
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
             .filter(|c| c.alive() && c.generation == generation)
-            .map(|c| c.manager.clone())
+            .map(|c| (c.manager.clone(), c.serial))
     }
 
     /// Sentinel: failovers announced so far; a connection from before the last is stale.
@@ -733,7 +749,12 @@ impl RedisBackend {
         }
     }
 
-    fn store(&self, manager: Conn, runtime: &tokio::runtime::Handle, generation: u64) -> Conn {
+    fn store(
+        &self,
+        manager: Conn,
+        runtime: &tokio::runtime::Handle,
+        generation: u64,
+    ) -> (Conn, u64) {
         let mut slot = self
             .connection
             .lock()
@@ -743,14 +764,16 @@ impl RedisBackend {
             .filter(|c| c.alive() && c.generation == generation)
         {
             // Another request made one meanwhile: share it.
-            return current.manager.clone();
+            return (current.manager.clone(), current.serial);
         }
+        let serial = self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         *slot = Some(Connection {
             manager: manager.clone(),
             runtime: runtime.spawn(std::future::pending()),
             generation,
+            serial,
         });
-        manager
+        (manager, serial)
     }
 
     /// `DLOCK_REDIS_WAIT`: waits (within the request timeout) until `wait_replicas` replicas
@@ -779,7 +802,7 @@ impl RedisBackend {
         let mut wait = redis::cmd("WAIT");
         wait.arg(self.wait_replicas).arg(timeout_ms);
         let acked = tokio::time::timeout(self.request_timeout * 2, async {
-            match self.connection().await? {
+            match self.connection().await?.0 {
                 Conn::Single(mut c) => wait.query_async::<i64>(&mut c).await,
                 #[cfg(feature = "redis-cluster")]
                 Conn::Cluster(mut c) => {
@@ -819,21 +842,27 @@ impl RedisBackend {
         }
     }
 
-    /// Sentinel: after an error that may mean the master moved (a replica's `READONLY`, a
-    /// connection lost or silent), the next request asks the sentinels again.
+    /// Sentinel: after an error on the connection `serial` that may mean the master moved (a
+    /// replica's `READONLY`, a connection lost or silent), the next request asks the sentinels
+    /// again. A connection made since (another request failed too, and made one) is kept: each
+    /// of many requests failing together would otherwise ask the sentinels once more. `None`:
+    /// no connection was had (the sentinels did not answer), none is forgotten.
     #[cfg(feature = "redis-sentinel")]
-    fn forget_connection_after(&self, error: &BackendError) {
+    fn forget_connection_after(&self, error: &BackendError, serial: Option<u64>) {
         if matches!(self.link, Link::Sentinel(_)) && !error.is_refused() {
-            *self
+            let mut slot = self
                 .connection
                 .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if slot.as_ref().map(|c| c.serial) == serial {
+                *slot = None;
+            }
         }
     }
 
     /// Without Sentinel a connection follows its server by itself.
     #[cfg(not(feature = "redis-sentinel"))]
-    fn forget_connection_after(&self, _error: &BackendError) {}
+    fn forget_connection_after(&self, _error: &BackendError, _serial: Option<u64>) {}
 
     /// Runs one script call, bounded by the request timeout even while the connection is being
     /// re-established; sent once more when it finds its connection dropped (see
@@ -885,9 +914,12 @@ impl RedisBackend {
     {
         let bound = self.request_timeout * 2;
         let mut sent_again = false;
+        // The connection of the last sending (`None` while none was had).
+        let mut used = None;
         let result = tokio::time::timeout(bound, async {
             loop {
-                let connection = self.connection().await?;
+                let (connection, serial) = self.connection().await?;
+                used = Some(serial);
                 match send(connection).await {
                     Ok(reply) => return Ok((reply, sent_again)),
                     Err(e)
@@ -896,7 +928,7 @@ impl RedisBackend {
                             && matches!(repeat, Repeat::Once) =>
                     {
                         tracing::debug!(error_kind = ?e.kind(), "Redis {what}: the connection was dropped; sent once more on a new one");
-                        self.forget_connection_after(&classify(what, e));
+                        self.forget_connection_after(&classify(what, e), used);
                         sent_again = true;
                     }
                     Err(e) => return Err(classify(what, e)),
@@ -910,7 +942,7 @@ impl RedisBackend {
             )))
         });
         if let Err(error) = &result {
-            self.forget_connection_after(error);
+            self.forget_connection_after(error, used);
         }
         result
     }
@@ -1049,7 +1081,7 @@ impl RedisBackend {
         script: &'static Script,
         key: &str,
     ) -> Option<impl Future<Output = ()> + Send + 'static> {
-        let mut connection = self.live_connection()?;
+        let (mut connection, _) = self.live_connection()?;
         let call = self.wake_call(script, key);
         let (bound, denied, notifying) = (
             self.request_timeout,
@@ -1234,20 +1266,32 @@ fn glob_escape(text: &str) -> String {
 
 impl RedisBackend {
     /// The keys matching `pattern`, by `SCAN` (on every master of a Cluster), each request
-    /// bounded by the request timeout.
+    /// bounded by twice the request timeout; on one server or Sentinel's master each page is
+    /// sent as a script call is (once more on a connection found dropped: `SCAN` only reads).
     async fn scan(&self, pattern: &str) -> Result<Vec<String>, BackendError> {
+        #[cfg(feature = "redis-cluster")]
+        if matches!(self.link, Link::Cluster(_)) {
+            return self.scan_cluster(pattern).await;
+        }
+        scan_pages(pattern, |cmd| async move {
+            self.sent("list", Repeat::Once, |mut connection| {
+                let cmd = &cmd;
+                async move { connection.query(cmd).await }
+            })
+            .await
+            .map(|(reply, _)| reply)
+        })
+        .await
+    }
+
+    /// [`scan`](Self::scan) on every master of a Cluster.
+    #[cfg(feature = "redis-cluster")]
+    async fn scan_cluster(&self, pattern: &str) -> Result<Vec<String>, BackendError> {
         let bound = self.request_timeout * 2;
         let scan = async {
-            let mut connection = self.connection().await?;
+            let (mut connection, _) = self.connection().await?;
             match &mut connection {
-                Conn::Single(c) => {
-                    scan_pages(pattern, bound, |cmd| {
-                        let mut c = c.clone();
-                        async move { cmd.query_async(&mut c).await }
-                    })
-                    .await
-                }
-                #[cfg(feature = "redis-cluster")]
+                Conn::Single(_) => Err(BackendError::new("Redis list: not a Cluster connection")),
                 Conn::Cluster(c) => {
                     use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
                     let nodes: String = tokio::time::timeout(
@@ -1259,7 +1303,7 @@ impl RedisBackend {
                     .map_err(|e| classify("list", e))?;
                     let mut keys = Vec::new();
                     for (host, port) in cluster_masters(&nodes) {
-                        let batch = scan_pages(pattern, bound, |cmd| {
+                        let batch = scan_pages(pattern, |cmd| {
                             let (mut c, host) = (c.clone(), host.clone());
                             async move {
                                 let route =
@@ -1267,7 +1311,10 @@ impl RedisBackend {
                                         host,
                                         port,
                                     });
-                                c.route_command(cmd, route).await
+                                tokio::time::timeout(bound, c.route_command(cmd, route))
+                                    .await
+                                    .map_err(|_| BackendError::new("Redis SCAN got no reply"))?
+                                    .map_err(|e| classify("list", e))
                             }
                         })
                         .await?;
@@ -1277,17 +1324,13 @@ impl RedisBackend {
                 }
             }
         };
-        let result = scan.await;
-        if let Err(error) = &result {
-            self.forget_connection_after(error);
-        }
-        result
+        scan.await
     }
 
     /// `PING` on the connection the locks use, bounded as a script call is.
     pub(crate) async fn ping_server(&self) -> Result<(), BackendError> {
         self.sent("ping", Repeat::Once, |mut connection| async move {
-            connection.ping().await
+            connection.query::<()>(&redis::cmd("PING")).await
         })
         .await
         .map(drop)
@@ -1634,15 +1677,11 @@ impl Backend for RedisBackend {
     }
 }
 
-/// Every `SCAN` page of one server, each request sent by `send` and bounded by `bound`.
-async fn scan_pages<F, Fut>(
-    pattern: &str,
-    bound: Duration,
-    mut send: F,
-) -> Result<Vec<String>, BackendError>
+/// Every `SCAN` page of one server, each request sent (and bounded) by `send`.
+async fn scan_pages<F, Fut>(pattern: &str, mut send: F) -> Result<Vec<String>, BackendError>
 where
     F: FnMut(redis::Cmd) -> Fut,
-    Fut: std::future::Future<Output = redis::RedisResult<redis::Value>>,
+    Fut: std::future::Future<Output = Result<redis::Value, BackendError>>,
 {
     let mut keys = Vec::new();
     let mut cursor = 0u64;
@@ -1653,10 +1692,7 @@ where
             .arg(pattern)
             .arg("COUNT")
             .arg(1000);
-        let reply = tokio::time::timeout(bound, send(cmd))
-            .await
-            .map_err(|_| BackendError::new("Redis SCAN got no reply"))?
-            .map_err(|e| classify("list", e))?;
+        let reply = send(cmd).await?;
         let (next, batch): (u64, Vec<String>) =
             redis::from_redis_value(reply).map_err(|e| classify("list", e.into()))?;
         keys.extend(batch);
