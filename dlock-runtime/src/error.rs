@@ -161,6 +161,10 @@ pub struct BackendError {
     /// With `unsettled`: the engine can lose a hold without a release (a Redis restart without
     /// persistence, a failover, an eviction), so the lease cannot say it was released.
     may_vanish: bool,
+    /// An attempt whose votes split between contenders (RedLock: some masters granted it,
+    /// others hold another's key, too few answered for either): the engine is up, and a waiter
+    /// asks again at `DLOCK_RETRY` rather than backing off.
+    contended: bool,
 }
 
 impl BackendError {
@@ -171,6 +175,7 @@ impl BackendError {
             refused: false,
             unsettled: false,
             may_vanish: false,
+            contended: false,
         }
     }
 
@@ -203,6 +208,19 @@ impl BackendError {
         self.unsettled && !self.may_vanish
     }
 
+    /// An attempt whose votes split between contenders (see [`is_contended`](Self::is_contended)).
+    #[cfg(feature = "redlock")]
+    pub(crate) fn contended(mut self) -> Self {
+        self.contended = true;
+        self
+    }
+
+    /// Whether the attempt failed because its votes split with another contender's, not
+    /// because the engine failed it: asked again at once, a split resolves itself.
+    pub(crate) fn is_contended(&self) -> bool {
+        self.contended
+    }
+
     /// An error that asking again cannot cure (a permission the server's ACL denies, a lock key
     /// holding another type): an acquisition fails at once instead of retrying to its deadline.
     #[cfg(feature = "__net")]
@@ -230,6 +248,7 @@ impl BackendError {
             refused: false,
             unsettled: false,
             may_vanish: false,
+            contended: false,
         }
     }
 }

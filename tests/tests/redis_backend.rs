@@ -623,3 +623,52 @@ async fn a_release_sent_again_that_finds_the_hold_gone_is_an_error() {
     assert!(!server.exists(&format!("dlock:{key}")));
     check(guard.release().await, false);
 }
+
+/// A waiter whose attempts fail fast backs off over errors in a row: here the server is made a
+/// replica of nobody, so every acquisition answers `READONLY` at once (a master being demoted in
+/// a failover answers so, a Cluster `CLUSTERDOWN` or `TRYAGAIN`, a server loading its data
+/// `LOADING`). With the default `DLOCK_RETRY` (10–50ms) it asked every 10–50ms, 60–100 scripts
+/// in 3s; doubling the pause after each failed attempt up to a hearing waiter's 250–500ms, about
+/// 10. Once the server takes writes again the waiter gets the lock within the longest pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_backs_off_over_errors_in_a_row() {
+    let server = RedisServer::start();
+    let locker = server.locker();
+    acquire_and_release(&locker, &unique_key("warm")).await;
+    let nobody = free_port().to_string();
+    server
+        .command(&["REPLICAOF", "127.0.0.1", &nobody])
+        .expect("REPLICAOF");
+    let before = server.calls("evalsha");
+    let key = unique_key("readonly");
+    let waiter = {
+        let (locker, key) = (locker.clone(), key.clone());
+        tokio::spawn(async move {
+            locker
+                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(20)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let scripts = server.calls("evalsha") - before;
+    server
+        .command(&["REPLICAOF", "NO", "ONE"])
+        .expect("REPLICAOF NO ONE");
+    let writable = Instant::now();
+    let guard = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter got the lock once the server took writes")
+        .unwrap()
+        .expect("the waiter's acquisition");
+    let after = writable.elapsed();
+    guard.release().await.unwrap();
+    eprintln!("{scripts} scripts in 3s of errors; the lock {after:?} after the server took writes");
+    assert!(
+        scripts <= 25,
+        "{scripts} scripts in 3s of errors: the waiter did not back off"
+    );
+    assert!(
+        after < Duration::from_secs(2),
+        "the lock {after:?} after the server took writes"
+    );
+}

@@ -112,7 +112,8 @@ impl LockerBuilder {
     /// releases pauses longer between attempts (at least 250-500ms on Redis, RedLock and
     /// PostgreSQL, 1s on etcd and ZooKeeper): there the pause is only a fallback. On Redis,
     /// RedLock and PostgreSQL it is this one again while the waiter's notification connection
-    /// is down and after an attempt that failed.
+    /// is down and after an attempt that failed (doubled after each failure in a row, up to
+    /// the longer pause).
     pub fn retry(mut self, min: Duration, max: Duration) -> Self {
         self.settings.retry = (min, max);
         self

@@ -67,7 +67,8 @@ use line::Lines;
 ///   waiter) and is woken by releases; the pause is
 ///   the fallback, longer once the wake-up is had: 250-500ms (at least `DLOCK_RETRY`) on Redis,
 ///   RedLock and PostgreSQL, whose releases name the place they wake (`DLOCK_RETRY` again while
-///   the notification connection is down, and after an attempt that failed), 1s on etcd and
+///   the notification connection is down, and after an attempt that failed, backing off over
+///   failures in a row), 1s on etcd and
 ///   ZooKeeper.
 /// - **Hot keys**: waiters of one key on one locker queue in-process (first come, first served)
 ///   and only the first asks the engine. On Redis (RedLock: in the key's first master) and the

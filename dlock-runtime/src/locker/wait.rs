@@ -42,8 +42,8 @@ const RELIABLE_WATCH_PAUSE: Duration = Duration::from_secs(1);
 /// the pause by its lease, and a lost notification connection wakes every waiter, which then
 /// ask at `DLOCK_RETRY` until it is back or they have another wake-up that hears (on RedLock,
 /// while a key's first master is down, the other masters' announcements). After an attempt
-/// that failed (no answer; RedLock's votes split with a master failing) the pause is
-/// `DLOCK_RETRY` too.
+/// that failed (no answer, an error) the pause is `DLOCK_RETRY` too, backing off over failures
+/// in a row (see `after_errors`).
 const NAMED_WATCH_PAUSE: (Duration, Duration) =
     (Duration::from_millis(250), Duration::from_millis(500));
 
@@ -97,6 +97,8 @@ pub(super) struct Wait<'a> {
     handed_on: Option<u64>,
     attempts: u32,
     last_error: Option<BackendError>,
+    /// Attempts in a row that failed (reset by any answer).
+    errors_in_a_row: u32,
     /// An error that ends the wait at once (the OS random generator failed).
     fatal: Option<LockError>,
 }
@@ -146,6 +148,7 @@ impl<'a> Wait<'a> {
             handed_on: None,
             attempts: 0,
             last_error: None,
+            errors_in_a_row: 0,
             fatal: None,
         })
     }
@@ -379,6 +382,7 @@ impl<'a> Wait<'a> {
                 // place in line of this token (an engine with a line) goes with the wait.
                 self.orphan.armed = was_armed || (queued && !in_queue);
                 self.last_error = None;
+                self.errors_in_a_row = 0;
                 if in_queue
                     && !queued
                     && let Some(t) = &self.turn
@@ -413,6 +417,7 @@ impl<'a> Wait<'a> {
                 tracing::debug!(error = %error, "lock backend error");
                 let refused = error.is_refused();
                 self.last_error = Some(error);
+                self.errors_in_a_row = self.errors_in_a_row.saturating_add(1);
                 if refused {
                     Attempted::GiveUp
                 } else {
@@ -466,17 +471,26 @@ impl<'a> Wait<'a> {
     /// How long to sleep: a jittered pause within [`pause_bounds`], never past the deadline nor
     /// the holder's remaining lease (an expired lease publishes nothing).
     fn pause_length(&self, holder_ttl: Option<Duration>) -> Duration {
-        let wake_up = self.locker.inner.capabilities.wake_up;
-        // Where releases name the place they wake, the longer pause is for a waiter a holder
-        // refused; after a failed attempt (no answer in time; on RedLock, votes split with a
-        // master silent, where two contenders each undo theirs and no release follows) the
-        // waiter asks again at `DLOCK_RETRY`.
-        let failed = self.last_error.is_some() && wake_up == WakeUp::Named;
-        let (min, max) = pause_bounds(
+        let (settings, wake_up) = (
             &self.locker.inner.settings,
-            wake_up,
-            !failed && self.watch.as_ref().is_some_and(Watch::hears),
+            self.locker.inner.capabilities.wake_up,
         );
+        // Where releases name the place they wake, the longer pause is for a waiter a holder
+        // refused; after failed attempts (no answer in time, an error) the waiter asks again
+        // at `DLOCK_RETRY`, backing off over errors in a row (see `after_errors`).
+        let (min, max) = match &self.last_error {
+            Some(error) if wake_up == WakeUp::Named => after_errors(
+                settings,
+                wake_up,
+                self.errors_in_a_row,
+                error.is_contended(),
+            ),
+            _ => pause_bounds(
+                settings,
+                wake_up,
+                self.watch.as_ref().is_some_and(Watch::hears),
+            ),
+        };
         let mut pause =
             jitter(min, max).min(self.deadline.saturating_duration_since(Instant::now()));
         if let Some(ttl) = holder_ttl {
@@ -776,6 +790,33 @@ fn pause_bounds(
     }
 }
 
+/// The pause after `errors` failed attempts in a row, where releases name the place they wake
+/// (no release may follow a failure: a holder's key that a failed attempt could not see, or
+/// RedLock's votes split between two contenders that each undid theirs): `DLOCK_RETRY` after the
+/// first, doubled after each next one up to the pause of a waiter whose wake-up hears
+/// (`NAMED_WATCH_PAUSE`, with notifications on), so a waiting process asks an engine that
+/// answers errors fast (`LOADING`, `READONLY`, `CLUSTERDOWN`, `TRYAGAIN` in a failover, a refused
+/// connection) a few times a second, not 20 to 100; errors that take a request timeout each
+/// space themselves. Votes split between contenders (`contended`) stay at `DLOCK_RETRY`: the
+/// engine is up, and asking again at once is what resolves them.
+fn after_errors(
+    settings: &crate::config::Settings,
+    wake_up: WakeUp,
+    errors: u32,
+    contended: bool,
+) -> (Duration, Duration) {
+    let retry = settings.retry;
+    if contended {
+        return retry;
+    }
+    let most = pause_bounds(settings, wake_up, settings.notify);
+    let factor = 1u32 << errors.saturating_sub(1).min(16);
+    (
+        retry.0.saturating_mul(factor).min(most.0).max(retry.0),
+        retry.1.saturating_mul(factor).min(most.1).max(retry.1),
+    )
+}
+
 /// How long a waiter keeps its place in the queue without trying again: several of its
 /// longest pauses (with notifications on, a waiter's once it has the wake-up) plus the longest
 /// a slow attempt and subscription can take (four request timeouts), so only a waiter that is
@@ -790,4 +831,48 @@ fn jitter(min: Duration, max: Duration) -> Duration {
     let span = u64::try_from((max - min).as_micros()).unwrap_or(u64::MAX);
     let r = getrandom::u64().unwrap_or(0);
     min + Duration::from_micros(if span == 0 { 0 } else { r % (span + 1) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// Errors in a row double `DLOCK_RETRY` up to the pause of a waiter that hears; a split
+    /// between contenders stays at `DLOCK_RETRY`; with notifications off (every waiter polls at
+    /// `DLOCK_RETRY`) nothing backs off; a `DLOCK_RETRY` above the cap is kept.
+    #[test]
+    fn errors_in_a_row_back_off_to_a_hearing_waiters_pause() {
+        let settings = crate::config::Settings {
+            retry: (ms(10), ms(50)),
+            ..crate::config::Settings::default()
+        };
+        let named = |errors, contended| after_errors(&settings, WakeUp::Named, errors, contended);
+        assert_eq!(named(1, false), (ms(10), ms(50)));
+        assert_eq!(named(2, false), (ms(20), ms(100)));
+        assert_eq!(named(4, false), (ms(80), ms(400)));
+        assert_eq!(named(5, false), (ms(160), ms(500)));
+        assert_eq!(named(6, false), NAMED_WATCH_PAUSE);
+        assert_eq!(named(1000, false), NAMED_WATCH_PAUSE);
+        assert_eq!(named(1000, true), (ms(10), ms(50)));
+        let off = crate::config::Settings {
+            notify: false,
+            ..settings.clone()
+        };
+        assert_eq!(
+            after_errors(&off, WakeUp::Named, 9, false),
+            (ms(10), ms(50))
+        );
+        let slow = crate::config::Settings {
+            retry: (ms(800), ms(900)),
+            ..settings
+        };
+        assert_eq!(
+            after_errors(&slow, WakeUp::Named, 9, false),
+            (ms(800), ms(900))
+        );
+    }
 }

@@ -716,11 +716,18 @@ impl RedLockBackend {
                 queued: false,
             });
         }
-        Err(self.no_majority(
+        let error = self.no_majority(
             "acquire",
             Round::granted(votes),
             &format!("{granted} granted, {} refused", held.len()),
-        ))
+        );
+        // Votes split with another contender (it holds some masters, we had others): each
+        // undid its own, and no release will follow; asked again at once, one of them wins.
+        Err(if granted > 0 && !held.is_empty() {
+            error.contended()
+        } else {
+            error
+        })
     }
 }
 
