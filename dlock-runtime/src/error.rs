@@ -162,8 +162,8 @@ pub struct BackendError {
     /// persistence, a failover, an eviction), so the lease cannot say it was released.
     may_vanish: bool,
     /// An attempt whose votes split between contenders (RedLock: some masters granted it,
-    /// others hold another's key, too few answered for either): the engine is up, and a waiter
-    /// asks again at `DLOCK_RETRY` rather than backing off.
+    /// others hold another's key, too few answered for either): a waiter asks again at
+    /// `DLOCK_RETRY` a few more times before backing off, as a retry settles a race.
     contended: bool,
 }
 
@@ -216,7 +216,8 @@ impl BackendError {
     }
 
     /// Whether the attempt failed because its votes split with another contender's, not
-    /// because the engine failed it: asked again at once, a split resolves itself.
+    /// because the engine failed it alone: asked again soon, a race between live contenders
+    /// settles itself.
     pub(crate) fn is_contended(&self) -> bool {
         self.contended
     }

@@ -1713,3 +1713,105 @@ async fn a_waiter_with_the_wake_up_asks_a_few_times_a_second() {
     )
     .await;
 }
+
+/// Transactions rolled back in the database so far (each failed attempt is one), once every
+/// backend that ran them has reported them.
+async fn rollbacks(db: &tokio_postgres::Client) -> i64 {
+    db.batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    db.query_one(
+        "SELECT xact_rollback FROM pg_stat_database WHERE datname = current_database()",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// A waiter whose attempts fail fast backs off over failures in a row, as on Redis: with the
+/// server made read-only (`default_transaction_read_only`, what a standby answers a primary's
+/// clients after a failover), each attempt fails at once. It asked every 10-50ms, 60-100
+/// attempts in 3s (each a transaction rolled back); now `DLOCK_RETRY` doubled after each
+/// failure up to 250-500ms, about 12. Once the server takes writes again it gets the lock
+/// within that pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_backs_off_over_errors_in_a_row() {
+    let server = tokio::task::block_in_place(PostgresServer::start);
+    let db = pg::client(&server.url()).await;
+    // The test's own session keeps writing.
+    db.batch_execute("SET default_transaction_read_only = off")
+        .await
+        .unwrap();
+    let waiter = locker(&server.url());
+    dlock_tests::acquire_and_release(&waiter, &unique_key("warm")).await;
+    let before = rollbacks(&db).await;
+    db.batch_execute("ALTER SYSTEM SET default_transaction_read_only = on")
+        .await
+        .unwrap();
+    db.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+    // The postmaster reloads, then signals every backend (a new session shows it done).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let fresh = pg::client(&server.url()).await;
+        let shown: String = fresh
+            .query_one("SHOW default_transaction_read_only", &[])
+            .await
+            .unwrap()
+            .get(0);
+        if shown == "on" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server never became read-only"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let key = unique_key("read-only");
+    let waiting = {
+        let (waiter, key) = (waiter.clone(), key.clone());
+        tokio::spawn(async move {
+            waiter
+                .acquire(&key, LockOptions::new().timeout(Duration::from_secs(20)))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    db.batch_execute("ALTER SYSTEM RESET default_transaction_read_only")
+        .await
+        .unwrap();
+    db.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+    let writable = Instant::now();
+    let guard = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter got the lock once the server took writes")
+        .unwrap()
+        .expect("the waiter's acquisition");
+    let after = writable.elapsed();
+    guard.release().await.unwrap();
+    // Its backends exit and report what they counted.
+    waiter.close().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut failed = rollbacks(&db).await - before;
+    while failed == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        failed = rollbacks(&db).await - before;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    failed = rollbacks(&db).await - before;
+    eprintln!("{failed} failed attempts in 3s of read-only; the lock {after:?} after");
+    assert!(
+        failed >= 3,
+        "{failed} failed attempts: the server was not read-only"
+    );
+    assert!(
+        failed <= 30,
+        "{failed} failed attempts in 3s of read-only: the waiter did not back off"
+    );
+    assert!(
+        after < Duration::from_secs(2),
+        "the lock {after:?} after the server took writes"
+    );
+}

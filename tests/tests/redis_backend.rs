@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use dlock_runtime::{LockOptions, Locker};
+use dlock_runtime::{LockError, LockOptions, Locker};
 use dlock_tests::proxy::Proxy;
 use dlock_tests::resp::{self, Value};
 use dlock_tests::{RedisServer, acquire_and_release, free_port, unique_key};
@@ -671,4 +671,36 @@ async fn a_waiter_backs_off_over_errors_in_a_row() {
         after < Duration::from_secs(2),
         "the lock {after:?} after the server took writes"
     );
+}
+
+/// A forced release is the one request not sent again on a connection found dropped: its first
+/// sending may have freed the key before its reply was lost, and sent again it would free the
+/// next holder's. After the server closed the idle connection it fails with a `Backend` error
+/// and leaves the hold; asked again, it frees it.
+#[tokio::test]
+async fn a_forced_release_is_not_sent_again_on_a_dropped_connection() {
+    let server = RedisServer::start();
+    let holders = server.locker();
+    let operator = server.locker();
+    let key = unique_key("force-dropped");
+    let guard = holders.acquire(&key, LockOptions::new()).await.unwrap();
+    assert!(operator.inspect(&key).await.unwrap().is_some());
+    assert!(close_idle_clients(&server) >= 2);
+    // Long enough for the clients to read the close.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let forced = operator.force_release(&key).await;
+    assert!(
+        forced.as_ref().is_err_and(LockError::is_backend),
+        "a forced release on a dropped connection: {forced:?}"
+    );
+    assert!(server.exists(&format!("dlock:{key}")), "the hold went");
+    let forced = operator.force_release(&key).await;
+    assert!(
+        forced.as_ref().is_ok_and(Option::is_some),
+        "asked again: {forced:?}"
+    );
+    assert!(!server.exists(&format!("dlock:{key}")), "the hold stayed");
+    // Its connection was closed too: its release, sent again, finds the hold gone and cannot
+    // tell whether it released.
+    assert!(guard.release().await.is_err());
 }

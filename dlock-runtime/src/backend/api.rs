@@ -72,8 +72,9 @@ pub(crate) enum WakeUp {
     /// release that master missed is sent to it again and then names it): the pause covers
     /// a place first in line whose process is gone (until that place lapses) and the waiter's
     /// own place, so it can be longer (`NAMED_WATCH_PAUSE`), while the wake-up hears (its
-    /// connection is up: see [`Watch::hears`]) and the last attempt did not fail. On RedLock it
-    /// also covers a release that some of the other masters missed.
+    /// connection is up: see [`Watch::hears`]) and the last attempt did not fail (after failures
+    /// in a row it backs off from `DLOCK_RETRY` to that pause). On RedLock it also covers a
+    /// release that some of the other masters missed.
     #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
     Named,
     /// A watch on the waiter's predecessor in line signals every moment it may have become

@@ -790,6 +790,10 @@ fn pause_bounds(
     }
 }
 
+/// Failed attempts in a row whose last one was a split between contenders (RedLock: see
+/// `after_errors`) that are asked again at `DLOCK_RETRY` before the pause backs off.
+const SPLITS_AT_ONCE: u32 = 3;
+
 /// The pause after `errors` failed attempts in a row, where releases name the place they wake
 /// (no release may follow a failure: a holder's key that a failed attempt could not see, or
 /// RedLock's votes split between two contenders that each undid theirs): `DLOCK_RETRY` after the
@@ -797,8 +801,11 @@ fn pause_bounds(
 /// (`NAMED_WATCH_PAUSE`, with notifications on), so a waiting process asks an engine that
 /// answers errors fast (`LOADING`, `READONLY`, `CLUSTERDOWN`, `TRYAGAIN` in a failover, a refused
 /// connection) a few times a second, not 20 to 100; errors that take a request timeout each
-/// space themselves. Votes split between contenders (`contended`) stay at `DLOCK_RETRY`: the
-/// engine is up, and asking again at once is what resolves them.
+/// space themselves. After a split (`contended`: two contenders each had part of the votes) the
+/// first [`SPLITS_AT_ONCE`] more are asked at `DLOCK_RETRY`, as a jittered retry settles a
+/// race between live contenders; a split that goes on (the other "contender" a holder whose
+/// bare majority counts a master that went down, or keys that lapse on their own) backs off
+/// as any error does.
 fn after_errors(
     settings: &crate::config::Settings,
     wake_up: WakeUp,
@@ -806,9 +813,11 @@ fn after_errors(
     contended: bool,
 ) -> (Duration, Duration) {
     let retry = settings.retry;
-    if contended {
-        return retry;
-    }
+    let errors = if contended {
+        errors.saturating_sub(SPLITS_AT_ONCE)
+    } else {
+        errors
+    };
     let most = pause_bounds(settings, wake_up, settings.notify);
     let factor = 1u32 << errors.saturating_sub(1).min(16);
     (
@@ -842,7 +851,7 @@ mod tests {
     }
 
     /// Errors in a row double `DLOCK_RETRY` up to the pause of a waiter that hears; a split
-    /// between contenders stays at `DLOCK_RETRY`; with notifications off (every waiter polls at
+    /// between contenders starts doubling three errors later; with notifications off (every waiter polls at
     /// `DLOCK_RETRY`) nothing backs off; a `DLOCK_RETRY` above the cap is kept.
     #[test]
     fn errors_in_a_row_back_off_to_a_hearing_waiters_pause() {
@@ -857,7 +866,12 @@ mod tests {
         assert_eq!(named(5, false), (ms(160), ms(500)));
         assert_eq!(named(6, false), NAMED_WATCH_PAUSE);
         assert_eq!(named(1000, false), NAMED_WATCH_PAUSE);
-        assert_eq!(named(1000, true), (ms(10), ms(50)));
+        // Splits: three more at `DLOCK_RETRY`, then the same doubling.
+        for errors in 1..=4 {
+            assert_eq!(named(errors, true), (ms(10), ms(50)), "{errors} splits");
+        }
+        assert_eq!(named(5, true), (ms(20), ms(100)));
+        assert_eq!(named(1000, true), NAMED_WATCH_PAUSE);
         let off = crate::config::Settings {
             notify: false,
             ..settings.clone()

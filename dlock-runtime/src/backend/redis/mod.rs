@@ -370,8 +370,17 @@ enum Repeat {
     /// extension, a wake-up, leaving the queue and a look do the same again; a release sent
     /// again that finds the hold gone is unsettled (see [`Released::deleted`]).
     Once,
-    /// Never: a forced release sent again would say nothing was held.
+    /// Never: a forced release, whose first sending may have freed the key before its reply
+    /// was lost: sent again it would free the next holder's.
     Never,
+}
+
+/// A request's reply, whether it came from a second sending (the first may have run, its reply
+/// lost with its connection), and the serial of the connection it came on.
+struct Sent<T> {
+    reply: T,
+    sent_again: bool,
+    on: u64,
 }
 
 /// A release's reply (release.lua, release_shared.lua: bit 0 deleted), and whether it came
@@ -763,7 +772,8 @@ impl RedisBackend {
             .as_ref()
             .filter(|c| c.alive() && c.generation == generation)
         {
-            // Another request made one meanwhile: share it.
+            // One made meanwhile: share it (not reached while every connection is made under
+            // `making`; kept so that a live connection is never replaced).
             return (current.manager.clone(), current.serial);
         }
         let serial = self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -788,21 +798,33 @@ impl RedisBackend {
         key: &'a str,
         kind: LockKind,
         token: &'a Token,
+        on: u64,
     ) -> BoxFuture<'a, Result<(), BackendError>> {
-        Box::pin(self.wait_for_replicas(key, kind, token))
+        Box::pin(self.wait_for_replicas(key, kind, token, on))
     }
 
+    /// See [`replicated`](Self::replicated): `on` is the serial of the connection the
+    /// acquisition's reply came on. Another connection's `WAIT` counts none of its writes and
+    /// answers at once: the acquisition is then undone as not acknowledged. (A reconnection
+    /// inside the same `ConnectionManager` keeps its serial: not seen here.)
     async fn wait_for_replicas(
         &self,
         key: &str,
         kind: LockKind,
         token: &Token,
+        on: u64,
     ) -> Result<(), BackendError> {
         let timeout_ms = u64::try_from(self.request_timeout.as_millis()).unwrap_or(u64::MAX);
         let mut wait = redis::cmd("WAIT");
         wait.arg(self.wait_replicas).arg(timeout_ms);
         let acked = tokio::time::timeout(self.request_timeout * 2, async {
-            match self.connection().await?.0 {
+            let (connection, serial) = self.connection().await?;
+            if serial != on {
+                return Err(BackendError::new(
+                    "Redis WAIT: the connection the acquisition was sent on was made again since",
+                ));
+            }
+            match connection {
                 Conn::Single(mut c) => wait.query_async::<i64>(&mut c).await,
                 #[cfg(feature = "redis-cluster")]
                 Conn::Cluster(mut c) => {
@@ -824,6 +846,9 @@ impl RedisBackend {
         })
         .await
         .unwrap_or_else(|_| Err(BackendError::new("Redis WAIT got no reply")));
+        if let Err(error) = &acked {
+            self.forget_connection_after(error, Some(on));
+        }
         match acked {
             Ok(n) if n >= i64::from(self.wait_replicas) => Ok(()),
             outcome => {
@@ -877,6 +902,21 @@ impl RedisBackend {
             .map(|(reply, _)| reply)
     }
 
+    /// [`call`](Self::call), with the serial of the connection its reply came on: an
+    /// acquisition's `WAIT` (`DLOCK_REDIS_WAIT`) must go on that very connection.
+    async fn call_on<T: redis::FromRedisValue>(
+        &self,
+        what: &'static str,
+        call: Call,
+    ) -> Result<(T, u64), BackendError> {
+        self.sent(what, Repeat::Once, |mut connection| {
+            let call = &call;
+            async move { connection.invoke(call).await }
+        })
+        .await
+        .map(|sent| (sent.reply, sent.on))
+    }
+
     /// Runs one script call, bounded by twice the request timeout (a NOSCRIPT answer costs a
     /// SCRIPT LOAD and a second EVALSHA; a Sentinel is asked for the master first), even while
     /// the connection is being re-established; with [`Repeat::Once`], sent once more when it
@@ -893,6 +933,7 @@ impl RedisBackend {
             connection.invoke(call).await
         })
         .await
+        .map(|sent| (sent.reply, sent.sent_again))
     }
 
     /// Sends `send` on the connection, bounded by twice the request timeout. With
@@ -907,7 +948,7 @@ impl RedisBackend {
         what: &'static str,
         repeat: Repeat,
         mut send: F,
-    ) -> Result<(T, bool), BackendError>
+    ) -> Result<Sent<T>, BackendError>
     where
         F: FnMut(Conn) -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
@@ -921,7 +962,13 @@ impl RedisBackend {
                 let (connection, serial) = self.connection().await?;
                 used = Some(serial);
                 match send(connection).await {
-                    Ok(reply) => return Ok((reply, sent_again)),
+                    Ok(reply) => {
+                        return Ok(Sent {
+                            reply,
+                            sent_again,
+                            on: serial,
+                        });
+                    }
                     Err(e)
                         if e.is_connection_dropped()
                             && !sent_again
@@ -1267,7 +1314,9 @@ fn glob_escape(text: &str) -> String {
 impl RedisBackend {
     /// The keys matching `pattern`, by `SCAN` (on every master of a Cluster), each request
     /// bounded by twice the request timeout; on one server or Sentinel's master each page is
-    /// sent as a script call is (once more on a connection found dropped: `SCAN` only reads).
+    /// sent as a script call is (once more on a connection found dropped: `SCAN` only reads;
+    /// the scan then starts over, as the server may be another, or restarted, whose cursor
+    /// would skip keys).
     async fn scan(&self, pattern: &str) -> Result<Vec<String>, BackendError> {
         #[cfg(feature = "redis-cluster")]
         if matches!(self.link, Link::Cluster(_)) {
@@ -1279,7 +1328,7 @@ impl RedisBackend {
                 async move { connection.query(cmd).await }
             })
             .await
-            .map(|(reply, _)| reply)
+            .map(|sent| (sent.reply, sent.sent_again))
         })
         .await
     }
@@ -1311,10 +1360,12 @@ impl RedisBackend {
                                         host,
                                         port,
                                     });
-                                tokio::time::timeout(bound, c.route_command(cmd, route))
-                                    .await
-                                    .map_err(|_| BackendError::new("Redis SCAN got no reply"))?
-                                    .map_err(|e| classify("list", e))
+                                let reply =
+                                    tokio::time::timeout(bound, c.route_command(cmd, route))
+                                        .await
+                                        .map_err(|_| BackendError::new("Redis SCAN got no reply"))?
+                                        .map_err(|e| classify("list", e))?;
+                                Ok((reply, false))
                             }
                         })
                         .await?;
@@ -1368,7 +1419,7 @@ impl RedisBackend {
         call.arg(permits)
             .arg(lease_millis(liveness))
             .arg(now_micros());
-        let reply: redis::Value = self.call("acquire", call).await?;
+        let (reply, on): (redis::Value, u64) = self.call_on("acquire", call).await?;
         let reply = match reply {
             redis::Value::Int(reply) => reply,
             redis::Value::BulkString(why) => {
@@ -1388,7 +1439,7 @@ impl RedisBackend {
             Ok(0) => Attempt::Held { ttl: None, queued },
             Ok(fence) => {
                 if self.wait_replicas > 0 {
-                    self.replicated(key, kind, token).await?;
+                    self.replicated(key, kind, token, on).await?;
                 }
                 Attempt::acquired(fence)
             }
@@ -1430,7 +1481,7 @@ impl RedisBackend {
         call.arg(now_micros());
         // lock.lua: > 0 ours, with that fence; < 0 held for another (-1 - reply) ms;
         // 0 free, but another fair waiter is first in line.
-        let reply: i64 = self.call("acquire", call).await?;
+        let (reply, on): (i64, u64) = self.call_on("acquire", call).await?;
         Ok(match u64::try_from(reply) {
             Ok(0) => Attempt::Held {
                 ttl: None,
@@ -1438,7 +1489,7 @@ impl RedisBackend {
             },
             Ok(fence) => {
                 if self.wait_replicas > 0 {
-                    self.replicated(key, LockKind::Mutex, token).await?;
+                    self.replicated(key, LockKind::Mutex, token, on).await?;
                 }
                 Attempt::acquired(fence)
             }
@@ -1577,12 +1628,12 @@ impl Backend for RedisBackend {
                 .arg(lease_millis(lease))
                 .arg(now_micros());
             // pass.lua: the new hold's fence, or 0 when `from` did not hold the key.
-            let fence: u64 = self.call("pass", call).await?;
+            let (fence, on): (u64, u64) = self.call_on("pass", call).await?;
             if fence == 0 {
                 return Ok(None);
             }
             if self.wait_replicas > 0 {
-                self.replicated(key, LockKind::Mutex, to).await?;
+                self.replicated(key, LockKind::Mutex, to, on).await?;
             }
             Ok(Some(fence))
         })
@@ -1677,14 +1728,18 @@ impl Backend for RedisBackend {
     }
 }
 
-/// Every `SCAN` page of one server, each request sent (and bounded) by `send`.
+/// Every `SCAN` page of one server, each request sent (and bounded) by `send`, which says
+/// whether it was sent again on a connection made again: the scan then starts over (a cursor
+/// of another server, or of one restarted, skips keys), at most a few times.
 async fn scan_pages<F, Fut>(pattern: &str, mut send: F) -> Result<Vec<String>, BackendError>
 where
     F: FnMut(redis::Cmd) -> Fut,
-    Fut: std::future::Future<Output = Result<redis::Value, BackendError>>,
+    Fut: std::future::Future<Output = Result<(redis::Value, bool), BackendError>>,
 {
+    const STARTS: u32 = 3;
     let mut keys = Vec::new();
     let mut cursor = 0u64;
+    let mut starts = 1;
     loop {
         let mut cmd = redis::cmd("SCAN");
         cmd.arg(cursor)
@@ -1692,7 +1747,18 @@ where
             .arg(pattern)
             .arg("COUNT")
             .arg(1000);
-        let reply = send(cmd).await?;
+        let (reply, sent_again) = send(cmd).await?;
+        if sent_again && cursor != 0 {
+            if starts == STARTS {
+                return Err(BackendError::new(format!(
+                    "Redis list: the connection dropped during each of {STARTS} scans"
+                )));
+            }
+            starts += 1;
+            keys.clear();
+            cursor = 0;
+            continue;
+        }
         let (next, batch): (u64, Vec<String>) =
             redis::from_redis_value(reply).map_err(|e| classify("list", e.into()))?;
         keys.extend(batch);

@@ -38,6 +38,15 @@ impl Server {
             );
             std::thread::sleep(Duration::from_millis(10));
         }
+        // Ours, not another test's that took the port between the check and the start.
+        let info: String = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .and_then(|client| client.get_connection())
+            .and_then(|mut c| redis::cmd("INFO").arg("server").query(&mut c))
+            .unwrap_or_default();
+        assert!(
+            info.contains(&format!("process_id:{}\r\n", server.0.id())),
+            "another redis-server answers on port {port}"
+        );
         server
     }
 }

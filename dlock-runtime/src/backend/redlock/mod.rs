@@ -721,8 +721,10 @@ impl RedLockBackend {
             Round::granted(votes),
             &format!("{granted} granted, {} refused", held.len()),
         );
-        // Votes split with another contender (it holds some masters, we had others): each
-        // undid its own, and no release will follow; asked again at once, one of them wins.
+        // Votes split with another contender (it holds some masters, we had others, one failed):
+        // each undid its own, and no release may follow; asked again soon, one of them wins (a
+        // waiter backs off only after a few of these in a row: the other may be a holder whose
+        // bare majority counts a master that went down, and whose release will come).
         Err(if granted > 0 && !held.is_empty() {
             error.contended()
         } else {
