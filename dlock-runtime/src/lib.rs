@@ -87,7 +87,7 @@
 //! | `DLOCK_OWNER` | the holder's name recorded with every lock, beside host and process id | host name |
 //! | `DLOCK_TIMEOUT` | default wait | `5s` |
 //! | `DLOCK_EXPIRE` | default lease, and the renewed lease of `expire = "auto"` | `30s` |
-//! | `DLOCK_RETRY` | jittered pause between attempts, `min..max` (a waiter woken by releases pauses at least 250ms..500ms, 1s on etcd and ZooKeeper; on Redis, RedLock and PostgreSQL, after failed attempts in a row, it doubles up to those 250ms..500ms) | `10ms..50ms` |
+//! | `DLOCK_RETRY` | jittered pause between attempts, `min..max` (a waiter woken by releases pauses at least 250ms..500ms, 1s on etcd and ZooKeeper; on Redis, RedLock and PostgreSQL, after failed attempts in a row with notifications on, it doubles up to those 250ms..500ms) | `10ms..50ms` |
 //! | `DLOCK_MAX_KEY_LEN` | longest key accepted, prefix included (bytes) | `1024` |
 //! | `DLOCK_REQUEST_TIMEOUT` | bound on one request to the server | `500ms` |
 //! | `DLOCK_NOTIFY` | wake waiters by release notifications, `on` or `off` | `on` |

@@ -233,11 +233,29 @@ async fn requests_failing_together_ask_the_sentinels_once() {
     let master = sentinels.master_port();
     for round in 0..3 {
         let before = lookups(&sentinels);
-        let killed = sentinels.command(master, &["CLIENT", "KILL", "TYPE", "normal"]);
-        assert!(
-            matches!(killed, Ok(Value::Int(n)) if n >= 1),
-            "CLIENT KILL closed no connection: {killed:?}"
-        );
+        // The locker's connections: not the sentinels' own (`sentinel-…`).
+        let clients = sentinels
+            .command(master, &["CLIENT", "LIST", "TYPE", "normal"])
+            .ok()
+            .as_ref()
+            .and_then(resp::text)
+            .expect("CLIENT LIST");
+        // (Nor the connection that asked for the list, gone since.)
+        let ours: Vec<&str> = clients
+            .lines()
+            .filter(|line| !line.contains(" name=sentinel-") && !line.contains(" cmd=client|list"))
+            .filter_map(|line| line.strip_prefix("id=")?.split(' ').next())
+            .collect();
+        let killed: i64 = ours
+            .iter()
+            .map(
+                |id| match sentinels.command(master, &["CLIENT", "KILL", "ID", id]) {
+                    Ok(Value::Int(n)) => n,
+                    other => panic!("CLIENT KILL ID {id}: {other:?}"),
+                },
+            )
+            .sum();
+        assert!(killed >= 1, "no connection of the locker: {clients}");
         let tasks: Vec<_> = (0..REQUESTS)
             .map(|i| {
                 let (locker, key) = (locker.clone(), unique_key(&format!("together-{i}")));

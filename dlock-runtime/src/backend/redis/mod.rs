@@ -818,12 +818,15 @@ impl RedisBackend {
         let mut wait = redis::cmd("WAIT");
         wait.arg(self.wait_replicas).arg(timeout_ms);
         let acked = tokio::time::timeout(self.request_timeout * 2, async {
-            let (connection, serial) = self.connection().await?;
-            if serial != on {
-                return Err(BackendError::new(
-                    "Redis WAIT: the connection the acquisition was sent on was made again since",
-                ));
-            }
+            let connection = match self.live_connection() {
+                Some((connection, serial)) if serial == on => connection,
+                _ => {
+                    return Err(BackendError::new(
+                        "Redis WAIT: the connection the acquisition was sent on was made again \
+                         since",
+                    ));
+                }
+            };
             match connection {
                 Conn::Single(mut c) => wait.query_async::<i64>(&mut c).await,
                 #[cfg(feature = "redis-cluster")]
@@ -1328,7 +1331,6 @@ impl RedisBackend {
                 async move { connection.query(cmd).await }
             })
             .await
-            .map(|sent| (sent.reply, sent.sent_again))
         })
         .await
     }
@@ -1365,7 +1367,12 @@ impl RedisBackend {
                                         .await
                                         .map_err(|_| BackendError::new("Redis SCAN got no reply"))?
                                         .map_err(|e| classify("list", e))?;
-                                Ok((reply, false))
+                                // The Cluster connection follows its nodes itself.
+                                Ok(Sent {
+                                    reply,
+                                    sent_again: false,
+                                    on: 0,
+                                })
                             }
                         })
                         .await?;
@@ -1729,17 +1736,22 @@ impl Backend for RedisBackend {
 }
 
 /// Every `SCAN` page of one server, each request sent (and bounded) by `send`, which says
-/// whether it was sent again on a connection made again: the scan then starts over (a cursor
-/// of another server, or of one restarted, skips keys), at most a few times.
+/// whether it was sent again on a connection made again, and on which connection: when a page
+/// after the first was sent again, or came on another connection than the scan's first page
+/// (Sentinel's connection replaced meanwhile), the scan starts over (a cursor of another
+/// server, or of one restarted, skips keys), at most a few times. (A reconnection inside the
+/// same redis-rs connection that no page of the scan saw fail keeps its serial: not seen.)
 async fn scan_pages<F, Fut>(pattern: &str, mut send: F) -> Result<Vec<String>, BackendError>
 where
     F: FnMut(redis::Cmd) -> Fut,
-    Fut: std::future::Future<Output = Result<(redis::Value, bool), BackendError>>,
+    Fut: std::future::Future<Output = Result<Sent<redis::Value>, BackendError>>,
 {
     const STARTS: u32 = 3;
     let mut keys = Vec::new();
     let mut cursor = 0u64;
     let mut starts = 1;
+    // The connection of the scan's first page.
+    let mut first_on = None;
     loop {
         let mut cmd = redis::cmd("SCAN");
         cmd.arg(cursor)
@@ -1747,8 +1759,14 @@ where
             .arg(pattern)
             .arg("COUNT")
             .arg(1000);
-        let (reply, sent_again) = send(cmd).await?;
-        if sent_again && cursor != 0 {
+        let Sent {
+            reply,
+            sent_again,
+            on,
+        } = send(cmd).await?;
+        if cursor == 0 {
+            first_on = Some(on);
+        } else if sent_again || first_on != Some(on) {
             if starts == STARTS {
                 return Err(BackendError::new(format!(
                     "Redis list: the connection dropped during each of {STARTS} scans"
@@ -1919,6 +1937,64 @@ impl crate::url::HostList<'_> {
 
 #[cfg(test)]
 mod tests {
+    /// A scan page's reply: the next cursor and the keys.
+    fn page(next: u64, keys: &[&str]) -> redis::Value {
+        redis::Value::Array(vec![
+            redis::Value::BulkString(next.to_string().into_bytes()),
+            redis::Value::Array(
+                keys.iter()
+                    .map(|k| redis::Value::BulkString(k.as_bytes().to_vec()))
+                    .collect(),
+            ),
+        ])
+    }
+
+    /// A scan starts over when a page after the first was sent again or came on another
+    /// connection (its cursor may be another server's), keeping no key twice; it gives up
+    /// after three starts. Pages: cursor 0 gives `a`, `b` and cursor 7; cursor 7 gives `c`.
+    #[tokio::test]
+    async fn a_scan_starts_over_when_its_connection_changed() {
+        use super::{Sent, scan_pages};
+        use std::sync::Mutex;
+        // (sent again, connection) of each page, in turn; then (false, 1).
+        let scan = |turns: Vec<(bool, u64)>| async move {
+            let turns = Mutex::new(turns.into_iter());
+            let sent = Mutex::new(0);
+            let keys = scan_pages("*", |cmd| {
+                *sent.lock().unwrap() += 1;
+                let (sent_again, on) = turns.lock().unwrap().next().unwrap_or((false, 1));
+                let first = matches!(cmd.args_iter().nth(1), Some(redis::Arg::Simple(b"0")));
+                let reply = if first {
+                    page(7, &["a", "b"])
+                } else {
+                    page(0, &["c"])
+                };
+                async move {
+                    Ok(Sent {
+                        reply,
+                        sent_again,
+                        on,
+                    })
+                }
+            })
+            .await;
+            (keys.map_err(|e| e.to_string()), sent.into_inner().unwrap())
+        };
+        let all = Ok(vec!["a".to_owned(), "b".to_owned(), "c".to_owned()]);
+        assert_eq!(scan(vec![]).await, (all.clone(), 2));
+        // The first page sent again: nothing to start over.
+        assert_eq!(scan(vec![(true, 1)]).await, (all.clone(), 2));
+        // The second page sent again, or on another connection: started over.
+        assert_eq!(scan(vec![(false, 1), (true, 2)]).await, (all.clone(), 4));
+        assert_eq!(
+            scan(vec![(false, 1), (false, 2), (false, 2), (false, 2)]).await,
+            (all, 4)
+        );
+        let (keys, sent) = scan([(false, 1), (true, 1)].repeat(3)).await;
+        assert_eq!(sent, 6);
+        assert!(keys.unwrap_err().contains("each of 3 scans"));
+    }
+
     #[test]
     fn options_can_be_left_out_of_the_url() {
         let url = EngineUrl::checked("redis://h:1?a=1&wait=2&b", "redis");

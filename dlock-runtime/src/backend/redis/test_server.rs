@@ -7,20 +7,29 @@ pub(crate) struct Server(pub(crate) std::process::Child, pub(crate) u16);
 
 impl Server {
     /// On a free port below the ephemeral range (32768 and up on Linux), so that no other
-    /// test's `bind(0)` nor a connection's own port takes it while the server restarts.
+    /// test's `bind(0)` nor a connection's own port takes it while the server restarts; another
+    /// port when another test's server took this one first.
     pub(crate) fn start() -> Self {
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.subsec_nanos())
             ^ std::process::id();
-        let port = (0..1000)
+        (0..1000)
             .map(|i| 20_000 + u16::try_from((seed.wrapping_add(i * 7919)) % 10_000).unwrap())
-            .find(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
-            .expect("a free port in 20000-29999");
-        Self::start_on(port)
+            .filter(|&port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok())
+            .take(5)
+            .find_map(Self::try_start_on)
+            .expect("a free port in 20000-29999")
     }
 
+    /// On `port` (a restart on the same port).
     pub(crate) fn start_on(port: u16) -> Self {
+        Self::try_start_on(port)
+            .unwrap_or_else(|| panic!("another redis-server answers on port {port}"))
+    }
+
+    /// `None` when another server answers on `port` (it took the port first).
+    fn try_start_on(port: u16) -> Option<Self> {
         let child = std::process::Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
@@ -40,14 +49,11 @@ impl Server {
         }
         // Ours, not another test's that took the port between the check and the start.
         let info: String = redis::Client::open(format!("redis://127.0.0.1:{port}"))
-            .and_then(|client| client.get_connection())
+            .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(5)))
             .and_then(|mut c| redis::cmd("INFO").arg("server").query(&mut c))
             .unwrap_or_default();
-        assert!(
-            info.contains(&format!("process_id:{}\r\n", server.0.id())),
-            "another redis-server answers on port {port}"
-        );
-        server
+        info.contains(&format!("process_id:{}\r\n", server.0.id()))
+            .then_some(server)
     }
 }
 
