@@ -608,23 +608,35 @@ where
     releasing.await.unwrap()
 }
 
-/// Waits up to 20s for `waiting` (of [`spawn_waiter`]) and checks that it got the lock within
-/// `bound` of `since` (the release, or the moment the release's wake-up could reach it).
+/// Waits up to 20s for `waiting` (of [`spawn_waiter`]): how long after `since` it got the lock
+/// (zero when before).
 ///
 /// # Panics
-/// When the waiter failed, did not get the lock within 20s, or got it later than `bound`.
+/// When the waiter failed, or did not get the lock within 20s.
+pub async fn got_lock_since(
+    since: tokio::time::Instant,
+    waiting: tokio::task::JoinHandle<tokio::time::Instant>,
+) -> Duration {
+    tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the waiter got the lock within 20s")
+        .unwrap()
+        .saturating_duration_since(since)
+}
+
+/// Checks that `waiting` (of [`spawn_waiter`]) got the lock within `bound` of `since` (the
+/// release, or the moment the release's wake-up could reach it).
+///
+/// # Panics
+/// As [`got_lock_since`], and when the lock came later than `bound`.
 pub async fn woken_since(
     since: tokio::time::Instant,
     waiting: tokio::task::JoinHandle<tokio::time::Instant>,
     bound: Duration,
 ) {
-    let woken_at = tokio::time::timeout(Duration::from_secs(20), waiting)
-        .await
-        .expect("the waiter got the lock within 20s")
-        .unwrap();
+    let after = got_lock_since(since, waiting).await;
     assert!(
-        woken_at - since < bound,
-        "the lock came {:?} after it could be woken: a poll, not a wake-up",
-        woken_at - since
+        after < bound,
+        "the lock came {after:?} after it could be woken: a poll, not a wake-up"
     );
 }

@@ -764,20 +764,12 @@ impl RedisBackend {
         runtime: &tokio::runtime::Handle,
         generation: u64,
     ) -> (Conn, u64) {
-        let mut slot = self
+        // Made under `making`, after no live connection was found: nothing live is replaced.
+        let serial = self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        *self
             .connection
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(current) = slot
-            .as_ref()
-            .filter(|c| c.alive() && c.generation == generation)
-        {
-            // One made meanwhile: share it (not reached while every connection is made under
-            // `making`; kept so that a live connection is never replaced).
-            return (current.manager.clone(), current.serial);
-        }
-        let serial = self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        *slot = Some(Connection {
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Connection {
             manager: manager.clone(),
             runtime: runtime.spawn(std::future::pending()),
             generation,
@@ -902,41 +894,25 @@ impl RedisBackend {
     ) -> Result<T, BackendError> {
         self.request(what, &call, Repeat::Once)
             .await
-            .map(|(reply, _)| reply)
-    }
-
-    /// [`call`](Self::call), with the serial of the connection its reply came on: an
-    /// acquisition's `WAIT` (`DLOCK_REDIS_WAIT`) must go on that very connection.
-    async fn call_on<T: redis::FromRedisValue>(
-        &self,
-        what: &'static str,
-        call: Call,
-    ) -> Result<(T, u64), BackendError> {
-        self.sent(what, Repeat::Once, |mut connection| {
-            let call = &call;
-            async move { connection.invoke(call).await }
-        })
-        .await
-        .map(|sent| (sent.reply, sent.on))
+            .map(|sent| sent.reply)
     }
 
     /// Runs one script call, bounded by twice the request timeout (a NOSCRIPT answer costs a
     /// SCRIPT LOAD and a second EVALSHA; a Sentinel is asked for the master first), even while
     /// the connection is being re-established; with [`Repeat::Once`], sent once more when it
-    /// finds its connection dropped (see [`sent`](Self::sent)). Whether the reply is from a
-    /// second sending is returned with it: the first may have run, its reply lost with the
-    /// connection.
+    /// finds its connection dropped (see [`sent`](Self::sent)). With the reply: whether it is
+    /// from a second sending (the first may have run, its reply lost with the connection), and
+    /// the connection it came on (an acquisition's `WAIT` must go on that very one).
     async fn request<T: redis::FromRedisValue>(
         &self,
         what: &'static str,
         call: &Call,
         repeat: Repeat,
-    ) -> Result<(T, bool), BackendError> {
+    ) -> Result<Sent<T>, BackendError> {
         self.sent(what, repeat, |mut connection| async move {
             connection.invoke(call).await
         })
         .await
-        .map(|sent| (sent.reply, sent.sent_again))
     }
 
     /// Sends `send` on the connection, bounded by twice the request timeout. With
@@ -1068,7 +1044,9 @@ impl RedisBackend {
         call.arg(token.as_str());
         // release.lua: bit 0 deleted, bit 1 the notification was refused (no channel
         // permission); the release stands either way.
-        let (reply, sent_again): (i64, bool) = self.request("release", &call, Repeat::Once).await?;
+        let Sent {
+            reply, sent_again, ..
+        } = self.request::<i64>("release", &call, Repeat::Once).await?;
         if reply & 2 != 0 {
             self.publish_denied(key);
         }
@@ -1321,68 +1299,61 @@ impl RedisBackend {
     /// the scan then starts over, as the server may be another, or restarted, whose cursor
     /// would skip keys).
     async fn scan(&self, pattern: &str) -> Result<Vec<String>, BackendError> {
-        #[cfg(feature = "redis-cluster")]
-        if matches!(self.link, Link::Cluster(_)) {
-            return self.scan_cluster(pattern).await;
+        match self.connection().await?.0 {
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(c) => self.scan_cluster(c, pattern).await,
+            Conn::Single(_) => {
+                scan_pages(pattern, |cmd| async move {
+                    self.sent("list", Repeat::Once, |mut connection| {
+                        let cmd = &cmd;
+                        async move { connection.query(cmd).await }
+                    })
+                    .await
+                })
+                .await
+            }
         }
-        scan_pages(pattern, |cmd| async move {
-            self.sent("list", Repeat::Once, |mut connection| {
-                let cmd = &cmd;
-                async move { connection.query(cmd).await }
-            })
-            .await
-        })
-        .await
     }
 
-    /// [`scan`](Self::scan) on every master of a Cluster.
+    /// [`scan`](Self::scan) on every master of a Cluster, over its connection `c`.
     #[cfg(feature = "redis-cluster")]
-    async fn scan_cluster(&self, pattern: &str) -> Result<Vec<String>, BackendError> {
+    async fn scan_cluster(
+        &self,
+        mut c: redis::cluster_async::ClusterConnection,
+        pattern: &str,
+    ) -> Result<Vec<String>, BackendError> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
         let bound = self.request_timeout * 2;
-        let scan = async {
-            let (mut connection, _) = self.connection().await?;
-            match &mut connection {
-                Conn::Single(_) => Err(BackendError::new("Redis list: not a Cluster connection")),
-                Conn::Cluster(c) => {
-                    use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-                    let nodes: String = tokio::time::timeout(
-                        bound,
-                        redis::cmd("CLUSTER").arg("NODES").query_async(c),
-                    )
-                    .await
-                    .map_err(|_| BackendError::new("Redis CLUSTER NODES got no reply"))?
-                    .map_err(|e| classify("list", e))?;
-                    let mut keys = Vec::new();
-                    for (host, port) in cluster_masters(&nodes) {
-                        let batch = scan_pages(pattern, |cmd| {
-                            let (mut c, host) = (c.clone(), host.clone());
-                            async move {
-                                let route =
-                                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                                        host,
-                                        port,
-                                    });
-                                let reply =
-                                    tokio::time::timeout(bound, c.route_command(cmd, route))
-                                        .await
-                                        .map_err(|_| BackendError::new("Redis SCAN got no reply"))?
-                                        .map_err(|e| classify("list", e))?;
-                                // The Cluster connection follows its nodes itself.
-                                Ok(Sent {
-                                    reply,
-                                    sent_again: false,
-                                    on: 0,
-                                })
-                            }
-                        })
-                        .await?;
-                        keys.extend(batch);
-                    }
-                    Ok(keys)
+        let nodes: String = tokio::time::timeout(
+            bound,
+            redis::cmd("CLUSTER").arg("NODES").query_async(&mut c),
+        )
+        .await
+        .map_err(|_| BackendError::new("Redis CLUSTER NODES got no reply"))?
+        .map_err(|e| classify("list", e))?;
+        let mut keys = Vec::new();
+        for (host, port) in cluster_masters(&nodes) {
+            let batch = scan_pages(pattern, |cmd| {
+                let (mut c, host) = (c.clone(), host.clone());
+                async move {
+                    let route =
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                    let reply = tokio::time::timeout(bound, c.route_command(cmd, route))
+                        .await
+                        .map_err(|_| BackendError::new("Redis SCAN got no reply"))?
+                        .map_err(|e| classify("list", e))?;
+                    // The Cluster connection follows its nodes itself.
+                    Ok(Sent {
+                        reply,
+                        sent_again: false,
+                        on: 0,
+                    })
                 }
-            }
-        };
-        scan.await
+            })
+            .await?;
+            keys.extend(batch);
+        }
+        Ok(keys)
     }
 
     /// `PING` on the connection the locks use, bounded as a script call is.
@@ -1426,7 +1397,9 @@ impl RedisBackend {
         call.arg(permits)
             .arg(lease_millis(liveness))
             .arg(now_micros());
-        let (reply, on): (redis::Value, u64) = self.call_on("acquire", call).await?;
+        let Sent { reply, on, .. } = self
+            .request::<redis::Value>("acquire", &call, Repeat::Once)
+            .await?;
         let reply = match reply {
             redis::Value::Int(reply) => reply,
             redis::Value::BulkString(why) => {
@@ -1488,7 +1461,7 @@ impl RedisBackend {
         call.arg(now_micros());
         // lock.lua: > 0 ours, with that fence; < 0 held for another (-1 - reply) ms;
         // 0 free, but another fair waiter is first in line.
-        let (reply, on): (i64, u64) = self.call_on("acquire", call).await?;
+        let Sent { reply, on, .. } = self.request::<i64>("acquire", &call, Repeat::Once).await?;
         Ok(match u64::try_from(reply) {
             Ok(0) => Attempt::Held {
                 ttl: None,
@@ -1559,7 +1532,9 @@ impl Backend for RedisBackend {
                 call.arg(key)
                     .arg(token.as_str())
                     .arg(self.publish_command());
-                let (reply, sent_again) = self.request("release", &call, Repeat::Once).await?;
+                let Sent {
+                    reply, sent_again, ..
+                } = self.request("release", &call, Repeat::Once).await?;
                 if reply & 2 != 0 {
                     self.publish_denied(key);
                 }
@@ -1635,7 +1610,9 @@ impl Backend for RedisBackend {
                 .arg(lease_millis(lease))
                 .arg(now_micros());
             // pass.lua: the new hold's fence, or 0 when `from` did not hold the key.
-            let (fence, on): (u64, u64) = self.call_on("pass", call).await?;
+            let Sent {
+                reply: fence, on, ..
+            } = self.request::<u64>("pass", &call, Repeat::Once).await?;
             if fence == 0 {
                 return Ok(None);
             }
@@ -1692,8 +1669,10 @@ impl Backend for RedisBackend {
                 .arg(companion(&self.fair_prefix, key, "queue"))
                 .arg(self.publish_command())
                 .arg(now_micros());
-            let (held, _): (redis::Value, _) =
-                self.request("force release", &call, Repeat::Never).await?;
+            let held: redis::Value = self
+                .request("force release", &call, Repeat::Never)
+                .await?
+                .reply;
             Ok(match held {
                 redis::Value::Array(parts) if parts.len() == 2 => {
                     let (kind, holds): (String, Vec<String>) =

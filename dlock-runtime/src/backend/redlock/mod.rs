@@ -1347,60 +1347,48 @@ mod tests {
         let backend = from(&url, Duration::from_secs(30), Duration::from_millis(500)).unwrap();
         let (holder, next) = (Token::generate().unwrap(), Token::generate().unwrap());
         let key = "dlock:pass-token-alone";
-        let mut connections = Vec::new();
-        for host in &hosts {
-            let client = redis::Client::open(format!("redis://{host}")).unwrap();
-            connections.push(client.get_multiplexed_async_connection().await.unwrap());
-        }
-        let set_all = |connections: &mut Vec<redis::aio::MultiplexedConnection>, value: String| {
-            let mut connections = connections.clone();
-            async move {
-                for c in &mut connections {
-                    let () = redis::cmd("SET")
+        // The key's value on every master, by one command each (`SET … PX`, or `GET`).
+        let on_all = |args: &[&str]| -> Vec<Option<String>> {
+            hosts
+                .iter()
+                .map(|host| {
+                    let client = redis::Client::open(format!("redis://{host}")).unwrap();
+                    let mut c = client.get_connection().unwrap();
+                    redis::cmd(args[0])
                         .arg(key)
-                        .arg(&value)
-                        .arg("PX")
-                        .arg(30_000)
-                        .query_async(c)
-                        .await
-                        .unwrap();
-                }
-            }
+                        .arg(&args[1..])
+                        .query(&mut c)
+                        .unwrap()
+                })
+                .collect()
         };
-        let get_all = |connections: &mut Vec<redis::aio::MultiplexedConnection>| {
-            let mut connections = connections.clone();
-            async move {
-                let mut values = Vec::new();
-                for c in &mut connections {
-                    let value: Option<String> =
-                        redis::cmd("GET").arg(key).query_async(c).await.unwrap();
-                    values.push(value.unwrap_or_default());
-                }
-                values
-            }
-        };
+        let set_all = |value: &str| drop(on_all(&["SET", value, "PX", "30000"]));
+        let get_all = || on_all(&["GET"]);
         let elsewhere = format!(
             "{} pid=1@elsewhere since=2026-11-29T00:00:00.000Z fence=7",
             next.as_str()
         );
-        set_all(&mut connections, elsewhere.clone()).await;
+        set_all(&elsewhere);
         let passed = backend
             .pass(key, &holder, &next, Duration::from_secs(30))
             .await;
         assert!(matches!(passed, Ok(None)), "{passed:?}");
-        assert_eq!(get_all(&mut connections).await, vec![elsewhere; 3]);
+        assert_eq!(get_all(), vec![Some(elsewhere); 3]);
 
         let held = format!(
             "{} pid=1@here since=2026-11-29T00:00:00.000Z fence=8",
             holder.as_str()
         );
-        set_all(&mut connections, held).await;
+        set_all(&held);
         let passed = backend
             .pass(key, &holder, &next, Duration::from_secs(30))
             .await;
         assert!(matches!(passed, Ok(Some(_))), "{passed:?}");
-        for value in get_all(&mut connections).await {
-            assert!(value.starts_with(next.as_str()), "{value}");
+        for value in get_all() {
+            assert!(
+                value.as_ref().is_some_and(|v| v.starts_with(next.as_str())),
+                "{value:?}"
+            );
         }
     }
 
