@@ -349,6 +349,20 @@ impl Conn {
         }
     }
 
+    /// [`Call::invoke_identified`] on this connection: on a Cluster, both go to the key's
+    /// master in one pipeline (redis-rs routes it by the script's first key, and a redirect or a
+    /// reconnection sends the whole pipeline again, together).
+    async fn invoke_identified<T: redis::FromRedisValue>(
+        &mut self,
+        call: &Call,
+    ) -> redis::RedisResult<(T, Option<ClientIdentity>)> {
+        match self {
+            Self::Single(c) => call.invoke_identified(c).await,
+            #[cfg(feature = "redis-cluster")]
+            Self::Cluster(c) => call.invoke_identified(c).await,
+        }
+    }
+
     /// `cmd` as it is: on a Cluster, where redis-rs routes it (a key's master, or any node).
     async fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
         match self {
@@ -450,6 +464,65 @@ impl Call {
             }
             reply => reply,
         }
+    }
+}
+
+impl Call {
+    /// The call followed by `CLIENT INFO` in one pipeline: its reply and which connection of
+    /// which server ran it (`None` when `CLIENT INFO` was refused: an ACL without
+    /// `+client|info`, a server before 6.2). Both travel in one write on one connection, so the
+    /// identity is the script's own connection's, whatever reconnection happens before or
+    /// after (`DLOCK_REDIS_WAIT`'s `WAIT` must go on that very connection).
+    async fn invoke_identified<T: redis::FromRedisValue>(
+        &self,
+        connection: &mut impl redis::aio::ConnectionLike,
+    ) -> redis::RedisResult<(T, Option<ClientIdentity>)> {
+        let mut pipe = redis::pipe();
+        pipe.add_command(self.cmd.clone())
+            .cmd("CLIENT")
+            .arg("INFO")
+            .ignore_errors();
+        let mut loaded = false;
+        loop {
+            let (reply, info): (redis::Value, redis::Value) = pipe.query_async(connection).await?;
+            match reply {
+                redis::Value::ServerError(e)
+                    if !loaded && e.kind() == Some(redis::ServerErrorKind::NoScript) =>
+                {
+                    self.script.load_async(connection).await?;
+                    loaded = true;
+                }
+                redis::Value::ServerError(e) => return Err(e.into()),
+                reply => {
+                    let identity = redis::from_redis_value::<String>(info)
+                        .ok()
+                        .and_then(|info| ClientIdentity::of(&info));
+                    return Ok((redis::from_redis_value(reply)?, identity));
+                }
+            }
+        }
+    }
+}
+
+/// Which connection of which server a command ran on: the `id`, `addr` (the client's end) and
+/// `laddr` (the server's end, Redis 6.2 and later) fields of `CLIENT INFO`. A client id alone
+/// is not enough: ids count from 1 on every server, and a Cluster's or a Sentinel's connection
+/// can move to another.
+#[derive(Debug, PartialEq, Eq)]
+struct ClientIdentity(String);
+
+impl ClientIdentity {
+    /// `None` without all three fields.
+    fn of(info: &str) -> Option<Self> {
+        let fields: Vec<&str> = info
+            .split_ascii_whitespace()
+            .filter(|field| {
+                field.starts_with("id=")
+                    || field.starts_with("addr=")
+                    || field.starts_with("laddr=")
+            })
+            .collect();
+        (fields.len() == 3).then(|| Self(fields.join(" ")))
     }
 }
 
@@ -790,74 +863,93 @@ impl RedisBackend {
         key: &'a str,
         kind: LockKind,
         token: &'a Token,
-        on: u64,
+        on: Option<ClientIdentity>,
     ) -> BoxFuture<'a, Result<(), BackendError>> {
         Box::pin(self.wait_for_replicas(key, kind, token, on))
     }
 
-    /// See [`replicated`](Self::replicated): `on` is the serial of the connection the
-    /// acquisition's reply came on. Another connection's `WAIT` counts none of its writes and
-    /// answers at once: the acquisition is then undone as not acknowledged. (A reconnection
-    /// inside the same `ConnectionManager` keeps its serial: not seen here.)
+    /// See [`replicated`](Self::replicated): `on` is the connection that ran the acquisition
+    /// ([`Call::invoke_identified`]). `WAIT` goes in one pipeline after `CLIENT INFO`: when
+    /// the connection it finds is another (redis-rs made it again meanwhile, Sentinel's
+    /// connection was replaced, a Cluster's slot moved), that `WAIT` counts none of the
+    /// acquisition's writes and would answer at once, so its count is not taken and the
+    /// acquisition is undone as not acknowledged.
     async fn wait_for_replicas(
         &self,
         key: &str,
         kind: LockKind,
         token: &Token,
-        on: u64,
+        on: Option<ClientIdentity>,
     ) -> Result<(), BackendError> {
         let timeout_ms = u64::try_from(self.request_timeout.as_millis()).unwrap_or(u64::MAX);
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(self.wait_replicas).arg(timeout_ms);
+        let mut pipe = redis::pipe();
+        pipe.cmd("CLIENT")
+            .arg("INFO")
+            .cmd("WAIT")
+            .arg(self.wait_replicas)
+            .arg(timeout_ms);
+        // The connection `WAIT` went on, for Sentinel's forgetting after an error.
+        let mut used = None;
         let acked = tokio::time::timeout(self.request_timeout * 2, async {
-            let connection = match self.live_connection() {
-                Some((connection, serial)) if serial == on => connection,
-                _ => {
-                    return Err(BackendError::new(
-                        "Redis WAIT: the connection the acquisition was sent on was made again \
-                         since",
-                    ));
-                }
+            let Some(on) = on else {
+                return Err(BackendError::new(
+                    "Redis CLIENT INFO was refused: DLOCK_REDIS_WAIT needs Redis 6.2 or later \
+                     and, with an ACL, +client|info (see dlock's docs/redis.md)",
+                )
+                .refused());
             };
-            match connection {
-                Conn::Single(mut c) => wait.query_async::<i64>(&mut c).await,
+            let Some((connection, serial)) = self.live_connection() else {
+                return Err(BackendError::new(
+                    "Redis WAIT: the connection the acquisition was sent on was dropped since",
+                ));
+            };
+            used = Some(serial);
+            let replies = match connection {
+                Conn::Single(mut c) => pipe.query_async::<(String, i64)>(&mut c).await,
                 #[cfg(feature = "redis-cluster")]
                 Conn::Cluster(mut c) => {
-                    use redis::cluster_routing::{
-                        Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
-                    };
+                    use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
                     let route = Route::new(slot(key.as_bytes()), SlotAddr::Master);
-                    c.route_command(
-                        wait,
-                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-                    )
-                    .await
-                    .and_then(|value| {
-                        redis::from_redis_value::<i64>(value).map_err(redis::RedisError::from)
-                    })
+                    c.route_pipeline(pipe, 0, 2, SingleNodeRoutingInfo::SpecificNode(route))
+                        .await
+                        .and_then(|values| {
+                            redis::from_redis_value::<(String, i64)>(redis::Value::Array(values))
+                                .map_err(redis::RedisError::from)
+                        })
                 }
+            };
+            match replies {
+                Ok((info, _)) if ClientIdentity::of(&info).as_ref() != Some(&on) => {
+                    Err(BackendError::new(
+                        "Redis WAIT: the connection the acquisition was sent on was made again \
+                         since",
+                    ))
+                }
+                Ok((_, acked)) => Ok(acked),
+                Err(e) => Err(classify("WAIT", e)),
             }
-            .map_err(|e| classify("WAIT", e))
         })
         .await
         .unwrap_or_else(|_| Err(BackendError::new("Redis WAIT got no reply")));
         if let Err(error) = &acked {
-            self.forget_connection_after(error, Some(on));
+            self.forget_connection_after(error, used);
         }
         match acked {
             Ok(n) if n >= i64::from(self.wait_replicas) => Ok(()),
             outcome => {
                 // Not known to survive a failover: undo it, then report.
                 let _ = self.release(key, kind, token).await;
-                let why = match outcome {
-                    Ok(n) => format!(
+                Err(match outcome {
+                    Ok(n) => BackendError::new(format!(
                         "the lock was acknowledged by {n} of the {} replicas DLOCK_REDIS_WAIT asks \
                          for within {:?}; it was undone",
                         self.wait_replicas, self.request_timeout
-                    ),
-                    Err(e) => format!("{e}; the lock was undone"),
-                };
-                Err(BackendError::new(why))
+                    )),
+                    Err(e) if e.is_refused() => {
+                        BackendError::new(format!("{e}; the lock was undone")).refused()
+                    }
+                    Err(e) => BackendError::new(format!("{e}; the lock was undone")),
+                })
             }
         }
     }
@@ -913,6 +1005,27 @@ impl RedisBackend {
             connection.invoke(call).await
         })
         .await
+    }
+
+    /// An acquisition's or a pass's script, as [`request`](Self::request) sends it; with
+    /// `DLOCK_REDIS_WAIT`, followed by `CLIENT INFO` in one pipeline: the connection that
+    /// wrote the hold, on which [`replicated`](Self::replicated)'s `WAIT` must go.
+    async fn acquisition<T: redis::FromRedisValue>(
+        &self,
+        what: &'static str,
+        call: &Call,
+    ) -> Result<(T, Option<ClientIdentity>), BackendError> {
+        if self.wait_replicas == 0 {
+            return self
+                .request(what, call, Repeat::Once)
+                .await
+                .map(|sent| (sent.reply, None));
+        }
+        self.sent(what, Repeat::Once, |mut connection| async move {
+            connection.invoke_identified(call).await
+        })
+        .await
+        .map(|sent| sent.reply)
     }
 
     /// Sends `send` on the connection, bounded by twice the request timeout. With
@@ -1397,9 +1510,7 @@ impl RedisBackend {
         call.arg(permits)
             .arg(lease_millis(liveness))
             .arg(now_micros());
-        let Sent { reply, on, .. } = self
-            .request::<redis::Value>("acquire", &call, Repeat::Once)
-            .await?;
+        let (reply, on) = self.acquisition::<redis::Value>("acquire", &call).await?;
         let reply = match reply {
             redis::Value::Int(reply) => reply,
             redis::Value::BulkString(why) => {
@@ -1461,7 +1572,7 @@ impl RedisBackend {
         call.arg(now_micros());
         // lock.lua: > 0 ours, with that fence; < 0 held for another (-1 - reply) ms;
         // 0 free, but another fair waiter is first in line.
-        let Sent { reply, on, .. } = self.request::<i64>("acquire", &call, Repeat::Once).await?;
+        let (reply, on) = self.acquisition::<i64>("acquire", &call).await?;
         Ok(match u64::try_from(reply) {
             Ok(0) => Attempt::Held {
                 ttl: None,
@@ -1610,9 +1721,7 @@ impl Backend for RedisBackend {
                 .arg(lease_millis(lease))
                 .arg(now_micros());
             // pass.lua: the new hold's fence, or 0 when `from` did not hold the key.
-            let Sent {
-                reply: fence, on, ..
-            } = self.request::<u64>("pass", &call, Repeat::Once).await?;
+            let (fence, on) = self.acquisition::<u64>("pass", &call).await?;
             if fence == 0 {
                 return Ok(None);
             }
@@ -1972,6 +2081,137 @@ mod tests {
         let (keys, sent) = scan([(false, 1), (true, 1)].repeat(3)).await;
         assert_eq!(sent, 6);
         assert!(keys.unwrap_err().contains("each of 3 scans"));
+    }
+
+    /// `DLOCK_REDIS_WAIT`: a `WAIT` that finds the locker's connection made again by redis-rs
+    /// since the acquisition (another request failed on the dropped one and reconnected the
+    /// same `ConnectionManager`) counts none of the acquisition's writes and answers at once
+    /// with every replica it has: the acquisition is undone, not confirmed. The replica is
+    /// stopped (`SIGSTOP`), so a `WAIT` on the acquisition's own connection answers 0 (checked
+    /// first), and only one on another connection could count it. Before, `WAIT` went on
+    /// whatever connection the manager had (its serial unchanged) and answered 1.
+    #[tokio::test]
+    async fn a_wait_on_a_connection_made_again_since_the_acquisition_confirms_nothing() {
+        use test_server::Server;
+        static SET: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
+            Script::new("redis.call('SET', KEYS[1], ARGV[1], 'PX', 30000) return 1")
+        });
+        let (master, replica) = (Server::start(), Server::start());
+        let admin = |port: u16| {
+            redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(5)))
+                .unwrap()
+        };
+        redis::cmd("REPLICAOF")
+            .arg("127.0.0.1")
+            .arg(master.1)
+            .exec(&mut admin(replica.1))
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut admin(master.1))
+                .unwrap();
+            if info.contains("state=online") {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no replica online: {info}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let url = EngineUrl::checked(&format!("redis://127.0.0.1:{}?wait=1", master.1), "redis");
+        let settings = Settings {
+            request_timeout: Duration::from_millis(500),
+            ..Settings::default()
+        };
+        let backend = RedisBackend::from_url(&url, &settings).unwrap();
+        let (key, token) = ("dlock:wait-on-another", Token::generate().unwrap());
+        let mut call = Call::new(&SET, 1);
+        call.arg(key).arg(token.as_str());
+        let write = || backend.acquisition::<i64>("acquire", &call);
+        let (_, on) = write().await.unwrap();
+        let waited = backend
+            .wait_for_replicas(key, LockKind::Mutex, &token, on)
+            .await;
+        assert!(waited.is_ok(), "the replica acknowledges: {waited:?}");
+
+        let signal = |signal: &str| {
+            let sent = std::process::Command::new("kill")
+                .args([signal, &replica.0.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(sent.success());
+        };
+        signal("-STOP");
+        let (_, on) = write().await.unwrap();
+        let waited = backend
+            .wait_for_replicas(key, LockKind::Mutex, &token, on)
+            .await;
+        let error = waited
+            .expect_err("a stopped replica acknowledges nothing")
+            .to_string();
+        assert!(error.contains("acknowledged by 0"), "{error}");
+
+        let (_, on) = write().await.unwrap();
+        let killed: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .query(&mut admin(master.1))
+            .unwrap();
+        assert!(killed >= 1, "the locker's connection is killed");
+        // Fails on the dropped connection, and redis-rs makes it again.
+        backend.ping_server().await.unwrap();
+        let waited = backend
+            .wait_for_replicas(key, LockKind::Mutex, &token, on)
+            .await;
+        signal("-CONT");
+        let error = waited
+            .expect_err("a WAIT on another connection confirms nothing")
+            .to_string();
+        assert!(error.contains("made again since"), "{error}");
+
+        // A user who may not ask `CLIENT INFO`: refused at once, saying what to grant, and
+        // the lock undone.
+        redis::cmd("ACL")
+            .arg(&[
+                "SETUSER",
+                "no-info",
+                "on",
+                ">pw",
+                "~*",
+                "&*",
+                "+@all",
+                "-client|info",
+            ])
+            .exec(&mut admin(master.1))
+            .unwrap();
+        let url = format!("redis://no-info:pw@127.0.0.1:{}?wait=1", master.1);
+        let backend =
+            RedisBackend::from_url(&EngineUrl::checked(&url, "redis"), &settings).unwrap();
+        let key = "dlock:wait-no-info";
+        let attempt = backend
+            .acquire(Request {
+                key,
+                token: &token,
+                lease: Duration::from_secs(30),
+                kind: LockKind::Mutex,
+                liveness: Duration::from_secs(1),
+                queue: None,
+            })
+            .await;
+        let error = attempt.expect_err("refused");
+        assert!(error.is_refused(), "{error:?}");
+        assert!(error.to_string().contains("+client|info"), "{error}");
+        assert!(!error.to_string().contains("pw"), "{error}");
+        let left: Option<String> = redis::cmd("GET")
+            .arg(key)
+            .query(&mut admin(master.1))
+            .unwrap();
+        assert_eq!(left, None, "the acquisition is undone");
     }
 
     #[test]
