@@ -46,14 +46,28 @@ impl Outcome {
     }
 }
 
-/// The labels of the series of one lock name, made once and kept. The `metrics` macros build a
-/// key without allocating only from literal labels: with the lock's name as a label value they
-/// make a `Vec` of labels at every call, a recorder installed or not (7 allocations per
-/// acquisition and release, measured). Keys made from these static parts allocate nothing.
+/// The keys of the series of one lock name, made once and kept (an unnamed lock's at compile
+/// time). The `metrics` macros build a key without allocating only from literal labels: with
+/// the lock's name as a label value they made a `Vec` of labels and hashed the key at every
+/// call, a recorder installed or not (7 allocations per acquisition and release, measured).
+#[cfg(feature = "metrics")]
+struct Keys {
+    waiting: metrics::Key,
+    /// By [`Outcome`].
+    acquisitions: [metrics::Key; 5],
+    /// By [`Outcome`].
+    wait_seconds: [metrics::Key; 5],
+    held: metrics::Key,
+    hold_seconds: metrics::Key,
+    lost: metrics::Key,
+    renewals_failed: metrics::Key,
+    passes: metrics::Key,
+}
+
+/// The labels [`Keys`] are made of: `lock`, and `lock` with each `outcome`.
 #[cfg(feature = "metrics")]
 struct Labels {
     lock: [metrics::Label; 1],
-    /// `lock` and `outcome`, by [`Outcome`].
     outcome: [[metrics::Label; 2]; 5],
 }
 
@@ -78,54 +92,81 @@ impl Labels {
             ],
         }
     }
+}
 
-    /// The labels of `name`'s series. A name is a `&'static str` that the program keeps for
-    /// good: its labels, kept too, grow with the names the program has, as they do.
+#[cfg(feature = "metrics")]
+impl Keys {
+    const fn of(labels: &'static Labels) -> Self {
+        use metrics::Key;
+        const fn by_outcome(name: &'static str, labels: &'static Labels) -> [Key; 5] {
+            [
+                Key::from_static_parts(name, &labels.outcome[0]),
+                Key::from_static_parts(name, &labels.outcome[1]),
+                Key::from_static_parts(name, &labels.outcome[2]),
+                Key::from_static_parts(name, &labels.outcome[3]),
+                Key::from_static_parts(name, &labels.outcome[4]),
+            ]
+        }
+        Self {
+            waiting: Key::from_static_parts("dlock_waiting", &labels.lock),
+            acquisitions: by_outcome("dlock_acquisitions_total", labels),
+            wait_seconds: by_outcome("dlock_wait_seconds", labels),
+            held: Key::from_static_parts("dlock_held", &labels.lock),
+            hold_seconds: Key::from_static_parts("dlock_hold_seconds", &labels.lock),
+            lost: Key::from_static_parts("dlock_lost_total", &labels.lock),
+            renewals_failed: Key::from_static_parts("dlock_renewals_failed_total", &labels.lock),
+            passes: Key::from_static_parts("dlock_passes_total", &labels.lock),
+        }
+    }
+
+    /// The keys of `name`'s series. A name is a `&'static str` that the program keeps for
+    /// good: its keys, kept too, grow with the names the program has, as they do.
     fn named(name: Option<&'static str>) -> &'static Self {
         use std::collections::HashMap;
         use std::sync::{OnceLock, PoisonError, RwLock};
         static UNNAMED_LABELS: Labels = Labels::of(UNNAMED);
-        static NAMED: OnceLock<RwLock<HashMap<&'static str, &'static Labels>>> = OnceLock::new();
+        static UNNAMED_KEYS: Keys = Keys::of(&UNNAMED_LABELS);
+        static NAMED: OnceLock<RwLock<HashMap<&'static str, &'static Keys>>> = OnceLock::new();
         let Some(name) = name else {
-            return &UNNAMED_LABELS;
+            return &UNNAMED_KEYS;
         };
         let named = NAMED.get_or_init(RwLock::default);
-        if let Some(labels) = named
+        if let Some(keys) = named
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .get(name)
         {
-            return labels;
+            return keys;
         }
         named
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .entry(name)
-            .or_insert_with(|| Box::leak(Box::new(Self::of(name))))
+            .or_insert_with(|| {
+                let labels: &'static Labels = Box::leak(Box::new(Labels::of(name)));
+                Box::leak(Box::new(Self::of(labels)))
+            })
     }
 }
 
-/// What the `metrics` macros do, with a key of static parts.
+/// What the `metrics` macros do, with a key made once.
 #[cfg(feature = "metrics")]
 mod series {
-    use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata};
+    use metrics::{Counter, Gauge, Histogram, Key, Level, Metadata};
 
     static METADATA: Metadata<'static> =
         Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
-    pub(super) fn counter(name: &'static str, labels: &'static [Label]) -> Counter {
-        let key = Key::from_static_parts(name, labels);
-        metrics::with_recorder(|recorder| recorder.register_counter(&key, &METADATA))
+    pub(super) fn counter(key: &Key) -> Counter {
+        metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA))
     }
 
-    pub(super) fn gauge(name: &'static str, labels: &'static [Label]) -> Gauge {
-        let key = Key::from_static_parts(name, labels);
-        metrics::with_recorder(|recorder| recorder.register_gauge(&key, &METADATA))
+    pub(super) fn gauge(key: &Key) -> Gauge {
+        metrics::with_recorder(|recorder| recorder.register_gauge(key, &METADATA))
     }
 
-    pub(super) fn histogram(name: &'static str, labels: &'static [Label]) -> Histogram {
-        let key = Key::from_static_parts(name, labels);
-        metrics::with_recorder(|recorder| recorder.register_histogram(&key, &METADATA))
+    pub(super) fn histogram(key: &Key) -> Histogram {
+        metrics::with_recorder(|recorder| recorder.register_histogram(key, &METADATA))
     }
 }
 
@@ -143,7 +184,7 @@ pub(crate) struct Waiting {
 impl Waiting {
     pub(crate) fn start(name: Option<&'static str>) -> Self {
         #[cfg(feature = "metrics")]
-        series::gauge("dlock_waiting", &Labels::named(name).lock).increment(1.0);
+        series::gauge(&Keys::named(name).waiting).increment(1.0);
         Self {
             name,
             #[cfg(feature = "metrics")]
@@ -161,11 +202,10 @@ impl Waiting {
     fn end(&self, outcome: Outcome) {
         #[cfg(feature = "metrics")]
         {
-            let labels = Labels::named(self.name);
-            let with_outcome = &labels.outcome[outcome as usize];
-            series::gauge("dlock_waiting", &labels.lock).decrement(1.0);
-            series::counter("dlock_acquisitions_total", with_outcome).increment(1);
-            series::histogram("dlock_wait_seconds", with_outcome)
+            let keys = Keys::named(self.name);
+            series::gauge(&keys.waiting).decrement(1.0);
+            series::counter(&keys.acquisitions[outcome as usize]).increment(1);
+            series::histogram(&keys.wait_seconds[outcome as usize])
                 .record(self.started.elapsed().as_secs_f64());
         }
         #[cfg(not(feature = "metrics"))]
@@ -184,7 +224,7 @@ impl Drop for Waiting {
 /// A hold of `name` began.
 pub(crate) fn hold_began(name: Option<&'static str>) {
     #[cfg(feature = "metrics")]
-    series::gauge("dlock_held", &Labels::named(name).lock).increment(1.0);
+    series::gauge(&Keys::named(name).held).increment(1.0);
     #[cfg(not(feature = "metrics"))]
     let _ = name;
 }
@@ -193,9 +233,9 @@ pub(crate) fn hold_began(name: Option<&'static str>) {
 pub(crate) fn hold_ended(name: Option<&'static str>, held: Duration) {
     #[cfg(feature = "metrics")]
     {
-        let lock = &Labels::named(name).lock;
-        series::gauge("dlock_held", lock).decrement(1.0);
-        series::histogram("dlock_hold_seconds", lock).record(held.as_secs_f64());
+        let keys = Keys::named(name);
+        series::gauge(&keys.held).decrement(1.0);
+        series::histogram(&keys.hold_seconds).record(held.as_secs_f64());
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (name, held);
@@ -204,7 +244,7 @@ pub(crate) fn hold_ended(name: Option<&'static str>, held: Duration) {
 /// A hold of `name` was lost.
 pub(crate) fn lost(name: Option<&'static str>) {
     #[cfg(feature = "metrics")]
-    series::counter("dlock_lost_total", &Labels::named(name).lock).increment(1);
+    series::counter(&Keys::named(name).lost).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = name;
 }
@@ -212,7 +252,7 @@ pub(crate) fn lost(name: Option<&'static str>) {
 /// A renewal of a hold of `name` failed (to be retried).
 pub(crate) fn renewal_failed(name: Option<&'static str>) {
     #[cfg(feature = "metrics")]
-    series::counter("dlock_renewals_failed_total", &Labels::named(name).lock).increment(1);
+    series::counter(&Keys::named(name).renewals_failed).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = name;
 }
@@ -220,7 +260,7 @@ pub(crate) fn renewal_failed(name: Option<&'static str>) {
 /// A lock of `name` was passed to the next waiter of its locker.
 pub(crate) fn passed(name: Option<&'static str>) {
     #[cfg(feature = "metrics")]
-    series::counter("dlock_passes_total", &Labels::named(name).lock).increment(1);
+    series::counter(&Keys::named(name).passes).increment(1);
     #[cfg(not(feature = "metrics"))]
     let _ = name;
 }

@@ -702,7 +702,7 @@ impl PostgresBackend {
                         // Tables made before dlock had the shared kinds: their table and
                         // functions are made now (or the error says how), then the
                         // connection is set up again to prepare their statements.
-                        create_shared_schema(&connection.client).await?;
+                        Box::pin(create_shared_schema(&connection.client)).await?;
                         self.forget(&connection);
                         if tries < 2 {
                             continue;
@@ -783,7 +783,7 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                         ttl_ms: held.try_get(0)?,
                     });
                 }
-                if let Some(conflict) = shared::lapse(client, key, &holder).await? {
+                if let Some(conflict) = Box::pin(shared::lapse(client, key, &holder)).await? {
                     return Ok(Reply::Conflict(conflict));
                 }
             }
@@ -816,7 +816,7 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
             {
                 // A semaphore or read/write lock: a conflict unless all of it lapsed (then it
                 // goes, and the next attempt finds the key free).
-                return Ok(match shared::lapse(client, key, &holder).await? {
+                return Ok(match Box::pin(shared::lapse(client, key, &holder)).await? {
                     Some(conflict) => Reply::Conflict(conflict),
                     None => Reply::Acquire {
                         fence: None,
@@ -852,6 +852,16 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                 .await?;
             Ok(Reply::Done(n == 1))
         }
+        // The kinds but the mutex and the looks: boxed, so that their futures (the largest,
+        // over 2 KiB) do not size, and are not copied into, every mutex request's.
+        other => Box::pin(run_other(connection, other)).await,
+    }
+}
+
+/// [`run`]'s requests but a mutex's acquisition, release, extension and leaving the queue.
+async fn run_other(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgres::Error> {
+    let client = &connection.client;
+    match op {
         Op::AcquireShared(ask) => {
             let Some(statements) = &connection.shared else {
                 return Ok(Reply::SharedMissing);
@@ -936,6 +946,9 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
         Op::Ping => {
             client.simple_query("SELECT 1").await?;
             Ok(Reply::Done(true))
+        }
+        Op::Acquire(..) | Op::Release(..) | Op::Extend(..) | Op::Leave(..) => {
+            Box::pin(run(connection, op)).await
         }
     }
 }
@@ -1788,6 +1801,7 @@ async fn listen(shared: Arc<Shared>) {
 
 #[cfg(test)]
 mod tests {
+
     use super::*;
 
     /// The DDL docs/postgres.md gives operators is the schema the engine creates.
