@@ -14,14 +14,15 @@ use std::time::Instant;
 /// The label value of a lock without a name.
 const UNNAMED: &str = "unnamed";
 
-/// How an acquisition ended, as the `outcome` label says it.
+/// How an acquisition ended, as the `outcome` label says it; its value indexes
+/// `Keys::acquisitions` and `Keys::wait_seconds`.
 #[derive(Clone, Copy, Debug)]
 enum Outcome {
-    Acquired,
-    Timeout,
-    Error,
-    Closed,
-    Cancelled,
+    Acquired = 0,
+    Timeout = 1,
+    Error = 2,
+    Closed = 3,
+    Cancelled = 4,
 }
 
 impl Outcome {
@@ -83,6 +84,7 @@ impl Labels {
         }
         Self {
             lock: [Label::from_static_parts("lock", lock)],
+            // In the order of `Outcome`'s values.
             outcome: [
                 pair(lock, Outcome::Acquired),
                 pair(lock, Outcome::Timeout),
@@ -154,8 +156,12 @@ impl Keys {
 mod series {
     use metrics::{Counter, Gauge, Histogram, Key, Level, Metadata};
 
-    static METADATA: Metadata<'static> =
-        Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+    /// As the macros in `stats` made it: their module's path.
+    static METADATA: Metadata<'static> = Metadata::new(
+        "dlock_runtime::stats",
+        Level::INFO,
+        Some("dlock_runtime::stats"),
+    );
 
     pub(super) fn counter(key: &Key) -> Counter {
         metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA))

@@ -852,8 +852,8 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                 .await?;
             Ok(Reply::Done(n == 1))
         }
-        // The kinds but the mutex and the looks: boxed, so that their futures (the largest,
-        // over 2 KiB) do not size, and are not copied into, every mutex request's.
+        // Semaphores, read/write locks, inspecting, listing, forcing, pinging: boxed, so that
+        // their futures (the largest) do not size every mutex request's, copied at each move.
         other => Box::pin(run_other(connection, other)).await,
     }
 }
@@ -1801,7 +1801,6 @@ async fn listen(shared: Arc<Shared>) {
 
 #[cfg(test)]
 mod tests {
-
     use super::*;
 
     /// The DDL docs/postgres.md gives operators is the schema the engine creates.

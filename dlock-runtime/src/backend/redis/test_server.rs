@@ -30,9 +30,15 @@ impl Server {
 
     /// `None` when another server answers on `port` (it took the port first).
     fn try_start_on(port: u16) -> Option<Self> {
+        // Its own directory: a replica writes what its master sends (an RDB file) whatever
+        // `--save` says, into the working directory otherwise (the crate's).
+        let dir = std::env::temp_dir().join(format!("dlock-test-redis-{port}"));
+        std::fs::create_dir_all(&dir).expect("a directory for the test's redis-server");
         let child = std::process::Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(&dir)
             .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap_or_else(|e| {
@@ -61,5 +67,8 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        let _ = std::fs::remove_dir_all(
+            std::env::temp_dir().join(format!("dlock-test-redis-{}", self.1)),
+        );
     }
 }
