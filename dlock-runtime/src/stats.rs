@@ -52,6 +52,7 @@ impl Outcome {
 /// the lock's name as a label value they made a `Vec` of labels and hashed the key at every
 /// call, a recorder installed or not (7 allocations per acquisition and release, measured).
 #[cfg(feature = "metrics")]
+#[derive(Debug)]
 struct Keys {
     waiting: metrics::Key,
     /// By [`Outcome`].
@@ -180,7 +181,9 @@ mod series {
 /// then by its outcome ([`finish`](Self::finish); `cancelled` when dropped unfinished).
 #[derive(Debug)]
 pub(crate) struct Waiting {
-    name: Option<&'static str>,
+    /// The lock name's, found once at the start.
+    #[cfg(feature = "metrics")]
+    keys: &'static Keys,
     /// Read by the wait histogram only (no clock read on an acquisition without the feature).
     #[cfg(feature = "metrics")]
     started: Instant,
@@ -190,9 +193,14 @@ pub(crate) struct Waiting {
 impl Waiting {
     pub(crate) fn start(name: Option<&'static str>) -> Self {
         #[cfg(feature = "metrics")]
-        series::gauge(&Keys::named(name).waiting).increment(1.0);
+        let keys = Keys::named(name);
+        #[cfg(feature = "metrics")]
+        series::gauge(&keys.waiting).increment(1.0);
+        #[cfg(not(feature = "metrics"))]
+        let _ = name;
         Self {
-            name,
+            #[cfg(feature = "metrics")]
+            keys,
             #[cfg(feature = "metrics")]
             started: Instant::now(),
             finished: false,
@@ -208,7 +216,7 @@ impl Waiting {
     fn end(&self, outcome: Outcome) {
         #[cfg(feature = "metrics")]
         {
-            let keys = Keys::named(self.name);
+            let keys = self.keys;
             series::gauge(&keys.waiting).decrement(1.0);
             series::counter(&keys.acquisitions[outcome as usize]).increment(1);
             series::histogram(&keys.wait_seconds[outcome as usize])

@@ -2,8 +2,14 @@
 
 use std::time::Duration;
 
-/// A `redis-server` of the test's own on a loopback port, stopped when dropped.
-pub(crate) struct Server(pub(crate) std::process::Child, pub(crate) u16);
+/// A `redis-server` of the test's own on a loopback port, stopped when dropped; its working
+/// directory is its own (a replica writes what its master sends, an RDB file, whatever `--save`
+/// says: into the crate's directory otherwise), removed with it.
+pub(crate) struct Server(
+    pub(crate) std::process::Child,
+    pub(crate) u16,
+    std::path::PathBuf,
+);
 
 impl Server {
     /// On a free port below the ephemeral range (32768 and up on Linux), so that no other
@@ -30,9 +36,14 @@ impl Server {
 
     /// `None` when another server answers on `port` (it took the port first).
     fn try_start_on(port: u16) -> Option<Self> {
-        // Its own directory: a replica writes what its master sends (an RDB file) whatever
-        // `--save` says, into the working directory otherwise (the crate's).
-        let dir = std::env::temp_dir().join(format!("dlock-test-redis-{port}"));
+        // This server's alone: another test's server may take the port, and a directory left by
+        // a killed test run must not hand its data to a new server.
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "dlock-test-redis-{}-{made}-{port}",
+            std::process::id()
+        ));
         std::fs::create_dir_all(&dir).expect("a directory for the test's redis-server");
         let child = std::process::Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
@@ -44,7 +55,7 @@ impl Server {
             .unwrap_or_else(|e| {
                 panic!("redis-server could not be started ({e}): apt-get install redis-server")
             });
-        let server = Self(child, port);
+        let server = Self(child, port, dir);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
@@ -67,8 +78,6 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-        let _ = std::fs::remove_dir_all(
-            std::env::temp_dir().join(format!("dlock-test-redis-{}", self.1)),
-        );
+        let _ = std::fs::remove_dir_all(&self.2);
     }
 }
