@@ -142,7 +142,10 @@ impl LockerBuilder {
     /// An acquisition counts only once this many replicas acknowledged it (Redis `WAIT`, within
     /// the request timeout); with fewer it is undone and the attempt fails with a
     /// [`LockError::Backend`] saying so, retried until the deadline. Redis, Sentinel and Cluster;
-    /// the same as the URL's `?wait=N` (which wins). Default: 0, off (`DLOCK_REDIS_WAIT`).
+    /// the same as the URL's `?wait=N` (which wins). Default: 0, off (`DLOCK_REDIS_WAIT`). It
+    /// needs Redis 6.2 or later and, with an ACL, `+client|info`: each acquisition asks `CLIENT
+    /// INFO` with its script and with its `WAIT`, so that the `WAIT` counts the very connection
+    /// that wrote the lock (see dlock's docs/redis.md).
     pub fn redis_wait(mut self, replicas: u32) -> Self {
         self.settings
             .set_engine_option("wait", replicas.to_string(), "LockerBuilder::redis_wait");
