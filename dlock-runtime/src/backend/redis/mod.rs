@@ -1021,11 +1021,14 @@ impl RedisBackend {
 
     /// An acquisition's or a pass's script, as [`request`](Self::request) sends it; with
     /// `DLOCK_REDIS_WAIT`, followed by `CLIENT INFO` in one pipeline: the connection that
-    /// wrote the hold, on which [`replicated`](Self::replicated)'s `WAIT` must go.
+    /// wrote the hold, on which [`replicated`](Self::replicated)'s `WAIT` must go. Without
+    /// that identity nothing can be confirmed: a reply that `granted` nothing is refused here at
+    /// once (a granted one is undone by `replicated`, which refuses it too).
     async fn acquisition<T: redis::FromRedisValue>(
         &self,
         what: &'static str,
         call: &Call,
+        granted: impl FnOnce(&T) -> bool,
     ) -> Result<(T, Option<ClientIdentity>), BackendError> {
         if self.wait_replicas == 0 {
             return self
@@ -1033,11 +1036,16 @@ impl RedisBackend {
                 .await
                 .map(|sent| (sent.reply, None));
         }
-        self.sent(what, Repeat::Once, |mut connection| async move {
-            connection.invoke_identified(call).await
-        })
-        .await
-        .map(|sent| sent.reply)
+        let (reply, on) = self
+            .sent(what, Repeat::Once, |mut connection| async move {
+                connection.invoke_identified(call).await
+            })
+            .await?
+            .reply;
+        if on.is_none() && !granted(&reply) {
+            return Err(client_info_refused());
+        }
+        Ok((reply, on))
     }
 
     /// Sends `send` on the connection, bounded by twice the request timeout. With
@@ -1522,10 +1530,11 @@ impl RedisBackend {
         call.arg(permits)
             .arg(lease_millis(liveness))
             .arg(now_micros());
-        let (reply, on) = self.acquisition::<redis::Value>("acquire", &call).await?;
-        if self.wait_replicas > 0 && on.is_none() && !matches!(reply, redis::Value::Int(1..)) {
-            return Err(client_info_refused());
-        }
+        let (reply, on) = self
+            .acquisition("acquire", &call, |reply| {
+                matches!(reply, redis::Value::Int(1..))
+            })
+            .await?;
         let reply = match reply {
             redis::Value::Int(reply) => reply,
             redis::Value::BulkString(why) => {
@@ -1587,10 +1596,9 @@ impl RedisBackend {
         call.arg(now_micros());
         // lock.lua: > 0 ours, with that fence; < 0 held for another (-1 - reply) ms;
         // 0 free, but another fair waiter is first in line.
-        let (reply, on) = self.acquisition::<i64>("acquire", &call).await?;
-        if self.wait_replicas > 0 && on.is_none() && reply <= 0 {
-            return Err(client_info_refused());
-        }
+        let (reply, on) = self
+            .acquisition("acquire", &call, |reply: &i64| *reply > 0)
+            .await?;
         Ok(match u64::try_from(reply) {
             Ok(0) => Attempt::Held {
                 ttl: None,
@@ -1739,7 +1747,9 @@ impl Backend for RedisBackend {
                 .arg(lease_millis(lease))
                 .arg(now_micros());
             // pass.lua: the new hold's fence, or 0 when `from` did not hold the key.
-            let (fence, on) = self.acquisition::<u64>("pass", &call).await?;
+            let (fence, on) = self
+                .acquisition("pass", &call, |fence: &u64| *fence > 0)
+                .await?;
             if fence == 0 {
                 return Ok(None);
             }
@@ -2151,7 +2161,7 @@ mod tests {
         let (key, token) = ("dlock:wait-on-another", Token::generate().unwrap());
         let mut call = Call::new(&SET, 1);
         call.arg(key).arg(token.as_str());
-        let write = || backend.acquisition::<i64>("acquire", &call);
+        let write = || backend.acquisition("acquire", &call, |written: &i64| *written > 0);
         let (_, on) = write().await.unwrap();
         let waited = backend
             .wait_for_replicas(key, LockKind::Mutex, &token, on)
