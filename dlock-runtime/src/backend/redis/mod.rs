@@ -2139,11 +2139,20 @@ mod tests {
             .unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         loop {
+            // Online for the master, and done loading the sync on the replica (until then it
+            // acknowledges nothing).
             let info: String = redis::cmd("INFO")
                 .arg("replication")
                 .query(&mut admin(master.1))
                 .unwrap();
-            if info.contains("state=online") {
+            let replica_info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut admin(replica.1))
+                .unwrap();
+            if info.contains("state=online")
+                && replica_info.contains("master_link_status:up")
+                && replica_info.contains("master_sync_in_progress:0")
+            {
                 break;
             }
             assert!(
@@ -2154,7 +2163,8 @@ mod tests {
         }
         let url = EngineUrl::checked(&format!("redis://127.0.0.1:{}?wait=1", master.1), "redis");
         let settings = Settings {
-            request_timeout: Duration::from_millis(500),
+            // Loaded CI machines: a live replica's acknowledgement must come within it.
+            request_timeout: Duration::from_secs(2),
             ..Settings::default()
         };
         let backend = RedisBackend::from_url(&url, &settings).unwrap();
