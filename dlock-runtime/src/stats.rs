@@ -124,31 +124,46 @@ impl Keys {
 
     /// The keys of `name`'s series. A name is a `&'static str` that the program keeps for
     /// good: its keys, kept too, grow with the names the program has, as they do.
+    ///
+    /// Each thread remembers the last name it looked up, by its address and length (a
+    /// `&'static str`'s bytes never change, and an attribute's name is one literal, so the
+    /// calls of one lock find it there): an acquisition and its hold look their name up five
+    /// times, and the shared map's lock and hash cost more than the rest of the metrics.
     fn named(name: Option<&'static str>) -> &'static Self {
+        use std::cell::Cell;
         use std::collections::HashMap;
         use std::sync::{OnceLock, PoisonError, RwLock};
         static UNNAMED_LABELS: Labels = Labels::of(UNNAMED);
         static UNNAMED_KEYS: Keys = Keys::of(&UNNAMED_LABELS);
         static NAMED: OnceLock<RwLock<HashMap<&'static str, &'static Keys>>> = OnceLock::new();
+        thread_local! {
+            static LAST: Cell<Option<(&'static str, &'static Keys)>> = const { Cell::new(None) };
+        }
         let Some(name) = name else {
             return &UNNAMED_KEYS;
         };
+        let same = |last: &'static str| std::ptr::eq(last, name);
+        if let Some((_, keys)) = LAST.get().filter(|(last, _)| same(last)) {
+            return keys;
+        }
         let named = NAMED.get_or_init(RwLock::default);
-        if let Some(keys) = named
+        let found = named
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .get(name)
-        {
-            return keys;
-        }
-        named
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(name)
-            .or_insert_with(|| {
-                let labels: &'static Labels = Box::leak(Box::new(Labels::of(name)));
-                Box::leak(Box::new(Self::of(labels)))
-            })
+            .copied();
+        let keys = found.unwrap_or_else(|| {
+            *named
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(name)
+                .or_insert_with(|| {
+                    let labels: &'static Labels = Box::leak(Box::new(Labels::of(name)));
+                    Box::leak(Box::new(Self::of(labels)))
+                })
+        });
+        LAST.set(Some((name, keys)));
+        keys
     }
 }
 
@@ -335,4 +350,40 @@ pub fn describe_metrics() {
         "dlock_passes_total",
         "Locks passed straight to the next waiter of the same locker"
     );
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod tests {
+    use super::Keys;
+
+    fn lock_label(keys: &Keys) -> String {
+        keys.held
+            .labels()
+            .map(|label| label.value().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn a_name_finds_its_own_keys_whatever_the_thread_looked_up_before() {
+        // Two names with the same bytes at different addresses, and another name.
+        let a: &'static str = Box::leak(String::from("order:<id>").into_boxed_str());
+        let b: &'static str = Box::leak(String::from("order:<id>").into_boxed_str());
+        let c: &'static str = "stock:<sku>";
+        assert!(!std::ptr::eq(a, b));
+        let first = Keys::named(Some(a));
+        // Looked up again, from the thread's last one, and after others in between.
+        assert!(std::ptr::eq(Keys::named(Some(a)), first));
+        assert!(std::ptr::eq(Keys::named(Some(b)), first));
+        let other = Keys::named(Some(c));
+        assert!(!std::ptr::eq(other, first));
+        assert_eq!(lock_label(other), "stock:<sku>");
+        assert!(std::ptr::eq(Keys::named(Some(a)), first));
+        assert_eq!(lock_label(first), "order:<id>");
+        assert_eq!(lock_label(Keys::named(None)), "unnamed");
+        // Another thread finds the same keys through the shared map.
+        let there = std::thread::spawn(move || Keys::named(Some(b)) as *const Keys as usize)
+            .join()
+            .unwrap();
+        assert_eq!(there, first as *const Keys as usize);
+    }
 }
