@@ -624,6 +624,97 @@ async fn a_release_sent_again_that_finds_the_hold_gone_is_an_error() {
     check(guard.release().await, false);
 }
 
+/// What an unsettled release (sent again after its reply was lost, it found the hold gone) says:
+/// a guard's `release` within the lease warns that it cannot tell whether it released, naming
+/// the key and not the token; a dropped guard's release in the background takes it as done (its
+/// first sending most likely deleted the key; nobody waits on the answer) and logs no failure.
+#[test]
+fn an_unsettled_release_warns_and_a_dropped_guards_takes_it_as_done() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let captured = dlock_tests::Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(captured.clone())
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    // One thread: every task, the background release too, logs to this thread's subscriber.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let locker = through(&proxy).build().unwrap();
+        acquire_and_release(&locker, &unique_key("warm")).await;
+        // A token is 32 hex digits; nothing else dlock logs here has such a run.
+        let no_token = |text: &str| {
+            let longest = text
+                .split(|c: char| !c.is_ascii_hexdigit())
+                .map(str::len)
+                .max()
+                .unwrap_or(0);
+            assert!(longest < 32, "a token was logged:\n{text}");
+        };
+        let server = &server;
+        let gone = |key: &str| {
+            let key = format!("dlock:{key}");
+            move || std::future::ready(!server.exists(&key))
+        };
+
+        // A release within the lease.
+        let released = unique_key("unsettled-release");
+        let within = dlock_tests::lost_reply_cases()[0].clone();
+        let outcome =
+            dlock_tests::release_with_its_reply_lost(&locker, &proxy, &released, within, gone(&released))
+                .await;
+        assert!(
+            matches!(&outcome, Err(LockError::Backend(e)) if e.to_string().contains("found the hold gone")),
+            "{outcome:?}"
+        );
+        let text = captured.text();
+        let warning = text
+            .lines()
+            .find(|line| line.contains(" WARN ") && line.contains(&released))
+            .unwrap_or_else(|| panic!("no warning naming {released}:\n{text}"));
+        assert!(warning.contains("cannot be told"), "{warning}");
+        no_token(&text);
+
+        // A dropped guard's release in the background, its reply lost the same way.
+        let dropped = unique_key("unsettled-drop");
+        let guard = locker.acquire(&dropped, LockOptions::new()).await.unwrap();
+        proxy.cut_replies_on(dropped.as_bytes());
+        drop(guard);
+        let is_gone = gone(&dropped);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !(is_gone().await && proxy.replies_cut()) {
+            assert!(Instant::now() < deadline, "the release after drop never ran");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        proxy.reset();
+        let said = |text: &str| {
+            text.lines().any(|line| {
+                line.contains(&dropped) && line.contains("the key was gone when sent again")
+            })
+        };
+        while !said(&captured.text()) {
+            assert!(
+                Instant::now() < deadline + Duration::from_secs(5),
+                "the release after drop was not sent again, or not taken as done:\n{}",
+                captured.text()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let text = captured.text();
+        assert!(
+            !text.lines().any(|line| line.contains(&dropped)
+                && (line.contains(" ERROR ") || line.contains(" WARN "))),
+            "{text}"
+        );
+        no_token(&text);
+    });
+}
+
 /// A waiter whose attempts fail fast backs off over errors in a row: here the server is made a
 /// replica of nobody, so every acquisition answers `READONLY` at once (a master being demoted in
 /// a failover answers so, a Cluster `CLUSTERDOWN` or `TRYAGAIN`, a server loading its data
