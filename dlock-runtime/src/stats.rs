@@ -127,8 +127,9 @@ impl Keys {
     ///
     /// Each thread remembers the last name it looked up, by its address and length (a
     /// `&'static str`'s bytes never change, and an attribute's name is one literal, so the
-    /// calls of one lock find it there): an acquisition and its hold look their name up five
-    /// times, and the shared map's lock and hash cost more than the rest of the metrics.
+    /// calls of one lock find it there): an acquisition and its hold look their name up three
+    /// times (more on a loss, a failed renewal, a pass), and the shared map's lock and hash
+    /// cost more than the rest of the metrics.
     fn named(name: Option<&'static str>) -> &'static Self {
         use std::cell::Cell;
         use std::collections::HashMap;

@@ -360,6 +360,23 @@ impl Captured {
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().expect("not poisoned")).into_owned()
     }
+
+    /// Makes a subscriber writing here (events up to `level`, no colours) the current thread's
+    /// until the guard drops. A do-nothing dispatcher is kept for the whole process beside it:
+    /// while a process has a single dispatcher, `tracing` settles each event's interest from
+    /// whichever thread first meets it, and another test's thread, with no subscriber, would
+    /// turn the event off for this one too.
+    #[must_use]
+    pub fn subscribe(&self, level: tracing::Level) -> tracing::subscriber::DefaultGuard {
+        static BESIDE: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+        BESIDE.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(self.clone())
+            .with_max_level(level)
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
 }
 
 impl std::io::Write for Captured {

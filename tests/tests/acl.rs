@@ -138,12 +138,7 @@ async fn refused_credentials_fail_at_once() {
 fn a_user_without_channels_releases_warns_once_and_polls() {
     let server = RedisServer::start();
     let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(captured.clone())
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let _subscribed = captured.subscribe(tracing::Level::WARN);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -633,12 +633,7 @@ fn an_unsettled_release_warns_and_a_dropped_guards_takes_it_as_done() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
     let captured = dlock_tests::Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(captured.clone())
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let _subscribed = captured.subscribe(tracing::Level::DEBUG);
     // One thread: every task, the background release too, logs to this thread's subscriber.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -665,13 +660,14 @@ fn an_unsettled_release_warns_and_a_dropped_guards_takes_it_as_done() {
         // A release within the lease.
         let released = unique_key("unsettled-release");
         let within = dlock_tests::lost_reply_cases()[0].clone();
+        let is_gone = gone(&released);
         let outcome =
-            dlock_tests::release_with_its_reply_lost(&locker, &proxy, &released, within, gone(&released))
+            dlock_tests::release_with_its_reply_lost(&locker, &proxy, &released, within, is_gone)
                 .await;
-        assert!(
-            matches!(&outcome, Err(LockError::Backend(e)) if e.to_string().contains("found the hold gone")),
-            "{outcome:?}"
-        );
+        let Err(LockError::Backend(error)) = &outcome else {
+            panic!("an unsettled release within the lease: {outcome:?}");
+        };
+        assert!(error.to_string().contains("found the hold gone"), "{error}");
         let text = captured.text();
         let warning = text
             .lines()
@@ -688,7 +684,10 @@ fn an_unsettled_release_warns_and_a_dropped_guards_takes_it_as_done() {
         let is_gone = gone(&dropped);
         let deadline = Instant::now() + Duration::from_secs(5);
         while !(is_gone().await && proxy.replies_cut()) {
-            assert!(Instant::now() < deadline, "the release after drop never ran");
+            assert!(
+                Instant::now() < deadline,
+                "the release after drop never ran"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         proxy.reset();
