@@ -132,39 +132,45 @@ impl Keys {
     /// cost more than the rest of the metrics.
     fn named(name: Option<&'static str>) -> &'static Self {
         use std::cell::Cell;
-        use std::collections::HashMap;
-        use std::sync::{OnceLock, PoisonError, RwLock};
         static UNNAMED_LABELS: Labels = Labels::of(UNNAMED);
         static UNNAMED_KEYS: Keys = Keys::of(&UNNAMED_LABELS);
-        static NAMED: OnceLock<RwLock<HashMap<&'static str, &'static Keys>>> = OnceLock::new();
         thread_local! {
             static LAST: Cell<Option<(&'static str, &'static Keys)>> = const { Cell::new(None) };
         }
         let Some(name) = name else {
             return &UNNAMED_KEYS;
         };
-        let same = |last: &'static str| std::ptr::eq(last, name);
-        if let Some((_, keys)) = LAST.get().filter(|(last, _)| same(last)) {
+        if let Some((last, keys)) = LAST.get()
+            && std::ptr::eq(last, name)
+        {
             return keys;
         }
+        let keys = Self::shared(name);
+        LAST.set(Some((name, keys)));
+        keys
+    }
+
+    /// The keys of `name` from the map every thread shares, made on the first lookup.
+    fn shared(name: &'static str) -> &'static Self {
+        use std::collections::HashMap;
+        use std::sync::{OnceLock, PoisonError, RwLock};
+        static NAMED: OnceLock<RwLock<HashMap<&'static str, &'static Keys>>> = OnceLock::new();
         let named = NAMED.get_or_init(RwLock::default);
-        let found = named
+        if let Some(keys) = named
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .get(name)
-            .copied();
-        let keys = found.unwrap_or_else(|| {
-            *named
-                .write()
-                .unwrap_or_else(PoisonError::into_inner)
-                .entry(name)
-                .or_insert_with(|| {
-                    let labels: &'static Labels = Box::leak(Box::new(Labels::of(name)));
-                    Box::leak(Box::new(Self::of(labels)))
-                })
-        });
-        LAST.set(Some((name, keys)));
-        keys
+        {
+            return keys;
+        }
+        named
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(name)
+            .or_insert_with(|| {
+                let labels: &'static Labels = Box::leak(Box::new(Labels::of(name)));
+                Box::leak(Box::new(Self::of(labels)))
+            })
     }
 }
 

@@ -361,13 +361,15 @@ impl Captured {
         String::from_utf8_lossy(&self.0.lock().expect("not poisoned")).into_owned()
     }
 
-    /// Makes a subscriber writing here (events up to `level`, no colours) the current thread's
-    /// until the guard drops. A do-nothing dispatcher is kept for the whole process beside it:
-    /// while a process has a single dispatcher, `tracing` settles each event's interest from
-    /// whichever thread first meets it, and another test's thread, with no subscriber, would
-    /// turn the event off for this one too.
-    #[must_use]
-    pub fn subscribe(&self, level: tracing::Level) -> tracing::subscriber::DefaultGuard {
+    /// Runs `future` on a runtime of this thread alone, every task of which (background
+    /// releases too) logs here, events up to `level` without colours. A do-nothing dispatcher
+    /// is kept for the whole process beside this one: while a process has a single dispatcher,
+    /// `tracing` settles each event's interest from whichever thread first meets it, and
+    /// another test's thread, with no subscriber, would turn the event off here too.
+    ///
+    /// # Panics
+    /// When the runtime cannot be made.
+    pub fn block_on<F: std::future::Future>(&self, level: tracing::Level, future: F) -> F::Output {
         static BESIDE: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
         BESIDE.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
         let subscriber = tracing_subscriber::fmt()
@@ -375,7 +377,12 @@ impl Captured {
             .with_max_level(level)
             .with_ansi(false)
             .finish();
-        tracing::subscriber::set_default(subscriber)
+        let _subscribed = tracing::subscriber::set_default(subscriber);
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a current-thread runtime")
+            .block_on(future)
     }
 }
 
@@ -588,9 +595,8 @@ pub fn lost_reply_cases() -> [(dlock_runtime::LockOptions, Duration, bool); 4] {
 }
 
 /// A hold of `key` (`options`, `lease`; waited out when `lapsed`) released through `proxy` with
-/// its reply lost: the replies are cut once the release is written, and once the server ran it
-/// (`gone` says the hold is gone there) the proxy closes the connection, dropping the reply.
-/// What the release, sent again on a new connection, returns.
+/// its reply lost (see [`lose_the_release_reply`]). What the release, sent again on a new
+/// connection, returns.
 ///
 /// # Panics
 /// When the acquisition fails, or the release has not run within 5s.
@@ -599,7 +605,7 @@ pub async fn release_with_its_reply_lost<G, F>(
     proxy: &proxy::Proxy,
     key: &str,
     (options, lease, lapsed): (dlock_runtime::LockOptions, Duration, bool),
-    mut gone: G,
+    gone: G,
 ) -> Result<(), dlock_runtime::LockError>
 where
     G: FnMut() -> F,
@@ -610,8 +616,31 @@ where
         tokio::time::sleep(lease + Duration::from_millis(100)).await;
         assert!(!guard.is_held());
     }
+    lose_the_release_reply(proxy, key, gone, || tokio::spawn(guard.release()))
+        .await
+        .await
+        .unwrap()
+}
+
+/// Releases `key` through `proxy` by `release` with its reply lost: the replies are cut once
+/// the release is written, and once the server ran it (`gone` says the hold is gone there) the
+/// proxy closes the connection, dropping the reply. Returns what `release` returned, once that
+/// happened.
+///
+/// # Panics
+/// When the release has not run within 5s.
+pub async fn lose_the_release_reply<G, F, T>(
+    proxy: &proxy::Proxy,
+    key: &str,
+    mut gone: G,
+    release: impl FnOnce() -> T,
+) -> T
+where
+    G: FnMut() -> F,
+    F: std::future::Future<Output = bool>,
+{
     proxy.cut_replies_on(key.as_bytes());
-    let releasing = tokio::spawn(guard.release());
+    let releasing = release();
     // The release ran on the server; its reply waits in the proxy.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while !(gone().await && proxy.replies_cut()) {
@@ -622,7 +651,7 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     proxy.reset();
-    releasing.await.unwrap()
+    releasing
 }
 
 /// Waits up to 20s for `waiting` (of [`spawn_waiter`]): how long after `since` it got the lock
@@ -656,4 +685,29 @@ pub async fn woken_since(
         after < bound,
         "the lock came {after:?} after it could be woken: a poll, not a wake-up"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Captured;
+
+    /// An event met first on another thread, with no subscriber there, is still written to a
+    /// capture of this thread's (without the dispatcher kept beside it, `tracing` had settled
+    /// the event as never wanted).
+    #[test]
+    fn a_capture_hears_an_event_another_thread_met_first() {
+        fn event() {
+            tracing::warn!("met on two threads");
+        }
+        let captured = Captured::default();
+        captured.block_on(tracing::Level::WARN, async {
+            std::thread::spawn(event).join().unwrap();
+            event();
+        });
+        assert!(
+            captured.text().contains("met on two threads"),
+            "{}",
+            captured.text()
+        );
+    }
 }

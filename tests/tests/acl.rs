@@ -138,12 +138,7 @@ async fn refused_credentials_fail_at_once() {
 fn a_user_without_channels_releases_warns_once_and_polls() {
     let server = RedisServer::start();
     let captured = Captured::default();
-    let _subscribed = captured.subscribe(tracing::Level::WARN);
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    captured.block_on(tracing::Level::WARN, async {
         let holder = user_without(&server, &["&dlock:*"]);
         let waiter = Locker::builder()
             .redis_url(format!(

@@ -633,29 +633,22 @@ fn an_unsettled_release_warns_and_a_dropped_guards_takes_it_as_done() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
     let captured = dlock_tests::Captured::default();
-    let _subscribed = captured.subscribe(tracing::Level::DEBUG);
-    // One thread: every task, the background release too, logs to this thread's subscriber.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    // A token is 32 hex digits; nothing else dlock logs here has such a run.
+    let no_token = |text: &str| {
+        let longest = text
+            .split(|c: char| !c.is_ascii_hexdigit())
+            .map(str::len)
+            .max()
+            .unwrap_or(0);
+        assert!(longest < 32, "a token was logged:\n{text}");
+    };
+    let gone = |key: &str| {
+        let (server, key) = (&server, format!("dlock:{key}"));
+        move || std::future::ready(!server.exists(&key))
+    };
+    captured.block_on(tracing::Level::DEBUG, async {
         let locker = through(&proxy).build().unwrap();
         acquire_and_release(&locker, &unique_key("warm")).await;
-        // A token is 32 hex digits; nothing else dlock logs here has such a run.
-        let no_token = |text: &str| {
-            let longest = text
-                .split(|c: char| !c.is_ascii_hexdigit())
-                .map(str::len)
-                .max()
-                .unwrap_or(0);
-            assert!(longest < 32, "a token was logged:\n{text}");
-        };
-        let server = &server;
-        let gone = |key: &str| {
-            let key = format!("dlock:{key}");
-            move || std::future::ready(!server.exists(&key))
-        };
 
         // A release within the lease.
         let released = unique_key("unsettled-release");
@@ -679,26 +672,16 @@ fn an_unsettled_release_warns_and_a_dropped_guards_takes_it_as_done() {
         // A dropped guard's release in the background, its reply lost the same way.
         let dropped = unique_key("unsettled-drop");
         let guard = locker.acquire(&dropped, LockOptions::new()).await.unwrap();
-        proxy.cut_replies_on(dropped.as_bytes());
-        drop(guard);
-        let is_gone = gone(&dropped);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !(is_gone().await && proxy.replies_cut()) {
-            assert!(
-                Instant::now() < deadline,
-                "the release after drop never ran"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        proxy.reset();
+        dlock_tests::lose_the_release_reply(&proxy, &dropped, gone(&dropped), || drop(guard)).await;
         let said = |text: &str| {
             text.lines().any(|line| {
                 line.contains(&dropped) && line.contains("the key was gone when sent again")
             })
         };
+        let deadline = Instant::now() + Duration::from_secs(5);
         while !said(&captured.text()) {
             assert!(
-                Instant::now() < deadline + Duration::from_secs(5),
+                Instant::now() < deadline,
                 "the release after drop was not sent again, or not taken as done:\n{}",
                 captured.text()
             );

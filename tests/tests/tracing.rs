@@ -18,55 +18,44 @@ fn events_are_emitted_without_secrets() {
         Some(Value::Okay)
     );
     let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(captured.clone())
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .finish();
     let url = format!("redis://:pw-secret-1@127.0.0.1:{}", server.port());
     let key = unique_key("traced");
     let mut tokens = Vec::new();
-    tracing::subscriber::with_default(subscriber, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
+    captured.block_on(tracing::Level::DEBUG, async {
+        let locker = Locker::builder().redis_url(&url).build().unwrap();
+        let mut redis = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
+        let value: String = redis.get(format!("dlock:{key}")).unwrap();
+        tokens.push(value);
+        // timed out
+        assert!(
+            locker
+                .acquire(&key, LockOptions::new().timeout(Duration::from_millis(50)))
+                .await
+                .is_err()
+        );
+        guard.release().await.unwrap();
+        // lost: the lease runs out under the holder
+        let guard = locker
+            .acquire(&key, LockOptions::new().expire(Duration::from_millis(100)))
+            .await
+            .unwrap();
+        let value: String = redis.get(format!("dlock:{key}")).unwrap();
+        tokens.push(value);
+        guard.lost().await;
+        // backend error: wrong password
+        let bad = Locker::builder()
+            .redis_url(format!("redis://:pw-wrong-2@127.0.0.1:{}", server.port()))
             .build()
             .unwrap();
-        runtime.block_on(async {
-            let locker = Locker::builder().redis_url(&url).build().unwrap();
-            let mut redis = redis::Client::open(url.as_str())
-                .unwrap()
-                .get_connection()
-                .unwrap();
-            let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
-            let value: String = redis.get(format!("dlock:{key}")).unwrap();
-            tokens.push(value);
-            // timed out
-            assert!(
-                locker
-                    .acquire(&key, LockOptions::new().timeout(Duration::from_millis(50)))
-                    .await
-                    .is_err()
-            );
-            guard.release().await.unwrap();
-            // lost: the lease runs out under the holder
-            let guard = locker
-                .acquire(&key, LockOptions::new().expire(Duration::from_millis(100)))
+        assert!(
+            bad.acquire("x", LockOptions::new().timeout(Duration::from_millis(50)))
                 .await
-                .unwrap();
-            let value: String = redis.get(format!("dlock:{key}")).unwrap();
-            tokens.push(value);
-            guard.lost().await;
-            // backend error: wrong password
-            let bad = Locker::builder()
-                .redis_url(format!("redis://:pw-wrong-2@127.0.0.1:{}", server.port()))
-                .build()
-                .unwrap();
-            assert!(
-                bad.acquire("x", LockOptions::new().timeout(Duration::from_millis(50)))
-                    .await
-                    .is_err()
-            );
-        });
+                .is_err()
+        );
     });
     let log = captured.text();
     for (level, message) in [
@@ -121,36 +110,25 @@ fn failures_name_their_lock_at_info() {
 
     let server = RedisServer::start();
     let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(captured.clone())
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .finish();
     let id = std::process::id() % 100_000;
-    tracing::subscriber::with_default(subscriber, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
+    captured.block_on(tracing::Level::INFO, async {
+        let locker = Locker::builder().url(server.url()).build().unwrap();
+        let held = locker
+            .acquire(&format!("report:{id}"), LockOptions::new())
+            .await
+            .unwrap();
+        assert!(report(&locker, id).await.unwrap_err().is_timeout());
+        held.release().await.unwrap();
+        // `continue`: the body finishes; the loss is only reported.
+        overrun(&locker, id).await.unwrap();
+        // Nothing listens on this port: every attempt of the second fails.
+        let down = Locker::builder()
+            .url(format!("redis://127.0.0.1:{}", dlock_tests::free_port()))
+            .timeout(Duration::from_millis(600))
+            .request_timeout(Duration::from_millis(100))
             .build()
             .unwrap();
-        runtime.block_on(async {
-            let locker = Locker::builder().url(server.url()).build().unwrap();
-            let held = locker
-                .acquire(&format!("report:{id}"), LockOptions::new())
-                .await
-                .unwrap();
-            assert!(report(&locker, id).await.unwrap_err().is_timeout());
-            held.release().await.unwrap();
-            // `continue`: the body finishes; the loss is only reported.
-            overrun(&locker, id).await.unwrap();
-            // Nothing listens on this port: every attempt of the second fails.
-            let down = Locker::builder()
-                .url(format!("redis://127.0.0.1:{}", dlock_tests::free_port()))
-                .timeout(Duration::from_millis(600))
-                .request_timeout(Duration::from_millis(100))
-                .build()
-                .unwrap();
-            assert!(report(&down, id + 1).await.unwrap_err().is_backend());
-        });
+        assert!(report(&down, id + 1).await.unwrap_err().is_backend());
     });
     let log = captured.text();
     for (level, message, key) in [

@@ -1069,42 +1069,39 @@ impl RedisBackend {
         let mut sent_again = false;
         // The connection of the last sending (`None` while none was had).
         let mut used = None;
-        // Pinned here, not moved into the timeout: a request's future is large (the script
-        // call's inside), and every move copies it whole.
-        let result = {
-            let sending = std::pin::pin!(async {
-                loop {
-                    let (connection, serial) = self.connection().await?;
-                    used = Some(serial);
-                    match send(connection).await {
-                        Ok(reply) => {
-                            return Ok(Sent {
-                                reply,
-                                sent_again,
-                                on: serial,
-                            });
-                        }
-                        Err(e)
-                            if e.is_connection_dropped()
-                                && !sent_again
-                                && matches!(repeat, Repeat::Once) =>
-                        {
-                            tracing::debug!(error_kind = ?e.kind(), "Redis {what}: the connection was dropped; sent once more on a new one");
-                            self.forget_connection_after(&classify(what, e), used);
-                            sent_again = true;
-                        }
-                        Err(e) => return Err(classify(what, e)),
+        // Pinned where it is made, not moved into the timeout: a request's future is large (the
+        // script call's inside), and every move copied it whole.
+        let result = tokio::time::timeout(bound, std::pin::pin!(async {
+            loop {
+                let (connection, serial) = self.connection().await?;
+                used = Some(serial);
+                match send(connection).await {
+                    Ok(reply) => {
+                        return Ok(Sent {
+                            reply,
+                            sent_again,
+                            on: serial,
+                        });
                     }
+                    Err(e)
+                        if e.is_connection_dropped()
+                            && !sent_again
+                            && matches!(repeat, Repeat::Once) =>
+                    {
+                        tracing::debug!(error_kind = ?e.kind(), "Redis {what}: the connection was dropped; sent once more on a new one");
+                        self.forget_connection_after(&classify(what, e), used);
+                        sent_again = true;
+                    }
+                    Err(e) => return Err(classify(what, e)),
                 }
-            });
-            tokio::time::timeout(bound, sending)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(BackendError::new(format!(
-                        "Redis {what} got no reply within {bound:?}"
-                    )))
-                })
-        };
+            }
+        }))
+        .await
+        .unwrap_or_else(|_| {
+            Err(BackendError::new(format!(
+                "Redis {what} got no reply within {bound:?}"
+            )))
+        });
         if let Err(error) = &result {
             self.forget_connection_after(error, used);
         }
