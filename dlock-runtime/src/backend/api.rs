@@ -529,14 +529,16 @@ pub(crate) fn push_random_hex(out: &mut String) -> Result<(), BackendError> {
     Ok(())
 }
 
-/// Appends `bytes` to `out` as lower-case hex, each byte's high digit first.
+/// Appends `bytes` to `out` as lower-case hex, each byte's high digit first (written into an
+/// array and appended once: a `push` per digit was most of a token's making, counted).
 fn push_hex(out: &mut String, bytes: [u8; 16]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    out.reserve(32);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    let mut hex = [0u8; 32];
+    for (pair, b) in hex.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0xf)];
     }
+    out.push_str(std::str::from_utf8(&hex).unwrap_or_default());
 }
 
 /// 128 random bits from the OS generator, unique to one acquisition, as 32 hex digits.
@@ -593,6 +595,17 @@ mod tests {
         );
         assert_ne!(a, b);
         assert_eq!(format!("{a:?}"), "Token(***)");
+    }
+
+    #[test]
+    fn hex_is_each_byte_high_digit_first_after_what_was_there() {
+        let mut out = "x:".to_owned();
+        let mut bytes = [0u8; 16];
+        bytes[0] = 0x01;
+        bytes[1] = 0xab;
+        bytes[15] = 0xf0;
+        super::push_hex(&mut out, bytes);
+        assert_eq!(out, "x:01ab00000000000000000000000000f0");
     }
 
     #[test]

@@ -115,7 +115,9 @@ struct Inner {
 /// still held. A hold adds itself when it is made and goes when it is dropped.
 #[derive(Default)]
 struct Holds {
-    map: std::sync::Mutex<std::collections::HashMap<u64, std::sync::Weak<dyn HeldLock>>>,
+    /// Ordered by number, not hashed: numbers only grow, so a hold's entry goes at the end (a
+    /// `HashMap`'s SipHash of the number was most of a registration's cost, counted).
+    map: std::sync::Mutex<std::collections::BTreeMap<u64, std::sync::Weak<dyn HeldLock>>>,
     next: AtomicU64,
 }
 
@@ -130,7 +132,7 @@ pub(crate) trait HeldLock: Send + Sync {
 impl Holds {
     fn map(
         &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, std::sync::Weak<dyn HeldLock>>>
+    ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, std::sync::Weak<dyn HeldLock>>>
     {
         self.map
             .lock()
