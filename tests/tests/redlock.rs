@@ -2,8 +2,9 @@
 //! clogged masters, fences that increase across differing majorities, the partition of a
 //! holder from a majority (through TCP proxies), a master restarted without persistence (the
 //! documented limitation, and the delayed restart that avoids it), processes that exclude
-//! each other, and releases a master missed sent to it again (at most 32 at once per locker,
-//! none once the locker is closed; a dropped locker's go on).
+//! each other, releases a master missed sent to it again (at most 32 at once per locker,
+//! none once the locker is closed; a dropped locker's go on), and a release whose majority rests
+//! on a master that lost its reply (it cannot be told).
 
 use std::{
     sync::Arc,
@@ -1686,4 +1687,99 @@ async fn close_ends_the_releases_sent_again() {
         value(masters.server(0), &format!("dlock:{key}")).is_some(),
         "a closed locker's release was sent again"
     );
+}
+
+/// A release whose majority rests on a master that answered it unsettled (its first reply was
+/// lost with its connection, and sent again it found the key gone): whether it released cannot
+/// be told, as on one server. Master 0 loses the release's reply, masters 3 and 4 hold their
+/// requests (through proxies), masters 1 and 2 delete it: 2 deletes and 1 unsettled of a
+/// majority of 3. The guard's release warns that it cannot be told, naming the key (before, the
+/// unsettled master counted as failed and the release logged an ERROR, "no majority"), and
+/// once masters 3 and 4 answer again, the release is sent again to them alone (master 0, cut
+/// off by then, answered: before, it was among those sent it again, and that never ended)
+/// and leaves the key nowhere.
+#[test]
+fn a_release_whose_majority_rests_on_a_reply_lost_cannot_be_told() {
+    let masters = RedLockServers::start();
+    let proxied = [0, 3, 4];
+    let proxies: Vec<Proxy> = proxied
+        .iter()
+        .map(|&i| Proxy::start(masters.server(i).port()))
+        .collect();
+    let mut ports = masters.ports();
+    for (proxy, &i) in proxies.iter().zip(&proxied) {
+        ports[i] = proxy.port();
+    }
+    // Led by master 1: the release on master 0 is a plain compare-and-delete.
+    let key = key_led_by("unsettled-majority", 1, 5);
+    let full_key = format!("dlock:{key}");
+    let captured = dlock_tests::Captured::default();
+    captured.block_on(tracing::Level::DEBUG, async {
+        let locker = Locker::builder()
+            .url(RedLockServers::url_of(&ports))
+            .request_timeout(Duration::from_secs(1))
+            .expire(Duration::from_secs(20))
+            .build()
+            .unwrap();
+        // Every master has the release's script (a first `EVALSHA` answered `NOSCRIPT` would
+        // lose that reply instead, and the release would not run).
+        let warm = locker
+            .acquire(&unique_key("warm"), LockOptions::new())
+            .await
+            .unwrap();
+        warm.release().await.unwrap();
+        let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
+        proxies[1].cut();
+        proxies[2].cut();
+        let gone = || std::future::ready(value(masters.server(0), &full_key).is_none());
+        let released = dlock_tests::lose_the_release_reply(&proxies[0], &key, gone, || {
+            tokio::spawn(guard.release())
+        })
+        .await
+        .await
+        .unwrap();
+        let Err(LockError::Backend(error)) = &released else {
+            panic!("a release resting on an unsettled master: {released:?}");
+        };
+        assert!(
+            error.to_string().contains("found it gone when sent again"),
+            "{error}"
+        );
+        let text = captured.text();
+        let warning = text
+            .lines()
+            .find(|line| line.contains(" WARN ") && line.contains(&key))
+            .unwrap_or_else(|| panic!("no warning naming {key}:\n{text}"));
+        assert!(warning.contains("cannot be told"), "{warning}");
+        assert!(
+            !text
+                .lines()
+                .any(|line| line.contains(" ERROR ") && line.contains(&key)),
+            "{text}"
+        );
+        for i in 1..3 {
+            assert_eq!(value(masters.server(i), &full_key), None, "master {i}");
+        }
+        proxies[0].cut();
+        proxies[1].reset();
+        proxies[2].reset();
+        let sent_again = |text: &str| {
+            text.lines().any(|line| {
+                line.contains(&key) && line.contains("sent again to the masters that missed it")
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sent_again(&captured.text()) {
+            assert!(
+                Instant::now() < deadline,
+                "the release was not sent again to masters 3 and 4 alone:\n{}",
+                captured.text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        proxies[0].reset();
+        for i in 0..5 {
+            assert_eq!(value(masters.server(i), &full_key), None, "master {i}");
+        }
+    });
 }

@@ -919,11 +919,36 @@ impl Backend for RedLockBackend {
                     tracing::debug!(key = %key, "RedLock: the first waiting process could not be woken; it polls");
                 }
             }
+            // A master whose release was sent again and found the key gone (the first sending's
+            // reply lost with its connection) answered: nothing to send it again.
             let missed: Vec<usize> = (round.replies.iter().enumerate())
-                .filter_map(|(i, reply)| reply.is_err().then_some(i))
+                .filter_map(|(i, reply)| {
+                    reply
+                        .as_ref()
+                        .is_err_and(|e| !e.is_unsettled())
+                        .then_some(i)
+                })
                 .collect();
             if !missed.is_empty() {
                 self.release_again(key, token, missed);
+            }
+            // Those masters most likely deleted it with their first sending: when they make the
+            // majority the others did not, whether the release did cannot be told (as one
+            // server's unsettled release, and a master can lose a key without one).
+            let unsettled = (round.replies.iter())
+                .filter(|reply| reply.as_ref().is_err_and(BackendError::is_unsettled))
+                .count();
+            let deleted = round.count(|done| *done);
+            if deleted < self.quorum && deleted + unsettled >= self.quorum {
+                let not_held = round.count(|done| !*done);
+                let outcome = format!(
+                    "{deleted} held our lock, {not_held} did not, {unsettled} found it gone when \
+                     sent again (the first reply lost with the connection)"
+                );
+                return Err(self
+                    .no_majority("release", round, &outcome)
+                    .unsettled()
+                    .may_vanish());
             }
             // Deleted on a minority at most: the lock was lost (what was left of it is deleted
             // all the same).
