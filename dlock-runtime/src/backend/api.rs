@@ -538,7 +538,7 @@ fn push_hex(out: &mut String, bytes: [u8; 16]) {
         pair[0] = DIGITS[usize::from(b >> 4)];
         pair[1] = DIGITS[usize::from(b & 0xf)];
     }
-    out.push_str(std::str::from_utf8(&hex).unwrap_or_default());
+    out.push_str(std::str::from_utf8(&hex).expect("hex digits are ASCII"));
 }
 
 /// 128 random bits from the OS generator, unique to one acquisition, as 32 hex digits.

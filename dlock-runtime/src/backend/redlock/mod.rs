@@ -942,8 +942,9 @@ impl Backend for RedLockBackend {
             if deleted < self.quorum && deleted + unsettled >= self.quorum {
                 let not_held = round.count(|done| !*done);
                 let outcome = format!(
-                    "{deleted} held our lock, {not_held} did not, {unsettled} found it gone when \
-                     sent again (the first reply lost with the connection)"
+                    "{deleted} held our lock, {not_held} did not, and of those that failed \
+                     {unsettled} found it gone when sent again (the first reply lost with the \
+                     connection)"
                 );
                 return Err(self
                     .no_majority("release", round, &outcome)
