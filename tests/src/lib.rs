@@ -361,6 +361,27 @@ impl Captured {
         String::from_utf8_lossy(&self.0.lock().expect("not poisoned")).into_owned()
     }
 
+    /// Waits up to `within` until a line written here `matches`, looking every 10ms.
+    ///
+    /// # Panics
+    /// When none did by then: `what` did not happen, with everything written.
+    pub async fn wait_for_line(
+        &self,
+        within: Duration,
+        matches: impl Fn(&str) -> bool,
+        what: &str,
+    ) {
+        let deadline = tokio::time::Instant::now() + within;
+        while !self.text().lines().any(&matches) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what} within {within:?}:\n{}",
+                self.text()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Runs `future` on a runtime of this thread alone, every task of which (background
     /// releases too) logs here, events up to `level` without colours. A do-nothing dispatcher
     /// is kept for the whole process beside this one: while a process has a single dispatcher,

@@ -673,20 +673,13 @@ fn an_unsettled_release_warns_and_a_dropped_guards_takes_it_as_done() {
         let dropped = unique_key("unsettled-drop");
         let guard = locker.acquire(&dropped, LockOptions::new()).await.unwrap();
         dlock_tests::lose_the_release_reply(&proxy, &dropped, gone(&dropped), || drop(guard)).await;
-        let said = |text: &str| {
-            text.lines().any(|line| {
-                line.contains(&dropped) && line.contains("the key was gone when sent again")
-            })
-        };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !said(&captured.text()) {
-            assert!(
-                Instant::now() < deadline,
-                "the release after drop was not sent again, or not taken as done:\n{}",
-                captured.text()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        captured
+            .wait_for_line(
+                Duration::from_secs(5),
+                |line| line.contains(&dropped) && line.contains("the key was gone when sent again"),
+                "the release after drop was not sent again, or not taken as done",
+            )
+            .await;
         let text = captured.text();
         assert!(
             !text.lines().any(|line| line.contains(&dropped)

@@ -1723,11 +1723,7 @@ fn a_release_whose_majority_rests_on_a_reply_lost_cannot_be_told() {
             .unwrap();
         // Every master has the release's script (a first `EVALSHA` answered `NOSCRIPT` would
         // lose that reply instead, and the release would not run).
-        let warm = locker
-            .acquire(&unique_key("warm"), LockOptions::new())
-            .await
-            .unwrap();
-        warm.release().await.unwrap();
+        dlock_tests::acquire_and_release(&locker, &unique_key("warm")).await;
         let guard = locker.acquire(&key, LockOptions::new()).await.unwrap();
         proxies[1].cut();
         proxies[2].cut();
@@ -1763,20 +1759,15 @@ fn a_release_whose_majority_rests_on_a_reply_lost_cannot_be_told() {
         proxies[0].cut();
         proxies[1].reset();
         proxies[2].reset();
-        let sent_again = |text: &str| {
-            text.lines().any(|line| {
-                line.contains(&key) && line.contains("sent again to the masters that missed it")
-            })
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !sent_again(&captured.text()) {
-            assert!(
-                Instant::now() < deadline,
-                "the release was not sent again to masters 3 and 4 alone:\n{}",
-                captured.text()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        captured
+            .wait_for_line(
+                Duration::from_secs(10),
+                |line| {
+                    line.contains(&key) && line.contains("sent again to the masters that missed it")
+                },
+                "the release was not sent again to masters 3 and 4 alone",
+            )
+            .await;
         proxies[0].reset();
         for i in 0..5 {
             assert_eq!(value(masters.server(i), &full_key), None, "master {i}");

@@ -935,11 +935,14 @@ impl Backend for RedLockBackend {
             // Those masters most likely deleted it with their first sending: when they make the
             // majority the others did not, whether the release did cannot be told (as one
             // server's unsettled release, and a master can lose a key without one).
-            let unsettled = (round.replies.iter())
-                .filter(|reply| reply.as_ref().is_err_and(BackendError::is_unsettled))
-                .count();
             let deleted = round.count(|done| *done);
-            if deleted < self.quorum && deleted + unsettled >= self.quorum {
+            let unsettled = || {
+                (round.replies.iter())
+                    .filter(|reply| reply.as_ref().is_err_and(BackendError::is_unsettled))
+                    .count()
+            };
+            if deleted < self.quorum && deleted + unsettled() >= self.quorum {
+                let unsettled = unsettled();
                 let not_held = round.count(|done| !*done);
                 let outcome = format!(
                     "{deleted} held our lock, {not_held} did not, and of those that failed \
