@@ -17,7 +17,8 @@ use dlock_tests::{
     acquire_and_release,
     cluster::RedisCluster,
     engines::{
-        error_within_the_wait, extend_once_reachable, failover_locker, taken_over_and_fenced,
+        error_within_the_wait, extend_once_reachable, failover_locker, readme_acl_rule,
+        taken_over_and_fenced,
     },
     racy_increment, unique_key,
 };
@@ -148,6 +149,67 @@ async fn a_replicated_lock_survives_the_loss_of_its_master() {
     assert!(refused.is_timeout(), "{refused:?}");
     guard.release().await.unwrap();
     acquire_and_release(&other, &key).await;
+}
+
+/// A user created on every node with exactly docs/redis.md's ACL rule takes and releases a lock
+/// with `DLOCK_REDIS_WAIT=1` (the page says the rule covers every Redis engine; until this test
+/// it lacked the `CLUSTER SLOTS` the Cluster client asks first). With the rule less `+wait`,
+/// the `WAIT` that follows `CLIENT INFO` in one pipeline routed to the key's master is refused
+/// there (`NOPERM`), and that refusal reaches the caller as the server's, at once and naming the
+/// ACL rule — not as a reply of the wrong type, retried until the timeout — with the
+/// acquisition undone (no lock left on the master).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_acl_rule_serves_a_cluster_and_a_refused_wait_fails_at_once() {
+    let cluster = RedisCluster::start();
+    let set_user = |without: &str| -> String {
+        let mut rule = readme_acl_rule();
+        rule.retain(|word| word != without);
+        let args: Vec<&str> = rule.iter().map(String::as_str).collect();
+        for port in cluster.live() {
+            assert_eq!(cluster.command(port, &args).ok(), Some(Value::Okay));
+        }
+        let password = rule
+            .iter()
+            .find_map(|word| word.strip_prefix('>'))
+            .expect("the rule sets a password");
+        cluster.url().replacen(
+            "redis+cluster://",
+            &format!("redis+cluster://dlock-app:{password}@"),
+            1,
+        )
+    };
+    let url = set_user("");
+    acquire_and_release(&failover_locker(&url, 1), &unique_key("with-the-rule")).await;
+
+    let url = set_user("+wait");
+    let password = url
+        .split_once(':')
+        .and_then(|(_, rest)| rest.split_once(':'))
+        .and_then(|(_, rest)| rest.split_once('@'))
+        .map(|(password, _)| password.to_owned())
+        .expect("the URL names the password");
+    let key = unique_key("no-wait");
+    let started = Instant::now();
+    let err = failover_locker(&url, 1)
+        .acquire(&key, LockOptions::new())
+        .await
+        .expect_err("the WAIT is refused");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "retried for {:?} instead of failing at once: {err}",
+        started.elapsed()
+    );
+    let LockError::Backend(backend) = &err else {
+        panic!("expected a Backend error, got {err:?}");
+    };
+    assert!(backend.is_refused(), "{backend:?}");
+    assert!(err.to_string().contains("ACL rule"), "{err}");
+    assert!(!format!("{err:?}").contains(&password), "{err:?}");
+    let master = cluster.master_of_slot(cluster.slot_of(&format!("dlock:{key}")));
+    assert!(
+        !cluster.node(master).exists(&format!("dlock:{key}")),
+        "the acquisition was not undone"
+    );
 }
 
 /// Without acknowledgement, a lock whose write never reached the replica is gone after the
