@@ -11,7 +11,8 @@ use dlock_tests::resp::{self, Value};
 use dlock_tests::{
     acquire_and_release,
     engines::{
-        error_within_the_wait, extend_once_reachable, failover_locker, taken_over_and_fenced,
+        error_within_the_wait, extend_once_reachable, failover_locker, readme_acl_rule,
+        taken_over_and_fenced,
     },
     sentinel::RedisSentinels,
     unique_key,
@@ -42,6 +43,43 @@ async fn demoted(sentinels: &RedisSentinels, port: u16) -> bool {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     false
+}
+
+/// A user created on the master and the replicas with exactly docs/redis.md's ACL rule (the
+/// page says it covers every Redis engine) takes and releases a lock behind Sentinel with
+/// `DLOCK_REDIS_WAIT=1`: the master's `ROLE` check, the scripts, `CLIENT INFO` and `WAIT`, the
+/// release's wake-up. (Without `+role` in the rule it fails: the master is never confirmed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_acl_rule_serves_sentinel() {
+    let sentinels = RedisSentinels::start();
+    let rule = readme_acl_rule();
+    let args: Vec<&str> = rule.iter().map(String::as_str).collect();
+    for port in std::iter::once(sentinels.master_port()).chain(sentinels.replica_ports()) {
+        assert_eq!(sentinels.command(port, &args).ok(), Some(Value::Okay));
+    }
+    let password = rule
+        .iter()
+        .find_map(|word| word.strip_prefix('>'))
+        .expect("the rule sets a password");
+    let url = sentinels.url().replacen(
+        "redis+sentinel://",
+        &format!("redis+sentinel://dlock-app:{password}@"),
+        1,
+    );
+    let user = failover_locker(&url, 1);
+    let key = unique_key("with-the-rule");
+    let held = user.acquire(&key, LockOptions::new()).await.unwrap();
+    assert!(exists(
+        &sentinels,
+        sentinels.master_port(),
+        &format!("dlock:{key}")
+    ));
+    held.release().await.unwrap();
+    assert!(!exists(
+        &sentinels,
+        sentinels.master_port(),
+        &format!("dlock:{key}")
+    ));
 }
 
 /// Once a forced failover has settled (the old master demoted to a replica), the client that
