@@ -117,6 +117,9 @@ struct Cli {
     /// Rounds of every variant (the figures are the median round).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     rounds: Option<u64>,
+    /// W3's clients on one key (8 by default): more shows what each waiter costs the engine.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(2..=64))]
+    w3_clients: Option<u64>,
     /// Only these workloads.
     #[arg(long, value_delimiter = ',', value_parser = ["w1", "w2", "w3", "w4", "w5"])]
     only: Option<Vec<String>>,
@@ -173,12 +176,16 @@ async fn main() -> std::process::ExitCode {
         };
     }
     let cli = <Cli as clap::Parser>::parse();
+    let mut sizes = if cli.quick {
+        Sizes::quick()
+    } else {
+        Sizes::full()
+    };
+    if let Some(clients) = cli.w3_clients {
+        sizes.w3_clients = usize::try_from(clients).unwrap_or(8);
+    }
     let args = Args {
-        sizes: if cli.quick {
-            Sizes::quick()
-        } else {
-            Sizes::full()
-        },
+        sizes,
         rounds: cli.rounds.map_or(if cli.quick { 1 } else { 5 }, |r| {
             usize::try_from(r).unwrap_or(usize::MAX)
         }),
