@@ -935,7 +935,7 @@ const ZK_SERVERS: usize = 3;
 async fn zookeeper() -> Result<Setup, Error> {
     let ensemble = tokio::task::spawn_blocking(|| ZkEnsemble::start(ZK_SERVERS)).await?;
     let about = format!(
-        "a throwaway ZooKeeper{} ensemble of {ZK_SERVERS} servers on {} (local JVMs)",
+        "a throwaway ZooKeeper{} ensemble of {ZK_SERVERS} servers on {} (local JVMs, no fsync)",
         ensemble
             .version()
             .map_or_else(String::new, |v| format!(" {v}")),

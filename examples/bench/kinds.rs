@@ -1,8 +1,9 @@
 //! W5: the kinds of lock beside the mutex on the same engine. One client takes and lets go fresh
 //! keys as a mutex, a permit (of 4), a read and a write hold (uncontended: acquisitions/s and
-//! requests per acquisition); then 8 clients with their own connections contend for one key as
-//! a mutex, a semaphore of 4 permits, and a read/write lock where every fourth client writes
-//! (acquisitions/s, waits, requests per acquisition). The rows' × is against the mutex's row.
+//! requests per acquisition); then W3's 8 clients (`--w3-clients`) with their own connections
+//! contend for one key as a mutex, a semaphore of 4 permits, and a read/write lock where every
+//! fourth client writes (acquisitions/s, waits, requests per acquisition). The rows' × is
+//! against the mutex's row.
 //! Bodies do no I/O: the figures are the lock's. An in-process count of holders checks the
 //! kind's promise (at most 1, at most 4, writers alone): `exact` says it held.
 

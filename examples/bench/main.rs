@@ -22,14 +22,14 @@
 //!   served per acquisition, heap allocations of this program per cycle.
 //! - **W2**: 16 clients with their own connections, distinct keys: cycles/s, and the CPU time
 //!   per cycle of the servers and of this program (on a Cluster also with keys over 3 masters).
-//! - **W3**: 8 clients with their own connections on ONE key; the body reads and writes back a
-//!   counter on the engine's own data (not atomic): critical sections/s, whether the counter is
-//!   exact, wait p50/p99/max, hand-off p50/p99 (release by one client to acquisition by
-//!   another), the share of hand-offs to another client; dlock in the default mode, fair mode
-//!   (where the engine has it) and with notifications off.
+//! - **W3**: 8 clients (`--w3-clients`) with their own connections on ONE key; the body reads
+//!   and writes back a counter on the engine's own data (not atomic): critical sections/s,
+//!   whether the counter is exact, wait p50/p99/max, hand-off p50/p99 (release by one client
+//!   to acquisition by another), the share of hand-offs to another client; dlock in the
+//!   default mode, fair mode (where the engine has it) and with notifications off.
 //! - **W4** (Redis engines): 4 processes × 1 to 256 waiters on ONE key, default and fair.
 //! - **W5** (every engine but RedLock): the kinds of lock beside the mutex: one client on fresh
-//!   keys as a mutex, a permit, a read and a write hold; 8 clients on one key as a mutex, a
+//!   keys as a mutex, a permit, a read and a write hold; W3's 8 clients on one key as a mutex, a
 //!   semaphore of 4, a read/write lock with 1 writer in 4 (× against the mutex's row).
 //!
 //! Every variant runs `--rounds` times (5 by default) taking turns with the others, so that a
@@ -117,7 +117,8 @@ struct Cli {
     /// Rounds of every variant (the figures are the median round).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     rounds: Option<u64>,
-    /// W3's clients on one key (8 by default): more shows what each waiter costs the engine.
+    /// The clients contending for one key in W3 and W5 (8; 4 with --quick): more shows what
+    /// each waiter costs the engine.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(2..=64))]
     w3_clients: Option<u64>,
     /// Only these workloads.

@@ -161,7 +161,7 @@ async fn a_replicated_lock_survives_the_loss_of_its_master() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_acl_rule_serves_a_cluster_and_a_refused_wait_fails_at_once() {
     let cluster = RedisCluster::start();
-    let set_user = |without: &str| -> String {
+    let set_user = |without: &str| -> (String, String) {
         let mut rule = readme_acl_rule();
         rule.retain(|word| word != without);
         let args: Vec<&str> = rule.iter().map(String::as_str).collect();
@@ -171,23 +171,19 @@ async fn the_acl_rule_serves_a_cluster_and_a_refused_wait_fails_at_once() {
         let password = rule
             .iter()
             .find_map(|word| word.strip_prefix('>'))
-            .expect("the rule sets a password");
-        cluster.url().replacen(
+            .expect("the rule sets a password")
+            .to_owned();
+        let url = cluster.url().replacen(
             "redis+cluster://",
             &format!("redis+cluster://dlock-app:{password}@"),
             1,
-        )
+        );
+        (url, password)
     };
-    let url = set_user("");
+    let (url, _) = set_user("");
     acquire_and_release(&failover_locker(&url, 1), &unique_key("with-the-rule")).await;
 
-    let url = set_user("+wait");
-    let password = url
-        .split_once(':')
-        .and_then(|(_, rest)| rest.split_once(':'))
-        .and_then(|(_, rest)| rest.split_once('@'))
-        .map(|(password, _)| password.to_owned())
-        .expect("the URL names the password");
+    let (url, password) = set_user("+wait");
     let key = unique_key("no-wait");
     let started = Instant::now();
     let err = failover_locker(&url, 1)

@@ -47,8 +47,8 @@ async fn demoted(sentinels: &RedisSentinels, port: u16) -> bool {
 
 /// A user created on the master and the replicas with exactly docs/redis.md's ACL rule (the
 /// page says it covers every Redis engine) takes and releases a lock behind Sentinel with
-/// `DLOCK_REDIS_WAIT=1`: the master's `ROLE` check, the scripts, `CLIENT INFO` and `WAIT`, the
-/// release's wake-up. (Without `+role` in the rule it fails: the master is never confirmed.)
+/// `DLOCK_REDIS_WAIT=1`: the master's `ROLE` check, the scripts, `CLIENT INFO` and `WAIT`
+/// (uncontended: no waiter, no `PUBLISH`). Checked by hand to fail without `+role`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_acl_rule_serves_sentinel() {
     let sentinels = RedisSentinels::start();
