@@ -455,6 +455,38 @@ pub fn readme_acl_rule() -> Vec<String> {
         .collect()
 }
 
+/// The ACL rule of [`readme_acl_rule`] less the words `without`, as `ACL SETUSER`
+/// arguments, and the password it sets (for a URL, and to check no error shows it).
+#[must_use]
+pub fn acl_rule_without(without: &[&str]) -> (Vec<String>, &'static str) {
+    let mut rule = readme_acl_rule();
+    rule.retain(|word| !without.contains(&word.as_str()));
+    (rule, ACL_PASSWORD)
+}
+
+/// Acquires `key` and returns the error, checking that it came `within` (a refusal that asking
+/// again cannot cure ends the wait at once, not at its timeout) as a `Backend` refusal.
+///
+/// # Panics
+/// When the acquisition succeeds, comes later, or fails another way.
+pub async fn refused_within(locker: &Locker, key: &str, within: Duration) -> LockError {
+    let started = tokio::time::Instant::now();
+    let err = locker
+        .acquire(key, LockOptions::new())
+        .await
+        .expect_err("the acquisition was refused");
+    assert!(
+        started.elapsed() < within,
+        "retried for {:?} instead of failing at once: {err}",
+        started.elapsed()
+    );
+    let LockError::Backend(backend) = &err else {
+        panic!("expected a Backend error, got {err:?}");
+    };
+    assert!(backend.is_refused(), "{backend:?}");
+    err
+}
+
 /// Renews `guard` (to 30s) until the answer is not a backend error, for up to 15s: after a
 /// failover the client is still finding the new master or slot owner for a while.
 ///

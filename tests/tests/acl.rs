@@ -2,23 +2,22 @@
 //! key type or credential) fails at once with a `Backend` error saying what is missing; a user
 //! without channel permissions still releases, with one warning, and its waiters poll.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dlock_runtime::{LockError, LockOptions, Locker};
 use dlock_tests::resp::Value;
-use dlock_tests::{Captured, RedisServer, engines::readme_acl_rule, unique_key};
+use dlock_tests::{
+    Captured, RedisServer,
+    engines::{acl_rule_without, refused_within},
+    unique_key,
+};
 
 /// Creates `dlock-app` with the README's rule, minus the words `without`, and returns a locker
 /// logged in as it that would wait 10s.
 fn user_without(server: &RedisServer, without: &[&str]) -> Locker {
-    let mut rule = readme_acl_rule();
-    rule.retain(|word| !without.contains(&word.as_str()));
+    let (rule, password) = acl_rule_without(without);
     let args: Vec<&str> = rule.iter().map(String::as_str).collect();
     assert_eq!(server.command(&args).ok(), Some(Value::Okay));
-    let password = rule
-        .iter()
-        .find_map(|word| word.strip_prefix('>'))
-        .expect("the rule sets a password");
     Locker::builder()
         .redis_url(format!(
             "redis://dlock-app:{password}@127.0.0.1:{}",
@@ -31,19 +30,7 @@ fn user_without(server: &RedisServer, without: &[&str]) -> Locker {
 
 /// Acquires with a 10s wait and returns the error, checking it came at once.
 async fn refused_at_once(locker: &Locker, key: &str) -> LockError {
-    let started = Instant::now();
-    let result = locker.acquire(key, LockOptions::new()).await;
-    let err = result.expect_err("the acquisition was refused");
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "retried for {:?} instead of failing at once: {err}",
-        started.elapsed()
-    );
-    let LockError::Backend(backend) = &err else {
-        panic!("expected a Backend error, got {err:?}");
-    };
-    assert!(backend.is_refused(), "{backend:?}");
-    err
+    refused_within(locker, key, Duration::from_secs(3)).await
 }
 
 #[tokio::test]

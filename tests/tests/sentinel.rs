@@ -11,7 +11,7 @@ use dlock_tests::resp::{self, Value};
 use dlock_tests::{
     acquire_and_release,
     engines::{
-        error_within_the_wait, extend_once_reachable, failover_locker, readme_acl_rule,
+        acl_rule_without, error_within_the_wait, extend_once_reachable, failover_locker,
         taken_over_and_fenced,
     },
     sentinel::RedisSentinels,
@@ -52,15 +52,11 @@ async fn demoted(sentinels: &RedisSentinels, port: u16) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_acl_rule_serves_sentinel() {
     let sentinels = RedisSentinels::start();
-    let rule = readme_acl_rule();
+    let (rule, password) = acl_rule_without(&[]);
     let args: Vec<&str> = rule.iter().map(String::as_str).collect();
     for port in std::iter::once(sentinels.master_port()).chain(sentinels.replica_ports()) {
         assert_eq!(sentinels.command(port, &args).ok(), Some(Value::Okay));
     }
-    let password = rule
-        .iter()
-        .find_map(|word| word.strip_prefix('>'))
-        .expect("the rule sets a password");
     let url = sentinels.url().replacen(
         "redis+sentinel://",
         &format!("redis+sentinel://dlock-app:{password}@"),
