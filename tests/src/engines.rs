@@ -22,8 +22,10 @@ use crate::{
 /// - `redis_acl`: the same, as a user created with exactly the ACL rule docs/redis.md gives.
 /// - `redis_acl_no_channels`: that rule without its channel pattern: releases must still
 ///   succeed, and waiters poll.
-/// - `redis_cluster`: a 3-master, 3-replica Redis Cluster (one per test binary, shared).
-/// - `redis_sentinel`: a master, 2 replicas and 3 sentinels (one per test binary, shared).
+/// - `redis_cluster`: a 3-master, 3-replica Redis Cluster (one per test binary, shared), as a
+///   user created on every node with exactly the ACL rule docs/redis.md gives.
+/// - `redis_sentinel`: a master, 2 replicas and 3 sentinels (one per test binary, shared), as
+///   that user, created on the master and the replicas.
 /// - `redlock`: RedLock over 5 independent `redis-server`s (one set per test binary, shared).
 /// - `postgres`: a throwaway PostgreSQL cluster (one per test binary, shared; `initdb` takes a
 ///   second or two).
@@ -112,6 +114,9 @@ pub enum Engine {
         deployment: Arc<dyn std::any::Any + Send + Sync>,
         /// What lockers connect with.
         url: String,
+        /// Where workers and tests keep their data when lockers log in as the ACL user of
+        /// docs/redis.md, whose keys are lock keys only (else `url`).
+        data_url: Option<String>,
     },
     /// The embedded backend: lockers from [`Engine::locker`] share one table.
     Memory(Locker),
@@ -138,6 +143,15 @@ pub fn shared<T: Send + Sync + 'static>(
 }
 
 impl Engine {
+    /// A shared deployment whose lockers and data use the same `url`.
+    fn shared(deployment: Arc<dyn std::any::Any + Send + Sync>, url: String) -> Self {
+        Self::Shared {
+            deployment,
+            url,
+            data_url: None,
+        }
+    }
+
     /// Starts the engine named in [`ENGINES`].
     ///
     /// # Panics
@@ -168,30 +182,45 @@ impl Engine {
             }
             "redis_cluster" => {
                 static CLUSTER: Mutex<Weak<RedisCluster>> = Mutex::new(Weak::new());
-                let cluster = shared(&CLUSTER, RedisCluster::start);
-                let url = cluster.url();
+                let cluster = shared(&CLUSTER, || {
+                    let cluster = RedisCluster::start();
+                    for port in cluster.live() {
+                        set_readme_acl_user(|args| cluster.command(port, args));
+                    }
+                    cluster
+                });
+                let data_url = cluster.url();
+                let url = with_acl_user(&data_url);
                 Self::Shared {
                     deployment: cluster,
                     url,
+                    data_url: Some(data_url),
                 }
             }
             "redis_sentinel" => {
                 static SENTINELS: Mutex<Weak<RedisSentinels>> = Mutex::new(Weak::new());
-                let sentinels = shared(&SENTINELS, RedisSentinels::start);
-                let url = sentinels.url();
+                let sentinels = shared(&SENTINELS, || {
+                    let sentinels = RedisSentinels::start();
+                    let data =
+                        std::iter::once(sentinels.master_port()).chain(sentinels.replica_ports());
+                    for port in data {
+                        set_readme_acl_user(|args| sentinels.command(port, args));
+                    }
+                    sentinels
+                });
+                let data_url = sentinels.url();
+                let url = with_acl_user(&data_url);
                 Self::Shared {
                     deployment: sentinels,
                     url,
+                    data_url: Some(data_url),
                 }
             }
             "redlock" => {
                 static MASTERS: Mutex<Weak<RedLockServers>> = Mutex::new(Weak::new());
                 let masters = shared(&MASTERS, RedLockServers::start);
                 let url = masters.url();
-                Self::Shared {
-                    deployment: masters,
-                    url,
-                }
+                Self::shared(masters, url)
             }
             "etcd" | "etcd_cluster" => {
                 static SINGLE: Mutex<Weak<EtcdCluster>> = Mutex::new(Weak::new());
@@ -202,10 +231,7 @@ impl Engine {
                     shared(&THREE, || EtcdCluster::start(3))
                 };
                 let url = etcd.url();
-                Self::Shared {
-                    deployment: etcd,
-                    url,
-                }
+                Self::shared(etcd, url)
             }
             "postgres" => {
                 static POSTGRES: Mutex<Weak<PostgresServer>> = Mutex::new(Weak::new());
@@ -222,28 +248,19 @@ impl Engine {
                     server
                 });
                 let url = server.url();
-                Self::Shared {
-                    deployment: server,
-                    url,
-                }
+                Self::shared(server, url)
             }
             "zookeeper" => {
                 static ZOOKEEPER: Mutex<Weak<ZkEnsemble>> = Mutex::new(Weak::new());
                 let server = shared(&ZOOKEEPER, ZkEnsemble::single);
                 let url = server.url();
-                Self::Shared {
-                    deployment: server,
-                    url,
-                }
+                Self::shared(server, url)
             }
             "zookeeper_ensemble" => {
                 static ENSEMBLE: Mutex<Weak<ZkEnsemble>> = Mutex::new(Weak::new());
                 let ensemble = shared(&ENSEMBLE, || ZkEnsemble::start(3));
                 let url = ensemble.url();
-                Self::Shared {
-                    deployment: ensemble,
-                    url,
-                }
+                Self::shared(ensemble, url)
             }
             "memory" => Self::Memory(
                 Locker::builder()
@@ -311,7 +328,7 @@ impl Engine {
     pub fn data_url(&self) -> Option<String> {
         match self {
             Self::Redis { server, .. } => Some(server.url()),
-            Self::Shared { url, .. } => Some(url.clone()),
+            Self::Shared { url, data_url, .. } => Some(data_url.as_ref().unwrap_or(url).clone()),
             Self::Memory(_) => None,
         }
     }
@@ -455,6 +472,25 @@ pub fn readme_acl_rule() -> Vec<String> {
         .collect()
 }
 
+/// Creates `dlock-app` with exactly the rule of [`readme_acl_rule`] through `command` (one
+/// data node's `redis-cli`-like call).
+///
+/// # Panics
+/// When the node does not answer `OK`.
+fn set_readme_acl_user(command: impl FnOnce(&[&str]) -> crate::resp::RedisResult<Value>) {
+    let rule = readme_acl_rule();
+    let args: Vec<&str> = rule.iter().map(String::as_str).collect();
+    let reply = command(&args);
+    assert!(matches!(reply, Ok(Value::Okay)), "{args:?}: {reply:?}");
+}
+
+/// A `redis+cluster://` or `redis+sentinel://` URL that logs in as `dlock-app` (the data
+/// nodes' user; the sentinels are asked as before).
+fn with_acl_user(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    format!("{scheme}://dlock-app:{ACL_PASSWORD}@{rest}")
+}
+
 /// The ACL rule of [`readme_acl_rule`] less the words `without`, as `ACL SETUSER`
 /// arguments, and the password it sets (for a URL, and to check no error shows it).
 #[must_use]
@@ -462,6 +498,40 @@ pub fn acl_rule_without(without: &[&str]) -> (Vec<String>, &'static str) {
     let mut rule = readme_acl_rule();
     rule.retain(|word| !without.contains(&word.as_str()));
     (rule, ACL_PASSWORD)
+}
+
+/// Two lockers at `url` hand a fresh key over twice (a waiter blocked behind a holder until the
+/// holder's release wakes it) with every `warn` captured, which this returns: a user refused
+/// the release notifications' channels says so there once per locker, and its waiters poll.
+///
+/// # Panics
+/// When a hand-off fails.
+#[must_use]
+pub fn hand_offs_logged(url: &str) -> String {
+    let captured = crate::Captured::default();
+    captured.block_on(tracing::Level::WARN, async {
+        let locker = || {
+            Locker::builder()
+                .url(url)
+                .timeout(Duration::from_secs(10))
+                .build()
+                .expect("valid test locker")
+        };
+        let (holder, waiter) = (locker(), locker());
+        let key = crate::unique_key("hand-offs");
+        for _ in 0..2 {
+            let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+            let waiting = tokio::spawn({
+                let (waiter, key) = (waiter.clone(), key.clone());
+                async move { waiter.acquire(&key, LockOptions::new()).await }
+            });
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            held.release().await.unwrap();
+            let next = waiting.await.unwrap().expect("the waiter got the lock");
+            next.release().await.unwrap();
+        }
+    });
+    captured.text()
 }
 
 /// Acquires `key` and returns the error, checking that it came `within` (a refusal that asking

@@ -173,5 +173,9 @@ fn a_user_without_channels_releases_warns_once_and_polls() {
         "one warning for the refused subscription:\n{log}"
     );
     assert!(log.contains("&<prefix>*"), "{log}");
+    assert!(
+        log.contains("lacks the channel permission `&<prefix>*`"),
+        "the refused subscription blames the channel pattern, not the command:\n{log}"
+    );
     assert!(!log.contains("acl-test-pw"), "{log}");
 }

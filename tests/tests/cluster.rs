@@ -17,8 +17,8 @@ use dlock_tests::{
     acquire_and_release,
     cluster::RedisCluster,
     engines::{
-        acl_rule_without, error_within_the_wait, extend_once_reachable, failover_locker,
-        refused_within, taken_over_and_fenced,
+        Engine, acl_rule_without, error_within_the_wait, extend_once_reachable, failover_locker,
+        hand_offs_logged, refused_within, taken_over_and_fenced,
     },
     racy_increment, unique_key,
 };
@@ -187,6 +187,17 @@ async fn the_acl_rule_serves_a_cluster_and_a_refused_wait_fails_at_once() {
         !cluster.node(master).exists(&format!("dlock:{key}")),
         "the acquisition was not undone"
     );
+}
+
+/// The suite's Cluster, whose lockers log in with exactly docs/redis.md's rule on every node:
+/// a release wakes its waiter through the key's shard channel, with neither `SPUBLISH` nor
+/// `SSUBSCRIBE` refused (a refusal is logged as a `warn`, and the waiter polls). Checked by hand
+/// to fail without either word.
+#[test]
+fn the_acl_rule_lets_a_release_wake_a_cluster_waiter() {
+    let engine = Engine::start("redis_cluster");
+    let log = hand_offs_logged(engine.url().expect("a Cluster URL"));
+    assert!(!log.contains("may not"), "{log}");
 }
 
 /// Without acknowledgement, a lock whose write never reached the replica is gone after the

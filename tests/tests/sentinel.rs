@@ -11,8 +11,8 @@ use dlock_tests::resp::{self, Value};
 use dlock_tests::{
     acquire_and_release,
     engines::{
-        acl_rule_without, error_within_the_wait, extend_once_reachable, failover_locker,
-        taken_over_and_fenced,
+        Engine, acl_rule_without, error_within_the_wait, extend_once_reachable, failover_locker,
+        hand_offs_logged, taken_over_and_fenced,
     },
     sentinel::RedisSentinels,
     unique_key,
@@ -76,6 +76,17 @@ async fn the_acl_rule_serves_sentinel() {
         sentinels.master_port(),
         &format!("dlock:{key}")
     ));
+}
+
+/// The suite's Sentinel deployment, whose lockers log in with exactly docs/redis.md's rule on
+/// the master and the replicas: a release wakes its waiter, with neither `PUBLISH` nor
+/// `SUBSCRIBE` refused (a refusal is logged as a `warn`, and the waiter polls). Checked by hand
+/// to fail without either word.
+#[test]
+fn the_acl_rule_lets_a_release_wake_a_sentinel_waiter() {
+    let engine = Engine::start("redis_sentinel");
+    let log = hand_offs_logged(engine.url().expect("a Sentinel URL"));
+    assert!(!log.contains("may not"), "{log}");
 }
 
 /// Once a forced failover has settled (the old master demoted to a replica), the client that

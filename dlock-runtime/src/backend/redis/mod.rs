@@ -626,8 +626,9 @@ fn warn_publish_denied(denied: &std::sync::atomic::AtomicBool, notifying: bool, 
     if notifying {
         tracing::warn!(
             key = %key,
-            "the Redis user may not PUBLISH release notifications (ACL channel permission \
-             `&<prefix>*` missing: the channels are the lock keys' and \
+            "the Redis user may not PUBLISH release notifications (its ACL rule lacks the \
+             command, `+publish`, on a Cluster `+spublish`, or the channel permission \
+             `&<prefix>*`: the channels are the lock keys' and \
              `<prefix>__fair:{{<key>}}:queue:<8 hex>`; or a Cluster before Redis 7, which has \
              no SPUBLISH): waiters of other lockers poll instead of being woken"
         );

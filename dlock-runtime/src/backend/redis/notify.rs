@@ -380,10 +380,16 @@ async fn subscribe(shared: &Shared, sink: &mut Sink, key: &str) -> bool {
                 .denied
                 .swap(true, std::sync::atomic::Ordering::Relaxed)
             {
+                // Redis names the channel when the pattern refuses it, the command otherwise.
+                let lacks = if error.detail().is_some_and(|d| d.contains("channel")) {
+                    "the channel permission `&<prefix>*`"
+                } else {
+                    "the command, `+subscribe`, on a Cluster `+ssubscribe`"
+                };
                 tracing::warn!(
                     channel = %key,
-                    "the Redis user may not SUBSCRIBE to release notifications (ACL channel \
-                     permission `&<prefix>*` missing): this locker's waiters poll instead"
+                    "the Redis user may not SUBSCRIBE to release notifications (its ACL rule \
+                     lacks {lacks}): this locker's waiters poll instead"
                 );
             }
             false
