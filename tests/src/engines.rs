@@ -500,24 +500,27 @@ pub fn acl_rule_without(without: &[&str]) -> (Vec<String>, &'static str) {
     (rule, ACL_PASSWORD)
 }
 
-/// Two lockers at `url` hand a fresh key over twice (a waiter blocked behind a holder until the
-/// holder's release wakes it) with every `warn` captured, which this returns: a user refused
-/// the release notifications' channels says so there once per locker, and its waiters poll.
+/// Two lockers at `url` hand a fresh key over twice, a waiter blocked behind a holder until the
+/// holder's release wakes it, with every `warn` captured, which this returns (a user refused
+/// the release notifications' channels is told there, once per locker). The lockers retry
+/// every 3s, so a waiter that was not woken but polled could not get the lock within the
+/// second after the release that each hand-off must take.
 ///
 /// # Panics
-/// When a hand-off fails.
+/// When a hand-off fails or takes a second or more, or the log shows the ACL user's password.
 #[must_use]
 pub fn hand_offs_logged(url: &str) -> String {
     let captured = crate::Captured::default();
     captured.block_on(tracing::Level::WARN, async {
-        let locker = || {
+        let slow_poller = || {
             Locker::builder()
                 .url(url)
+                .retry(Duration::from_secs(3), Duration::from_secs(3))
                 .timeout(Duration::from_secs(10))
                 .build()
                 .expect("valid test locker")
         };
-        let (holder, waiter) = (locker(), locker());
+        let (holder, waiter) = (slow_poller(), slow_poller());
         let key = crate::unique_key("hand-offs");
         for _ in 0..2 {
             let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
@@ -525,13 +528,23 @@ pub fn hand_offs_logged(url: &str) -> String {
                 let (waiter, key) = (waiter.clone(), key.clone());
                 async move { waiter.acquire(&key, LockOptions::new()).await }
             });
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            // Its first attempt refused, the waiter waits (and listens) by now.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            assert!(!waiting.is_finished(), "the waiter did not wait");
+            let released = tokio::time::Instant::now();
             held.release().await.unwrap();
             let next = waiting.await.unwrap().expect("the waiter got the lock");
+            assert!(
+                released.elapsed() < Duration::from_secs(1),
+                "the waiter got the lock {:?} after the release: it polled",
+                released.elapsed()
+            );
             next.release().await.unwrap();
         }
     });
-    captured.text()
+    let log = captured.text();
+    assert!(!log.contains(ACL_PASSWORD), "the password in a log:\n{log}");
+    log
 }
 
 /// Acquires `key` and returns the error, checking that it came `within` (a refusal that asking

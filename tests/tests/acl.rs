@@ -179,3 +179,94 @@ fn a_user_without_channels_releases_warns_once_and_polls() {
     );
     assert!(!log.contains("acl-test-pw"), "{log}");
 }
+
+/// Every command dlock's Lua scripts call (`redis.call('NAME'` or `redis.pcall('NAME'`, in the
+/// Redis and the RedLock engines' scripts) is one docs/redis.md's rule grants: a script that
+/// called one it lacks failed only where that command ran (leave.lua's `EXISTS`, reached when a
+/// place leaves while the key is free: the error was logged at `debug` and the next waiter polled
+/// instead of being woken). Checked to fail with `EXISTS` back in leave.lua.
+#[test]
+fn every_command_the_scripts_call_is_in_the_rule() {
+    let rule = dlock_tests::engines::readme_acl_rule();
+    let backend = concat!(env!("CARGO_MANIFEST_DIR"), "/../dlock-runtime/src/backend");
+    let mut called = Vec::new();
+    for dir in ["redis", "redlock"] {
+        let entries = std::fs::read_dir(format!("{backend}/{dir}")).expect("the engine's sources");
+        for entry in entries {
+            let path = entry.expect("a directory entry").path();
+            if path.extension().is_none_or(|e| e != "lua") {
+                continue;
+            }
+            let script = std::fs::read_to_string(&path).expect("a script");
+            for call in ["redis.call('", "redis.pcall('"] {
+                for (at, _) in script.match_indices(call) {
+                    let rest = &script[at + call.len()..];
+                    let name = &rest[..rest.find('\'').expect("a quoted command")];
+                    called.push((name.to_ascii_lowercase(), path.clone()));
+                }
+            }
+        }
+    }
+    assert!(called.len() > 20, "found the scripts' calls: {called:?}");
+    let missing: Vec<_> = called
+        .iter()
+        .filter(|(name, _)| !rule.contains(&format!("+{name}")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "commands the scripts call that docs/redis.md's rule does not grant: {missing:?}"
+    );
+}
+
+/// As the rule's user: when the key is free (deleted by hand here, so no release announced it)
+/// and the process whose place is first in line stops waiting, its place leaves and the place
+/// then first is woken, on its channel. Lockers that retry only every 3s: the other waiter gets
+/// the lock within a second of the first one's cancellation. Checked to fail with leave.lua's
+/// `EXISTS` back (not in the rule: the leave failed, and the waiter slept until its poll).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_place_leaving_a_free_key_wakes_the_next_place() {
+    let server = RedisServer::start();
+    let (rule, password) = acl_rule_without(&[]);
+    let args: Vec<&str> = rule.iter().map(String::as_str).collect();
+    assert_eq!(server.command(&args).ok(), Some(Value::Okay));
+    let slow_poller = || {
+        Locker::builder()
+            .redis_url(format!(
+                "redis://dlock-app:{password}@127.0.0.1:{}",
+                server.port()
+            ))
+            .retry(Duration::from_secs(3), Duration::from_secs(3))
+            .timeout(Duration::from_secs(10))
+            .expire(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    };
+    let (holder, first, second) = (slow_poller(), slow_poller(), slow_poller());
+    let key = unique_key("leaving");
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let wait = |locker: Locker| {
+        let key = key.clone();
+        tokio::spawn(async move { locker.acquire(&key, LockOptions::new()).await })
+    };
+    let first = wait(first);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = wait(second);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!first.is_finished() && !second.is_finished(), "both wait");
+    let deleted = server.command(&["DEL", &format!("dlock:{key}")]);
+    assert_eq!(deleted.ok(), Some(Value::Int(1)));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let cancelled = tokio::time::Instant::now();
+    first.abort();
+    let next = second
+        .await
+        .unwrap()
+        .expect("the second waiter got the lock");
+    assert!(
+        cancelled.elapsed() < Duration::from_secs(1),
+        "the second waiter got the lock {:?} after the first one stopped waiting: it polled",
+        cancelled.elapsed()
+    );
+    next.release().await.unwrap();
+    drop(held);
+}

@@ -189,10 +189,11 @@ async fn the_acl_rule_serves_a_cluster_and_a_refused_wait_fails_at_once() {
     );
 }
 
-/// The suite's Cluster, whose lockers log in with exactly docs/redis.md's rule on every node:
-/// a release wakes its waiter through the key's shard channel, with neither `SPUBLISH` nor
-/// `SSUBSCRIBE` refused (a refusal is logged as a `warn`, and the waiter polls). Checked by hand
-/// to fail without either word.
+/// The suite's Cluster deployment, whose lockers log in with exactly docs/redis.md's rule on every
+/// data node: twice a release wakes its waiter through the key's shard channel (lockers that would
+/// retry only every 3s get the lock within a second of the release), with neither `SPUBLISH` nor
+/// `SSUBSCRIBE` refused (a refusal is logged as a `warn`, and the waiter polls). Checked to fail
+/// without `+spublish` or `+ssubscribe` in the page's rule.
 #[test]
 fn the_acl_rule_lets_a_release_wake_a_cluster_waiter() {
     let engine = Engine::start("redis_cluster");

@@ -78,10 +78,11 @@ async fn the_acl_rule_serves_sentinel() {
     ));
 }
 
-/// The suite's Sentinel deployment, whose lockers log in with exactly docs/redis.md's rule on
-/// the master and the replicas: a release wakes its waiter, with neither `PUBLISH` nor
-/// `SUBSCRIBE` refused (a refusal is logged as a `warn`, and the waiter polls). Checked by hand
-/// to fail without either word.
+/// The suite's Sentinel deployment, whose lockers log in with exactly docs/redis.md's rule on every
+/// data node: twice a release wakes its waiter through its place's channel (lockers that would
+/// retry only every 3s get the lock within a second of the release), with neither `PUBLISH` nor
+/// `SUBSCRIBE` refused (a refusal is logged as a `warn`, and the waiter polls). Checked to fail
+/// without `+publish` or `+subscribe` in the page's rule.
 #[test]
 fn the_acl_rule_lets_a_release_wake_a_sentinel_waiter() {
     let engine = Engine::start("redis_sentinel");

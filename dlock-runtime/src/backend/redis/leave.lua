@@ -12,7 +12,8 @@ if redis.call('ZREM', KEYS[3], ARGV[1]) == 0 then
   return 0
 end
 redis.call('LREM', KEYS[2], 1, ARGV[1])
-if redis.call('EXISTS', KEYS[1]) == 1 then
+-- PTTL, not EXISTS: a command every ACL rule for dlock grants already (-2: no key).
+if redis.call('PTTL', KEYS[1]) ~= -2 then
   return 1
 end
 if wake_head(KEYS[2], ARGV[2]) == 2 then

@@ -380,11 +380,12 @@ async fn subscribe(shared: &Shared, sink: &mut Sink, key: &str) -> bool {
                 .denied
                 .swap(true, std::sync::atomic::Ordering::Relaxed)
             {
-                // Redis names the channel when the pattern refuses it, the command otherwise.
-                let lacks = if error.detail().is_some_and(|d| d.contains("channel")) {
-                    "the channel permission `&<prefix>*`"
-                } else {
+                // Redis says "... to run the 'ssubscribe' command" when the command is refused
+                // (7.2 puts the user's name before it), else it names the channel.
+                let lacks = if error.detail().is_some_and(|d| d.contains("' command")) {
                     "the command, `+subscribe`, on a Cluster `+ssubscribe`"
+                } else {
+                    "the channel permission `&<prefix>*`"
                 };
                 tracing::warn!(
                     channel = %key,
