@@ -171,9 +171,7 @@ impl Engine {
                 if name == "redis_acl_no_channels" {
                     rule.retain(|word| !word.starts_with('&'));
                 }
-                let args: Vec<&str> = rule.iter().map(String::as_str).collect();
-                let reply = server.command(&args);
-                assert!(matches!(reply, Ok(Value::Okay)), "{args:?}: {reply:?}");
+                set_acl_user(&rule, |args| server.command(args));
                 let url = format!(
                     "redis://dlock-app:{ACL_PASSWORD}@127.0.0.1:{}",
                     server.port()
@@ -185,7 +183,7 @@ impl Engine {
                 let cluster = shared(&CLUSTER, || {
                     let cluster = RedisCluster::start();
                     for port in cluster.live() {
-                        set_readme_acl_user(|args| cluster.command(port, args));
+                        set_acl_user(&readme_acl_rule(), |args| cluster.command(port, args));
                     }
                     cluster
                 });
@@ -204,7 +202,7 @@ impl Engine {
                     let data =
                         std::iter::once(sentinels.master_port()).chain(sentinels.replica_ports());
                     for port in data {
-                        set_readme_acl_user(|args| sentinels.command(port, args));
+                        set_acl_user(&readme_acl_rule(), |args| sentinels.command(port, args));
                     }
                     sentinels
                 });
@@ -472,13 +470,12 @@ pub fn readme_acl_rule() -> Vec<String> {
         .collect()
 }
 
-/// Creates `dlock-app` with exactly the rule of [`readme_acl_rule`] through `command` (one
-/// data node's `redis-cli`-like call).
+/// Creates `dlock-app` with `rule` (`ACL SETUSER` and its words) through `command` (one data
+/// node's call).
 ///
 /// # Panics
 /// When the node does not answer `OK`.
-fn set_readme_acl_user(command: impl FnOnce(&[&str]) -> crate::resp::RedisResult<Value>) {
-    let rule = readme_acl_rule();
+fn set_acl_user(rule: &[String], command: impl FnOnce(&[&str]) -> crate::resp::RedisResult<Value>) {
     let args: Vec<&str> = rule.iter().map(String::as_str).collect();
     let reply = command(&args);
     assert!(matches!(reply, Ok(Value::Okay)), "{args:?}: {reply:?}");
@@ -500,6 +497,15 @@ pub fn acl_rule_without(without: &[&str]) -> (Vec<String>, &'static str) {
     (rule, ACL_PASSWORD)
 }
 
+/// A locker at `url` that waits up to 10s and asks again only every 3s: one that gets a lock
+/// within a second of its release was woken, not polling.
+pub fn slow_poller(url: &str) -> dlock_runtime::LockerBuilder {
+    Locker::builder()
+        .url(url)
+        .retry(Duration::from_secs(3), Duration::from_secs(3))
+        .timeout(Duration::from_secs(10))
+}
+
 /// Two lockers at `url` hand a fresh key over twice, a waiter blocked behind a holder until the
 /// holder's release wakes it, with every `warn` captured, which this returns (a user refused
 /// the release notifications' channels is told there, once per locker). The lockers retry
@@ -512,15 +518,8 @@ pub fn acl_rule_without(without: &[&str]) -> (Vec<String>, &'static str) {
 pub fn hand_offs_logged(url: &str) -> String {
     let captured = crate::Captured::default();
     captured.block_on(tracing::Level::WARN, async {
-        let slow_poller = || {
-            Locker::builder()
-                .url(url)
-                .retry(Duration::from_secs(3), Duration::from_secs(3))
-                .timeout(Duration::from_secs(10))
-                .build()
-                .expect("valid test locker")
-        };
-        let (holder, waiter) = (slow_poller(), slow_poller());
+        let locker = || slow_poller(url).build().expect("valid test locker");
+        let (holder, waiter) = (locker(), locker());
         let key = crate::unique_key("hand-offs");
         for _ in 0..2 {
             let held = holder.acquire(&key, LockOptions::new()).await.unwrap();

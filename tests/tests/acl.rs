@@ -8,7 +8,7 @@ use dlock_runtime::{LockError, LockOptions, Locker};
 use dlock_tests::resp::Value;
 use dlock_tests::{
     Captured, RedisServer,
-    engines::{acl_rule_without, refused_within},
+    engines::{acl_rule_without, refused_within, slow_poller},
     unique_key,
 };
 
@@ -248,19 +248,14 @@ async fn a_place_leaving_a_free_key_wakes_the_next_place() {
     let (rule, password) = acl_rule_without(&[]);
     let args: Vec<&str> = rule.iter().map(String::as_str).collect();
     assert_eq!(server.command(&args).ok(), Some(Value::Okay));
-    let slow_poller = || {
-        Locker::builder()
-            .redis_url(format!(
-                "redis://dlock-app:{password}@127.0.0.1:{}",
-                server.port()
-            ))
-            .retry(Duration::from_secs(3), Duration::from_secs(3))
-            .timeout(Duration::from_secs(10))
+    let url = format!("redis://dlock-app:{password}@127.0.0.1:{}", server.port());
+    let locker = || {
+        slow_poller(&url)
             .expire(Duration::from_secs(30))
             .build()
             .unwrap()
     };
-    let (holder, first, second) = (slow_poller(), slow_poller(), slow_poller());
+    let (holder, first, second) = (locker(), locker(), locker());
     let key = unique_key("leaving");
     let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
     let wait = |locker: Locker| {

@@ -18,7 +18,7 @@ use dlock_tests::{
     cluster::RedisCluster,
     engines::{
         Engine, acl_rule_without, error_within_the_wait, extend_once_reachable, failover_locker,
-        hand_offs_logged, refused_within, taken_over_and_fenced,
+        hand_offs_logged, refused_within, slow_poller, taken_over_and_fenced,
     },
     racy_increment, unique_key,
 };
@@ -289,15 +289,9 @@ async fn dead_seeds_and_servers_without_cluster_mode_are_errors_within_the_wait(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_wakes_a_waiter_through_a_shard_channel() {
     let cluster = RedisCluster::start();
-    let slow_poller = || {
-        Locker::builder()
-            .url(cluster.url())
-            .retry(Duration::from_secs(3), Duration::from_secs(3))
-            .timeout(Duration::from_secs(10))
-            .build()
-            .unwrap()
-    };
-    let (holder, waiter) = (slow_poller(), slow_poller());
+    let url = cluster.url();
+    let locker = || slow_poller(&url).build().unwrap();
+    let (holder, waiter) = (locker(), locker());
     let key = unique_key("woken");
     let lock_key = format!("dlock:{key}");
     let master = cluster.master_of_slot(cluster.slot_of(&lock_key));
