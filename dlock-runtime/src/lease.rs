@@ -31,15 +31,18 @@ pub(crate) fn check_lease(lease: Duration) -> Result<(), LockError> {
 }
 
 pub(crate) use loss::LossSignal;
+#[cfg(any(feature = "zookeeper", feature = "etcd", feature = "postgres"))]
+pub(crate) use loss::loss_signal;
 #[cfg(any(feature = "zookeeper", feature = "etcd"))]
-pub(crate) use loss::{LossAlarm, fire_held, loss_signal};
+pub(crate) use loss::{LossAlarm, fire_held};
 
 /// The engines' reports of a lost hold (see [`LossSignal`]).
 #[cfg_attr(
     not(any(feature = "zookeeper", feature = "etcd")),
     allow(
         dead_code,
-        reason = "only the ZooKeeper and etcd engines report losses"
+        reason = "only the ZooKeeper and etcd engines report losses of sessions; PostgreSQL \
+                  only a grant's take-up"
     )
 )]
 mod loss {
@@ -49,7 +52,8 @@ mod loss {
     };
 
     /// The engine's own report that a hold is lost (a ZooKeeper or etcd session's end, etcd's watch
-    /// on the holder's key, the engine letting the hold go at its `expire`): the engine keeps the
+    /// on the holder's key, the engine letting the hold go at its `expire`, a PostgreSQL grant
+    /// whose take-up failed): the engine keeps the
     /// [`LossAlarm`] and fires it; the hold hooks its reaction on this end. No task waits for it.
     pub(crate) struct LossSignal(Arc<Mutex<Link>>);
 

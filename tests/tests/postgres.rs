@@ -1804,3 +1804,554 @@ async fn a_waiter_backs_off_over_errors_in_a_row() {
         "the lock {after:?} after the server took writes"
     );
 }
+
+/// A connection of its own that hears `channel`: each notification's payload comes on the
+/// receiver.
+async fn hear(url: &str, channel: &str) -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (tx, heard) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (listener, mut connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let (listening, listened) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        while let Some(Ok(message)) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let tokio_postgres::AsyncMessage::Notification(n) = message {
+                let _ = tx.send(n.payload().to_owned());
+            }
+        }
+    });
+    let channel = channel.to_owned();
+    tokio::spawn(async move {
+        listener
+            .batch_execute(&format!("LISTEN {channel}"))
+            .await
+            .unwrap();
+        let _ = listening.send(());
+        // The client lives as long as the test: its connection hears until then.
+        std::future::pending::<()>().await;
+    });
+    listened.await.unwrap();
+    heard
+}
+
+/// Waits until a connection of `database` named `application` listens on a place's channel (a
+/// waiter's wake-up is armed), then a little more: the waiter's attempt right after arming it
+/// has been answered, so the release that follows finds it asleep.
+async fn wait_until_asleep(db: &tokio_postgres::Client, database: &str, application: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let listening: i64 = db
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 \
+                  AND application_name = $2 AND query LIKE '%LISTEN dlock_wake_%'",
+                &[&database, &application],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if listening > 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never listened on its place's channel"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+/// Fair mode's grant: the release that finds a fair waiter's place first in line makes the key
+/// that waiter's (`+<place><fence>:<key>` on the place's channel), and the waiter takes it up
+/// without asking (a locker that polls every 3s has it well within a second): the fence is the
+/// grant's, and the take-up then gives the hold the lease asked for and the holder's record, and
+/// the place leaves the queue. Its release frees the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_grants_the_key_to_the_fair_waiter_first_in_line() {
+    let server = pg::shared_server();
+    let db = pg::client(&server.url()).await;
+    let key = unique_key("grant");
+    let stored = format!("dlock:{key}");
+    let held = locker(&server.url())
+        .acquire(&key, LockOptions::new())
+        .await
+        .unwrap();
+    let waiting = {
+        let (waiter, key) = (
+            named_slow_poller(&server, "granted", Duration::from_secs(1)),
+            key.clone(),
+        );
+        tokio::spawn(async move {
+            let options = LockOptions::new().fair().expire(Duration::from_secs(60));
+            let guard = waiter.acquire(&key, options).await.unwrap();
+            (guard, Instant::now(), waiter)
+        })
+    };
+    wait_for_count(
+        &db,
+        "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND claim IS NOT NULL",
+        &key,
+        1,
+        Duration::from_secs(10),
+        "claims in the queue",
+    )
+    .await;
+    let (place, claim): (String, String) = db
+        .query_one(
+            "SELECT left(token, 8), right(claim, 8) FROM dlock_waiters WHERE key = $1",
+            &[&stored],
+        )
+        .await
+        .map(|row| (row.get(0), row.get(1)))
+        .unwrap();
+    let mut heard = hear(&server.url(), &format!("dlock_wake_{place}")).await;
+    wait_until_asleep(&db, "postgres", "granted").await;
+    let held_fence = held.fencing_token();
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let (guard, acquired_at, _waiter) = waiting.await.unwrap();
+    assert!(
+        acquired_at - released_at < Duration::from_secs(1),
+        "got the lock {:?} after the release: it polled",
+        acquired_at - released_at
+    );
+    let payload = tokio::time::timeout(Duration::from_secs(5), heard.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(guard.fencing_token() > held_fence);
+    assert_eq!(
+        payload,
+        format!("+{place}{claim}{}:{stored}", guard.fencing_token()),
+        "the release did not grant the key"
+    );
+    wait_for_count(
+        &db,
+        "SELECT count(*) FROM dlock_locks WHERE key = $1 AND owner IS NOT NULL \
+         AND expires_at > clock_timestamp() + interval '30 seconds'",
+        &key,
+        1,
+        Duration::from_secs(5),
+        "holds taken up with the lease asked for",
+    )
+    .await;
+    assert_eq!(
+        line_len(&db, &key).await,
+        0,
+        "the place stayed in the queue"
+    );
+    assert!(guard.is_held());
+    guard.release().await.unwrap();
+    wait_for_count(
+        &db,
+        "SELECT count(*) FROM dlock_locks WHERE key = $1",
+        &key,
+        0,
+        Duration::from_secs(5),
+        "rows left",
+    )
+    .await;
+}
+
+/// A grant whose waiter left before taking it up, while another waiter of its process waits
+/// behind it: that waiter's attempt (woken by the grant's notification) takes the granted hold
+/// over with a fence of its own, within a second of the release (it polls every 3s). The claim
+/// stays the first waiter's (the place was refreshed lately), which the test checks, so this is
+/// the path it takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_whose_waiter_left_goes_to_the_next_waiter_of_its_process() {
+    let server = pg::shared_server();
+    let db = pg::client(&server.url()).await;
+    let key = unique_key("grant-left");
+    let stored = format!("dlock:{key}");
+    let held = locker(&server.url())
+        .acquire(&key, LockOptions::new())
+        .await
+        .unwrap();
+    let waiter = named_slow_poller(&server, "grant-left", Duration::from_secs(1));
+    let wait = |key: String| {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            let guard = waiter.acquire(&key, LockOptions::new().fair()).await?;
+            Ok::<_, dlock_runtime::LockError>((guard, Instant::now()))
+        })
+    };
+    let first = wait(key.clone());
+    wait_for_count(
+        &db,
+        "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND claim IS NOT NULL",
+        &key,
+        1,
+        Duration::from_secs(10),
+        "claims in the queue",
+    )
+    .await;
+    let claim = "SELECT claim FROM dlock_waiters WHERE key = $1";
+    let first_claim: String = db.query_one(claim, &[&stored]).await.unwrap().get(0);
+    let second = wait(key.clone());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    // The second waiter's turn has begun (its attempt refused: the key is held).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let claim_now: String = db.query_one(claim, &[&stored]).await.unwrap().get(0);
+    assert_eq!(
+        claim_now, first_claim,
+        "the claim changed: not the path under test"
+    );
+    let place: String = db
+        .query_one(
+            "SELECT left(token, 8) FROM dlock_waiters WHERE key = $1",
+            &[&stored],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let mut heard = hear(&server.url(), &format!("dlock_wake_{place}")).await;
+    let released_at = Instant::now();
+    let held_fence = held.fencing_token();
+    held.release().await.unwrap();
+    let (guard, acquired_at) = second.await.unwrap().unwrap();
+    let payload = tokio::time::timeout(Duration::from_secs(5), heard.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        payload.starts_with(&format!("+{place}{}", &first_claim[24..])),
+        "the release granted the first waiter nothing: {payload}"
+    );
+    assert!(
+        acquired_at - released_at < Duration::from_secs(1),
+        "got the lock {:?} after the release: it polled",
+        acquired_at - released_at
+    );
+    assert!(guard.fencing_token() > held_fence);
+    let holder: String = db
+        .query_one("SELECT token FROM dlock_locks WHERE key = $1", &[&stored])
+        .await
+        .unwrap()
+        .get(0);
+    assert_ne!(holder, first_claim, "the granted hold was not taken over");
+    guard.release().await.unwrap();
+}
+
+/// A head of the line frozen (SIGSTOP) when the release grants it the key holds it no longer
+/// than its place would have held the line: the process behind it gets the lock after the
+/// grant lapses (well within 15s; the place's liveness is 4s), and the frozen one, resumed,
+/// does not take up the grant it hears late but asks, and gets the lock after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_head_granted_the_key_holds_up_the_line_no_longer_than_its_place() {
+    let server = pg::shared_server();
+    let db = pg::client(&server.url()).await;
+    let key = unique_key("grant-frozen");
+    let stored = format!("dlock:{key}");
+    let held = locker(&server.url())
+        .acquire(&key, LockOptions::new())
+        .await
+        .unwrap();
+    let mut frozen = fair_waiter(&server, &key, "frozen");
+    wait_for_count(
+        &db,
+        "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND claim IS NOT NULL",
+        &key,
+        1,
+        Duration::from_secs(10),
+        "claims in the queue",
+    )
+    .await;
+    let mut patient = fair_waiter(&server, &key, "patient");
+    wait_for_line(&db, &key, 2).await;
+    let signal = |sig: &str, child: &std::process::Child| {
+        let status = Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    };
+    signal("-STOP", &frozen);
+    held.release().await.unwrap();
+    let granted: i64 = db
+        .query_one(
+            "SELECT count(*) FROM dlock_locks l JOIN dlock_waiters w \
+              ON w.key = l.key AND w.claim = l.token WHERE l.key = $1",
+            &[&stored],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        granted, 1,
+        "the release did not grant the frozen head the key"
+    );
+    let started = Instant::now();
+    assert!(patient.wait().unwrap().success());
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the line was held up for {:?}",
+        started.elapsed()
+    );
+    assert_eq!(served(&db, &key).await, ["patient"]);
+    signal("-CONT", &frozen);
+    assert!(frozen.wait().unwrap().success());
+    assert_eq!(served(&db, &key).await, ["patient", "frozen"]);
+}
+
+/// A grant whose take-up fails (held in a trigger, then cancelled by the statement timeout,
+/// 1s: before the grant's lease, 4s, the place's liveness) is a lost hold: the waiter had the
+/// lock at once, and its guard reports the loss when the take-up fails (asserted within 3s),
+/// not at the end of the 30s lease asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_not_taken_up_in_time_is_a_lost_hold() {
+    let server = pg::shared_server();
+    let url = pg::database(&server, "grant_late");
+    let build = |owner: &str| {
+        Locker::builder()
+            .url(url.as_str())
+            .owner(owner)
+            .timeout(Duration::from_secs(20))
+            .expire(Duration::from_secs(30))
+            .build()
+            .expect("a valid URL")
+    };
+    let (holder, waiter) = (build("holder"), build("late"));
+    dlock_tests::acquire_and_release(&holder, &unique_key("schema")).await;
+    let db = pg::client(&url).await;
+    db.batch_execute(
+        "CREATE FUNCTION slow_take_up() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF OLD.owner IS NULL AND NEW.owner LIKE '%late%'
+                AND OLD.expires_at > clock_timestamp() THEN
+                 PERFORM pg_sleep(6);
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER slow_take_up BEFORE UPDATE ON dlock_locks
+             FOR EACH ROW EXECUTE FUNCTION slow_take_up();",
+    )
+    .await
+    .unwrap();
+    let key = unique_key("grant-late");
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let waiting = {
+        let key = key.clone();
+        tokio::spawn(async move { waiter.acquire(&key, LockOptions::new().fair()).await })
+    };
+    wait_for_count(
+        &db,
+        "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND claim IS NOT NULL",
+        &key,
+        1,
+        Duration::from_secs(10),
+        "claims in the queue",
+    )
+    .await;
+    wait_until_asleep(&db, "grant_late", "dlock").await;
+    held.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(2), waiting)
+        .await
+        .expect("the grant was not taken up at once")
+        .unwrap()
+        .unwrap();
+    let acquired_at = Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), guard.lost())
+        .await
+        .expect("the late take-up was not a loss");
+    assert!(
+        acquired_at.elapsed() < Duration::from_secs(3),
+        "the loss came {:?} after the grant: not the grant's lease",
+        acquired_at.elapsed()
+    );
+    assert!(!guard.is_held());
+}
+
+/// `dlock_wake_line` as dlock made it before fair waiters had claims: a release names the
+/// place first in line on its own channel and grants nothing.
+const WAKE_LINE_BEFORE_CLAIMS: &str = "\
+CREATE OR REPLACE FUNCTION dlock_wake_line(p_key text, p_fence bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    woke boolean;
+BEGIN
+    WITH next AS (
+        SELECT left(w.token, 8) AS next FROM dlock_waiters w
+         WHERE w.key = p_key AND w.gone_at > clock_timestamp() ORDER BY w.place LIMIT 1
+    ), kept AS (
+        INSERT INTO dlock_locks (key, token, fence, expires_at, contended)
+        SELECT p_key, '00000000000000000000000000000000', p_fence, to_timestamp(0), true
+          FROM next
+        ON CONFLICT (key) DO NOTHING
+    )
+    SELECT true INTO woke
+      FROM pg_notify(coalesce('dlock_wake_' || (SELECT next FROM next), 'dlock_release'),
+               coalesce((SELECT next FROM next), '--------') ||
+               CASE WHEN octet_length(p_key) < 7900 THEN p_key ELSE '' END);
+    RETURN woke;
+END $$;";
+
+/// Two fair waiters of `url` (each its own locker, polling every 3s, the first queued first)
+/// wait for a key `holder` holds; each gets it from a wake-up, in arrival order. Returns
+/// whether a place of the key had a claim while they waited.
+async fn fair_waiters_served_in_turn(
+    url: &str,
+    holder: &Locker,
+    db: &tokio_postgres::Client,
+) -> bool {
+    let key = unique_key("claims");
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let mut tasks = Vec::new();
+    for len in 1..=2 {
+        let waiter = Locker::builder()
+            .url(url)
+            .retry(Duration::from_secs(3), Duration::from_secs(3))
+            .build()
+            .unwrap();
+        let mine = key.clone();
+        tasks.push(tokio::spawn(async move {
+            let guard = waiter
+                .acquire(&mine, LockOptions::new().fair())
+                .await
+                .unwrap();
+            let at = Instant::now();
+            guard.release().await.unwrap();
+            at
+        }));
+        wait_for_line(db, &key, len).await;
+    }
+    // Read through the row as JSON: without the column, no claim (and no error).
+    let claimed: i64 = db
+        .query_one(
+            "SELECT count(*) FROM dlock_waiters w \
+              WHERE key = $1 AND to_jsonb(w) ->> 'claim' IS NOT NULL",
+            &[&format!("dlock:{key}")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let (first, second) = (
+        tasks.remove(0).await.unwrap(),
+        tasks.remove(0).await.unwrap(),
+    );
+    assert!(first < second, "fair waiters served out of order");
+    assert!(
+        second - released_at < Duration::from_secs(2),
+        "a fair waiter polled: {:?}",
+        second - released_at
+    );
+    claimed > 0
+}
+
+/// Tables made before fair waiters had claims (`dlock_waiters` without `claim`, `claim_ms`,
+/// the function that grants nothing): a user who may not add them keeps fair mode as it was,
+/// in order and woken by each release, its places writing no claim, the tables and function
+/// untouched; the owner's locker adds the columns and replaces the function at its first
+/// acquisition, and a new locker of the user then writes claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_from_before_the_claims_get_them_from_their_owner() {
+    let server = pg::shared_server();
+    let url = pg::database(&server, "before_claims");
+    let db = pg::client(&url).await;
+    earlier_tables(&db, WAKE_LINE_BEFORE_CLAIMS, "dlock_unclaimed").await;
+    let grants = "SELECT prosrc LIKE '%claim_ms%' FROM pg_proc \
+                  WHERE oid = to_regprocedure('dlock_wake_line(text,bigint)')::oid";
+    let as_user = format!(
+        "postgres://dlock_unclaimed@127.0.0.1:{}/before_claims?sslmode=disable",
+        server.port()
+    );
+    assert!(!fair_waiters_served_in_turn(&as_user, &locker(&as_user), &db).await);
+    assert!(!db.query_one(grants, &[]).await.unwrap().get::<_, bool>(0));
+
+    dlock_tests::acquire_and_release(&locker(&url), &unique_key("owner")).await;
+    assert!(
+        db.query_one(grants, &[]).await.unwrap().get::<_, bool>(0),
+        "the owner's locker left the function that grants nothing"
+    );
+    assert!(fair_waiters_served_in_turn(&as_user, &locker(&as_user), &db).await);
+}
+
+/// A grant heard for the claim of a place that left (a release that raced the leaving, which
+/// LEAVE's snapshot could not see) is handed back by the waiter's locker: it releases the
+/// granted hold, and the release wakes the place then first in line. The race is staged: the
+/// holder's row is made the departed claim's, and the grant announced on the place's channel,
+/// by hand. Without the hand-back the row would stay for its 30s; the waiter behind (a 3s poll)
+/// has the lock within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_for_a_place_that_left_is_handed_back() {
+    let server = pg::shared_server();
+    let db = pg::client(&server.url()).await;
+    let key = unique_key("grant-back");
+    let stored = format!("dlock:{key}");
+    let held = locker(&server.url())
+        .acquire(&key, LockOptions::new())
+        .await
+        .unwrap();
+    let gone = named_slow_poller(&server, "grant-back", Duration::from_secs(1));
+    let impatient = {
+        let (gone, key) = (gone.clone(), key.clone());
+        tokio::spawn(async move {
+            let options = LockOptions::new()
+                .fair()
+                .timeout(Duration::from_millis(1500));
+            gone.acquire(&key, options).await
+        })
+    };
+    wait_for_count(
+        &db,
+        "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND claim IS NOT NULL",
+        &key,
+        1,
+        Duration::from_secs(10),
+        "claims in the queue",
+    )
+    .await;
+    let (place, claim): (String, String) = db
+        .query_one(
+            "SELECT left(token, 8), claim FROM dlock_waiters WHERE key = $1",
+            &[&stored],
+        )
+        .await
+        .map(|row| (row.get(0), row.get(1)))
+        .unwrap();
+    let behind = {
+        let (waiter, key) = (
+            named_slow_poller(&server, "grant-behind", Duration::from_secs(1)),
+            key.clone(),
+        );
+        tokio::spawn(async move {
+            let guard = waiter.acquire(&key, LockOptions::new().fair()).await?;
+            Ok::<_, dlock_runtime::LockError>((guard, Instant::now()))
+        })
+    };
+    wait_for_line(&db, &key, 2).await;
+    assert!(impatient.await.unwrap().unwrap_err().is_timeout());
+    wait_for_line(&db, &key, 1).await;
+    // The staged grant: the holder's row becomes the departed claim's (its fence kept), and
+    // the release's announcement of it.
+    let fence: i64 = db
+        .query_one(
+            "UPDATE dlock_locks SET token = $2, owner = NULL, contended = true, \
+                 expires_at = clock_timestamp() + interval '30 seconds' \
+              WHERE key = $1 RETURNING fence",
+            &[&stored, &claim],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    drop(held);
+    let announced_at = Instant::now();
+    db.batch_execute(&format!(
+        "NOTIFY dlock_wake_{place}, '+{place}{}{fence}:{stored}'",
+        &claim[24..]
+    ))
+    .await
+    .unwrap();
+    let (guard, acquired_at) = behind.await.unwrap().unwrap();
+    assert!(
+        acquired_at - announced_at < Duration::from_secs(1),
+        "the grant was not handed back: the waiter behind had the lock {:?} after",
+        acquired_at - announced_at
+    );
+    assert!(guard.fencing_token() > u64::try_from(fence).unwrap());
+    guard.release().await.unwrap();
+}

@@ -132,7 +132,8 @@ pub(crate) enum Attempt {
         /// whole seconds); the guard's lease clock counts this one.
         granted: Option<Duration>,
         /// Fired when the engine itself learns the hold is gone (etcd's watch on the holder
-        /// key, a ZooKeeper or etcd session's end, the engine's client-side `expire`); the hold
+        /// key, a ZooKeeper or etcd session's end, the engine's client-side `expire`, a
+        /// PostgreSQL grant that could not be taken up in time); the hold
         /// is then lost at once.
         lost: Option<LossSignal>,
         /// When the engine's own clock for the hold started, where it counts the lease later

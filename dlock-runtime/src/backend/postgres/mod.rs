@@ -25,6 +25,7 @@ use super::{
     watchers::Watchers,
 };
 
+mod grant;
 mod shared;
 #[cfg(feature = "tls")]
 mod tls;
@@ -63,18 +64,79 @@ CREATE TABLE IF NOT EXISTS dlock_waiters (
     token      text        NOT NULL,
     place      bigint      NOT NULL,
     gone_at    timestamptz NOT NULL,
+    claim      text,
+    claim_ms   bigint,
     PRIMARY KEY (key, token)
-);";
+);
+ALTER TABLE dlock_waiters ADD COLUMN IF NOT EXISTS claim text,
+                          ADD COLUMN IF NOT EXISTS claim_ms bigint;";
 
 /// The function [`RELEASE`] calls when the hold it ends was marked `contended`, as
 /// `docs/postgres.md` gives it (made with [`SCHEMA`], or on its own for tables made before dlock
-/// had it): it announces the release, naming the live place first in the key's queue, and when
-/// there is one, it leaves the key's row behind as a tombstone (token `000…0`, not live: the
-/// next acquisition takes it over) so that the mark outlives the hold. The hold after it is then
-/// marked too, whoever takes it, and its release wakes the line in turn: a waiter asleep until a
-/// release names it makes no attempt that could mark that hold itself. When no live place waits,
-/// the row goes, and with it the mark.
+/// had it): it announces the release, naming the live place first in the key's queue.
+///
+/// When that place has a claim (a fair waiter's token and lease, written by its refused
+/// attempt: see [`ACQUIRE_QUEUED`]) and the key's turn is free, the release grants it the key
+/// at once: a hold for the claim's token with the next fence, for the claim's lease but no
+/// longer than the place lives (so a head whose process died holds the key no longer than its
+/// place would have held the line), announced as `+<place><claim><fence>:<key>` (a `+` first,
+/// which no other payload starts with; `<claim>` the last 8 hex digits of the claim's token,
+/// so that the process gives the grant to that waiter alone). The waiter takes it up without
+/// a statement of its own (see [`ADOPT`]). The turn is only tried: an attempt that
+/// holds it waits for this release's row, so the release does not wait for the turn (a
+/// deadlock); it then grants nothing.
+///
+/// Otherwise, when a place waits, it leaves the key's row behind as a tombstone (token
+/// `000…0`, not live: the next acquisition takes it over) so that the mark outlives the hold.
+/// The hold after it is then marked too, whoever takes it, and its release wakes the line in
+/// turn: a waiter asleep until a release names it makes no attempt that could mark that hold
+/// itself. When no live place waits, the row goes, and with it the mark.
 const WAKE_LINE: &str = "\
+CREATE OR REPLACE FUNCTION dlock_wake_line(p_key text, p_fence bigint) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    woke boolean;
+BEGIN
+    WITH head AS MATERIALIZED (
+        SELECT left(w.token, 8) AS next, w.token, w.claim, w.claim_ms, w.gone_at
+          FROM dlock_waiters w
+         WHERE w.key = p_key AND w.gone_at > clock_timestamp() ORDER BY w.place LIMIT 1
+    ), decided AS MATERIALIZED (
+        SELECT h.token, h.claim, h.claim_ms, h.gone_at,
+               CASE WHEN h.claim IS NOT NULL AND h.claim_ms > 0
+                    THEN pg_try_advisory_xact_lock(1684824939, hashtext(p_key))
+                    ELSE false END AS grants
+          FROM head h
+    ), kept AS (
+        INSERT INTO dlock_locks (key, token, fence, expires_at, contended)
+        SELECT p_key,
+               CASE WHEN d.grants THEN d.claim ELSE '00000000000000000000000000000000' END,
+               CASE WHEN d.grants THEN nextval('dlock_fence') ELSE p_fence END,
+               CASE WHEN d.grants
+                    THEN least(clock_timestamp() + d.claim_ms * interval '1 millisecond',
+                               d.gone_at)
+                    ELSE to_timestamp(0) END,
+               NOT d.grants OR EXISTS (SELECT 1 FROM dlock_waiters w
+                                        WHERE w.key = p_key AND w.token <> d.token
+                                          AND w.gone_at > clock_timestamp())
+          FROM decided d
+        ON CONFLICT (key) DO NOTHING
+        RETURNING CASE WHEN token <> '00000000000000000000000000000000'
+                       THEN right(token, 8) || fence END AS granted
+    )
+    SELECT true INTO woke
+      FROM pg_notify(coalesce('dlock_wake_' || (SELECT next FROM head), 'dlock_release'),
+               coalesce('+' || (SELECT next FROM head) || (SELECT granted FROM kept) || ':',
+                        (SELECT next FROM head), '--------') ||
+               CASE WHEN octet_length(p_key) < 7900 THEN p_key ELSE '' END);
+    RETURN woke;
+END $$;";
+
+/// [`WAKE_LINE`] for a `dlock_waiters` without the claim's columns (made by an owner before
+/// dlock had them, for a user who may not add them): dlock's function before it had grants. It
+/// names the place first in line and leaves the tombstone, as [`WAKE_LINE`] does when it
+/// grants nothing.
+const WAKE_LINE_UNCLAIMED: &str = "\
 CREATE OR REPLACE FUNCTION dlock_wake_line(p_key text, p_fence bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -196,7 +258,14 @@ const NO_ONE: &str = "--------";
 /// back of the queue (more waiters of this process wait behind); `$7` strict (fair mode): take
 /// the lock only when no live place is ahead of this one, else whenever it is free; `$9` join
 /// the queue or refresh the place when refused (false: the place is there, refreshed lately,
-/// and a refusal writes no row of `dlock_waiters`).
+/// and a refusal writes no row of `dlock_waiters`); `$10` fair mode's claim, the lease in ms a
+/// release may grant this waiter (NULL: none).
+///
+/// A refusal that writes the place writes the claim with it: this token and `$10`, which the
+/// release that finds the place first in line grants the key to (see [`WAKE_LINE`]); a place
+/// taken or refreshed without a claim has none. A place's attempt takes over a hold granted to
+/// its claim: the claim's waiter left before taking it up, and the next waiter of that process
+/// asks.
 ///
 /// Taken: the place leaves the queue (or moves to its back), lapsed places are dropped, and the
 /// hold is marked `contended` when another live place waits (or a tombstone's mark carries
@@ -219,7 +288,7 @@ const NO_ONE: &str = "--------";
 /// and token are read from a live hold's row only: a tombstone is no holder.
 const ACQUIRE_QUEUED: &str = "\
 WITH mine AS (
-    SELECT place FROM dlock_waiters WHERE key = $1 AND token = $5
+    SELECT place, claim FROM dlock_waiters WHERE key = $1 AND token = $5
 ), ahead AS (
     SELECT $7::boolean AND EXISTS (
         SELECT 1 FROM dlock_waiters
@@ -244,6 +313,7 @@ WITH mine AS (
             contended = EXCLUDED.contended OR l.contended,
             owner = EXCLUDED.owner, acquired_at = EXCLUDED.acquired_at
         WHERE l.expires_at <= clock_timestamp() OR l.token = EXCLUDED.token
+              OR CASE WHEN $7::boolean THEN l.token = (SELECT claim FROM mine) END
     RETURNING fence
 ), left_line AS (
     DELETE FROM dlock_waiters
@@ -251,13 +321,15 @@ WITH mine AS (
        AND ((token = $5 AND NOT $6::boolean)
             OR (token <> $5 AND gone_at <= clock_timestamp()))
 ), placed AS (
-    INSERT INTO dlock_waiters AS w (key, token, place, gone_at)
+    INSERT INTO dlock_waiters AS w (key, token, place, gone_at, claim, claim_ms)
     SELECT $1, $5, nextval('dlock_fence'),
-           clock_timestamp() + $4::bigint * interval '1 millisecond'
+           clock_timestamp() + $4::bigint * interval '1 millisecond',
+           CASE WHEN NOT EXISTS (SELECT 1 FROM taken) AND $10::bigint > 0 THEN $2 END, $10::bigint
      WHERE CASE WHEN EXISTS (SELECT 1 FROM taken) THEN $6::boolean ELSE $9::boolean END
     ON CONFLICT (key, token) DO UPDATE
         SET gone_at = EXCLUDED.gone_at,
-            place = CASE WHEN EXISTS (SELECT 1 FROM taken) THEN EXCLUDED.place ELSE w.place END
+            place = CASE WHEN EXISTS (SELECT 1 FROM taken) THEN EXCLUDED.place ELSE w.place END,
+            claim = EXCLUDED.claim, claim_ms = EXCLUDED.claim_ms
 ), marked AS (
     -- Only when `taken` returned nothing: a row this statement inserted or updated there is
     -- one it may not touch again.
@@ -312,24 +384,87 @@ RETURNING l.expires_at > clock_timestamp() AS live, l.owner, l.acquired_at, l.fe
 
 /// A place leaves the key's queue (its process has no more waiters), announced, naming the
 /// place then first in line, when it was there; the last live place to leave takes the key's
-/// tombstone with it.
+/// tombstone with it. A hold a release granted to the place's claim, which its waiter never
+/// took up (it left meanwhile), goes with the place: a tombstone when another place waits (the
+/// mark carries over), no row otherwise.
 const LEAVE: &str = "\
 WITH left_line AS (
-    DELETE FROM dlock_waiters WHERE key = $1 AND token = $2 RETURNING place
+    DELETE FROM dlock_waiters WHERE key = $1 AND token = $2 RETURNING place, claim
 ), next AS (
     SELECT left(token, 8) AS next FROM dlock_waiters
      WHERE key = $1 AND token <> $2 AND gone_at > clock_timestamp()
      ORDER BY place LIMIT 1
+), handed_on AS (
+    UPDATE dlock_locks
+       SET token = '00000000000000000000000000000000', expires_at = to_timestamp(0),
+           contended = true
+     WHERE key = $1 AND token = (SELECT claim FROM left_line)
+       AND EXISTS (SELECT 1 FROM next)
 ), swept AS (
     DELETE FROM dlock_locks
-     WHERE key = $1 AND token = '00000000000000000000000000000000'
-       AND NOT EXISTS (SELECT 1 FROM next)
+     WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM next)
+       AND (token = '00000000000000000000000000000000'
+            OR token = (SELECT claim FROM left_line))
 )
 SELECT CASE WHEN EXISTS (SELECT 1 FROM left_line) THEN
            pg_notify(coalesce('dlock_wake_' || (SELECT next FROM next), 'dlock_release'),
                coalesce((SELECT next FROM next), '--------') ||
                CASE WHEN octet_length($1::text) < 7900 THEN $1::text ELSE '' END)
        END";
+
+/// A fair waiter takes up the hold a release granted its claim (see [`WAKE_LINE`]), sent in the
+/// background once the waiter has it: the hold's lease becomes the one asked for (`$3` ms) if
+/// the grant has not run out, its holder is recorded (`$7`), and the place is kept (`$5`, moved
+/// to the back of the queue with a fresh deadline of `$6` ms, its claim gone) or leaves, as a
+/// taking attempt from the place would have done; lapsed places are dropped. `true` when the
+/// hold was there to take up.
+const ADOPT: &str = "\
+WITH held AS (
+    UPDATE dlock_locks
+       SET expires_at = clock_timestamp() + $3::bigint * interval '1 millisecond',
+           contended = contended OR $5::boolean, owner = $7, acquired_at = clock_timestamp()
+     WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp()
+    RETURNING 1
+), moved AS (
+    UPDATE dlock_waiters
+       SET place = nextval('dlock_fence'), claim = NULL,
+           gone_at = clock_timestamp() + $6::bigint * interval '1 millisecond'
+     WHERE key = $1 AND token = $4 AND $5::boolean
+), left_line AS (
+    DELETE FROM dlock_waiters
+     WHERE key = $1 AND ((token = $4 AND NOT $5::boolean)
+                         OR (token <> $4 AND gone_at <= clock_timestamp()))
+)
+SELECT EXISTS (SELECT 1 FROM held)";
+
+/// What [`ACQUIRE_QUEUED`] and [`LEAVE`] become on a `dlock_waiters` without the claim's
+/// columns (made by an owner before dlock had them, for a user who may not add them): no claim
+/// is written or read, and releases grant nothing.
+const UNCLAIMED: [(&str, &str); 5] = [
+    ("place, claim FROM", "place, NULL::text AS claim FROM"),
+    (
+        "RETURNING place, claim",
+        "RETURNING place, NULL::text AS claim",
+    ),
+    ("gone_at, claim, claim_ms)", "gone_at)"),
+    (
+        ",\n           CASE WHEN NOT EXISTS (SELECT 1 FROM taken) AND $10::bigint > 0 THEN $2 END, $10::bigint",
+        "",
+    ),
+    (
+        ",\n            claim = EXCLUDED.claim, claim_ms = EXCLUDED.claim_ms",
+        "",
+    ),
+];
+
+/// `statement` for a `dlock_waiters` without the claim's columns (see [`UNCLAIMED`]).
+fn unclaimed(statement: &str) -> String {
+    UNCLAIMED
+        .iter()
+        .fold(statement.to_owned(), |s, (with, without)| {
+            s.replace(with, without)
+        })
+}
 
 /// Reset the lease only while this token holds it and it has not run out.
 const EXTEND: &str = "\
@@ -402,6 +537,9 @@ struct Statements {
     release: Statement,
     leave: Statement,
     extend: Statement,
+    /// [`ADOPT`], when `dlock_waiters` has the claim's columns (else fair waiters write no
+    /// claim, and no release grants one).
+    adopt: Option<Statement>,
 }
 
 /// The shared connection and the task that drives it.
@@ -428,7 +566,8 @@ impl Drop for Connection {
 pub(crate) struct PostgresBackend {
     config: tokio_postgres::Config,
     request_timeout: Duration,
-    connection: Mutex<Option<Arc<Connection>>>,
+    /// The shared connection (also where a grant handed back is released).
+    connection: Arc<Mutex<Option<Arc<Connection>>>>,
     /// One connection attempt at a time; the others wait for it and share it.
     connecting: tokio::sync::Mutex<()>,
     /// Release notifications; `None` when turned off (`DLOCK_NOTIFY=off`).
@@ -437,6 +576,8 @@ pub(crate) struct PostgresBackend {
     prefix_len: usize,
     /// Who this locker is: each row's `owner` (the time is `acquired_at`, the server's).
     identity: Identity,
+    /// Fair mode's claims and the grants heard for them (shared with the listening task).
+    claims: Arc<grant::Claims>,
 }
 
 /// The full lock key `key` (its first `prefix_len` bytes the prefix) as the table stores it: the
@@ -534,6 +675,36 @@ impl std::fmt::Debug for PostgresBackend {
     }
 }
 
+/// The connection in `slot` while it is alive.
+fn live(slot: &Mutex<Option<Arc<Connection>>>) -> Option<Arc<Connection>> {
+    slot.lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        .filter(|c| c.alive())
+        .cloned()
+}
+
+/// Releases in the background, on the locker's connection when it is alive, the hold a release
+/// granted to the claim `token` of a place that left meanwhile: the release wakes (or grants
+/// to) the place then first in line. Without a connection the grant lapses by its lease.
+fn hand_back(slot: &std::sync::Weak<Mutex<Option<Arc<Connection>>>>, key: String, token: String) {
+    let Some(connection) = slot.upgrade().as_deref().and_then(live) else {
+        return;
+    };
+    if tokio::runtime::Handle::try_current().is_err() {
+        return;
+    }
+    tokio::spawn(async move {
+        let released = connection
+            .client
+            .query_opt(&connection.statements.release, &[&key, &token])
+            .await;
+        if let Err(e) = released {
+            tracing::debug!(key = %key, error = %classify("release", e), "a grant could not be handed back; it lapses");
+        }
+    });
+}
+
 /// A reply of one of the statements.
 enum Reply {
     Acquire {
@@ -555,8 +726,16 @@ enum Reply {
 
 #[derive(Clone, Copy)]
 enum Op<'a> {
-    /// Key, token, lease in ms, the place in the key's queue, the holder's record.
-    Acquire(&'a str, &'a Token, i64, Option<Queued<'a>>, &'a str),
+    /// Key, token, lease in ms, the place in the key's queue, the holder's record, and fair
+    /// mode's claim (the lease in ms a release may grant this waiter: see [`ACQUIRE_QUEUED`]).
+    Acquire(
+        &'a str,
+        &'a Token,
+        i64,
+        Option<Queued<'a>>,
+        &'a str,
+        Option<i64>,
+    ),
     /// Key, token (a hold's, or a place's), and whether it may be a place in the queue.
     Release(&'a str, &'a Token),
     Leave(&'a str, &'a Token),
@@ -609,27 +788,28 @@ impl PostgresBackend {
         if config.get_application_name().is_none() {
             config.application_name("dlock");
         }
+        let connection: Arc<Mutex<Option<Arc<Connection>>>> = Arc::default();
+        let claims = Arc::new(grant::Claims::new({
+            let connection = Arc::downgrade(&connection);
+            move |key, token| hand_back(&connection, key, token)
+        }));
         let notifier = settings
             .notify
-            .then(|| Notifier::new(config.clone(), settings.request_timeout));
+            .then(|| Notifier::new(config.clone(), settings.request_timeout, claims.clone()));
         Ok(Self {
             config,
             request_timeout: settings.request_timeout,
-            connection: Mutex::new(None),
+            connection,
             connecting: tokio::sync::Mutex::new(()),
             notifier,
             prefix_len: settings.key_prefix.len(),
             identity: settings.identity.clone(),
+            claims,
         })
     }
 
     fn live_connection(&self) -> Option<Arc<Connection>> {
-        self.connection
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .filter(|c| c.alive())
-            .cloned()
+        live(&self.connection)
     }
 
     /// The shared connection, made on first use and again after the server closed it (or the
@@ -680,6 +860,91 @@ impl PostgresBackend {
         if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, connection)) {
             *slot = None;
         }
+    }
+
+    /// Takes up the grant heard for this waiter's claim on `key`, if any (see [`WAKE_LINE`]):
+    /// the key is the waiter's now, with the grant's fence. The take-up ([`ADOPT`]: the lease
+    /// asked for, the holder's record, the place kept or left as `queue` says) is sent in the
+    /// background; requests on the key wait for its answer, and the hold's loss is signalled
+    /// if it does not take the hold up before the grant's lease runs out on the client's clock
+    /// (counted from the claim's sending). `None`: no grant to take up (then the waiter's
+    /// attempt takes over a hold granted to its place, with a new fence).
+    async fn take_up(
+        &self,
+        key: &str,
+        request: &Request<'_>,
+        queue: Queued<'_>,
+    ) -> Option<Attempt> {
+        // The take-up has a request timeout to answer in, at least.
+        let granted = self
+            .claims
+            .granted_to(key, request.token.as_str(), self.request_timeout)?;
+        let connection = self.live_connection()?;
+        let adopt = connection.statements.adopt.clone()?;
+        let gate = self.claims.taking_up_begins(key).await;
+        let (alarm, lost) = crate::lease::loss_signal();
+        let key = key.to_owned();
+        let params = (
+            request.token.as_str().to_owned(),
+            lease_ms(request.lease),
+            queue.place.as_str().to_owned(),
+            queue.keep,
+            lease_ms(queue.liveness),
+            self.identity.as_str().to_owned(),
+        );
+        let bound = self.request_timeout * 2;
+        tokio::spawn(async move {
+            let (token, lease_ms, place, keep, liveness_ms, owner) = &params;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
+                [&key, token, lease_ms, place, keep, liveness_ms, owner];
+            let reply = connection.client.query_one(&adopt, &params);
+            let mut reply = std::pin::pin!(reply);
+            let taken = match tokio::time::timeout_at(granted.valid_until, &mut reply).await {
+                Ok(Ok(row)) => row
+                    .try_get::<_, bool>(0)
+                    .map_err(|e| classify("take-up", e)),
+                Ok(Err(e)) => Err(classify("take-up", e)),
+                Err(_) => {
+                    // Too late to count on, whatever the answer (waited for, so that the key's
+                    // next request follows it).
+                    let _ = tokio::time::timeout(bound, reply).await;
+                    Err(BackendError::new(
+                        "PostgreSQL take-up: no answer within the granted lease",
+                    ))
+                }
+            };
+            let failed = match taken {
+                Ok(true) => return,
+                Ok(false) => BackendError::new("PostgreSQL take-up: the granted hold was gone"),
+                Err(e) => e,
+            };
+            tracing::debug!(key = %key, error = %failed, "a granted hold was not taken up: lost");
+            alarm.fire();
+            if !*keep {
+                // The place was to leave with the take-up: it leaves now (its claim would be
+                // granted again, with nobody of this process to take it up).
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key, place];
+                let left = connection
+                    .client
+                    .execute(&connection.statements.leave, &params);
+                match tokio::time::timeout(bound, left).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        tracing::debug!(key = %key, error = %classify("leave the queue", e), "a place could not leave the queue; it lapses");
+                    }
+                    Err(_) => {
+                        tracing::debug!(key = %key, "a place's leaving got no answer; it lapses");
+                    }
+                }
+            }
+            drop(gate);
+        });
+        Some(Attempt::Acquired {
+            fence: granted.fence,
+            granted: None,
+            lost: Some(lost),
+            counted_from: None,
+        })
     }
 
     /// Runs one statement, bounded by twice the request timeout (a connection may have to be
@@ -761,7 +1026,7 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
     let client = &connection.client;
     let statements = &connection.statements;
     match op {
-        Op::Acquire(key, token, lease_ms, None, owner) => {
+        Op::Acquire(key, token, lease_ms, None, owner, _) => {
             // Twice at most: a shared key's row whose holds all lapsed goes in between.
             for _ in 0..2 {
                 let taken = client
@@ -798,23 +1063,22 @@ async fn run(connection: &Connection, op: Op<'_>) -> Result<Reply, tokio_postgre
                 ttl_ms: None,
             })
         }
-        Op::Acquire(key, token, lease_ms, Some(queue), owner) => {
-            let row = client
-                .query_one(
-                    &statements.acquire_queued,
-                    &[
-                        &key,
-                        &token.as_str(),
-                        &lease_ms,
-                        &self::lease_ms(queue.liveness),
-                        &queue.place.as_str(),
-                        &queue.keep,
-                        &queue.strict,
-                        &owner,
-                        &queue.refresh,
-                    ],
-                )
-                .await?;
+        Op::Acquire(key, token, lease_ms, Some(queue), owner, claim_ms) => {
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
+                &key,
+                &token.as_str(),
+                &lease_ms,
+                &self::lease_ms(queue.liveness),
+                &queue.place.as_str(),
+                &queue.keep,
+                &queue.strict,
+                &owner,
+                &queue.refresh,
+                &claim_ms,
+            ];
+            // Without the claim's columns the statement has no `$10`.
+            let params = &params[..if statements.adopt.is_some() { 10 } else { 9 }];
+            let row = client.query_one(&statements.acquire_queued, params).await?;
             let fence: Option<i64> = row.try_get(0)?;
             if fence.is_none()
                 && let Some(holder) = row.try_get::<_, Option<String>>(2)?
@@ -1063,7 +1327,12 @@ async fn setup(
                     AND prosrc LIKE '%{WAKE_CHANNEL}%'), \
          EXISTS (SELECT 1 FROM pg_proc \
                   WHERE oid = to_regprocedure('{}')::oid \
-                    AND prosrc LIKE '%pg_advisory_xact_lock({FENCE_TURN},%')",
+                    AND prosrc LIKE '%pg_advisory_xact_lock({FENCE_TURN},%'), \
+         EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('dlock_waiters') \
+                     AND attname = 'claim_ms' AND NOT attisdropped), \
+         EXISTS (SELECT 1 FROM pg_proc \
+                  WHERE oid = to_regprocedure('dlock_wake_line(text,bigint)')::oid \
+                    AND prosrc LIKE '%claim_ms%')",
         shared::PROBE,
         shared::ACQUIRE_SIGNATURE,
     );
@@ -1077,8 +1346,9 @@ async fn setup(
         })
     };
     let (exists, mut shared_exists, mut wakes) = (probed(0), probed(1), probed(2));
+    let (mut claims, mut grants) = (probed(5), probed(6));
     // Made by an earlier dlock, which announced every release on `dlock_release`.
-    let outdated = wakes && !probed(3);
+    let mut outdated = wakes && !probed(3);
     // Made by an earlier dlock, whose shared acquisitions drew fences outside the key's turn.
     let shared_outdated = shared_exists && !probed(4);
     if !exists {
@@ -1107,19 +1377,31 @@ async fn setup(
         );
         shared_exists = true;
         wakes = true;
+        claims = true;
+    } else if !claims && add_claims(client).await? {
+        // With the function that grants.
+        (claims, wakes, grants, outdated) = (true, true, true, false);
     }
+    // Without the claim's columns, the function that grants nothing.
+    let wake_line = if claims {
+        WAKE_LINE
+    } else {
+        WAKE_LINE_UNCLAIMED
+    };
     if !wakes {
-        wakes = create_wake_line(client).await?;
-    } else if outdated {
+        wakes = create_wake_line(client, wake_line).await?;
+    } else if outdated || (claims && !grants) {
         // Its releases announced every release on `dlock_release`, heard by every listening
-        // process; this one's announce on the channel of the place they name.
+        // process, or granted no claim; this one's announce on the channel of the place they
+        // name, and (with the claim's columns) grant the key to a fair waiter first in line.
         replace_earlier(
             client,
-            WAKE_LINE,
+            wake_line,
             "replaced the PostgreSQL function `dlock_wake_line` of an earlier dlock",
             "the PostgreSQL function `dlock_wake_line` is an earlier dlock's and this user may \
-             not replace it: releases wake waiters on the channel every listening process hears \
-             (run the function's DDL in docs/postgres.md as its owner)",
+             not replace it: releases grant fair waiters nothing, and may wake waiters on the \
+             channel every listening process hears (run the function's DDL in docs/postgres.md \
+             as its owner)",
             false,
         )
         .await?;
@@ -1136,13 +1418,25 @@ async fn setup(
         )
         .await?;
     }
-    let (acquire, refused, acquire_queued, release, leave, extend) = tokio::join!(
+    let (acquire_queued, leave) = if claims {
+        (ACQUIRE_QUEUED.into(), LEAVE.into())
+    } else {
+        (unclaimed(ACQUIRE_QUEUED), unclaimed(LEAVE))
+    };
+    let (acquire, refused, acquire_queued, release, leave, extend, adopt) = tokio::join!(
         client.prepare(ACQUIRE),
         client.prepare(REFUSED),
-        client.prepare(ACQUIRE_QUEUED),
+        client.prepare(&acquire_queued),
         client.prepare(if wakes { RELEASE } else { RELEASE_LOOKING }),
-        client.prepare(LEAVE),
-        client.prepare(EXTEND)
+        client.prepare(&leave),
+        client.prepare(EXTEND),
+        async {
+            if claims {
+                client.prepare(ADOPT).await.map(Some)
+            } else {
+                Ok(None)
+            }
+        }
     );
     let shared = if shared_exists {
         Some(shared::Statements::prepare(client).await)
@@ -1158,6 +1452,7 @@ async fn setup(
                 release: release?,
                 leave: leave?,
                 extend: extend?,
+                adopt: adopt?,
             },
             shared.transpose()?,
         ))
@@ -1177,10 +1472,41 @@ async fn setup(
     })
 }
 
-/// The function [`WAKE_LINE`], made for tables made before dlock had it: `false` when this user
-/// may not make it (then releases look at the queue themselves, see [`RELEASE_LOOKING`]).
-async fn create_wake_line(client: &Client) -> Result<bool, BackendError> {
-    let create = format!("SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {WAKE_LINE}");
+/// The claim's columns of `dlock_waiters` and the function [`WAKE_LINE`] that grants claims,
+/// added to tables made before dlock had them: `false` when this user may not (then fair
+/// waiters write no claim, and take the key by an attempt of their own after the release that
+/// wakes them).
+async fn add_claims(client: &Client) -> Result<bool, BackendError> {
+    let add = format!(
+        "SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); \
+         ALTER TABLE dlock_waiters ADD COLUMN IF NOT EXISTS claim text, \
+                                   ADD COLUMN IF NOT EXISTS claim_ms bigint; {WAKE_LINE}"
+    );
+    match client.batch_execute(&add).await {
+        Ok(()) => {
+            tracing::info!(
+                "added the fair waiters' claim to the PostgreSQL table `dlock_waiters` and \
+                 replaced the function `dlock_wake_line`"
+            );
+            Ok(true)
+        }
+        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+            tracing::info!(
+                "the PostgreSQL table `dlock_waiters` lacks the columns `claim` and `claim_ms` \
+                 and this user may not add them: a fair hand-off waits for the woken waiter's \
+                 own attempt (run the DDL in docs/postgres.md as the table's owner)"
+            );
+            Ok(false)
+        }
+        Err(e) => Err(classify("schema creation", e)),
+    }
+}
+
+/// The function `dlock_wake_line` ([`WAKE_LINE`], or [`WAKE_LINE_UNCLAIMED`] without the
+/// claim's columns), made for tables made before dlock had it: `false` when this user may not
+/// make it (then releases look at the queue themselves, see [`RELEASE_LOOKING`]).
+async fn create_wake_line(client: &Client, wake_line: &str) -> Result<bool, BackendError> {
+    let create = format!("SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {wake_line}");
     match client.batch_execute(&create).await {
         Ok(()) => {
             tracing::info!("created the PostgreSQL function `dlock_wake_line`");
@@ -1311,6 +1637,23 @@ impl Backend for PostgresBackend {
         Box::pin(async move {
             let queue = request.queue;
             let key = stored_key(self.prefix_len, request.key);
+            self.claims.settled(&key).await;
+            // Fair mode, with notifications: the refusal that writes the place writes a claim
+            // (this waiter's token and lease, no longer than the place's liveness) which a
+            // release may grant; a grant heard for it is taken up here.
+            let fair =
+                queue.filter(|q| q.strict && request.kind.is_mutex() && self.notifier.is_some());
+            if let Some(q) = fair
+                && let Some(taken) = Box::pin(self.take_up(&key, &request, q)).await
+            {
+                return Ok(taken);
+            }
+            let claim_ms = fair.filter(|q| q.refresh).map(|q| {
+                let ms = lease_ms(request.lease.min(q.liveness));
+                self.claims
+                    .claimed(&key, request.token.as_str(), u64::try_from(ms).unwrap_or(0));
+                ms
+            });
             let op = if request.kind.is_mutex() {
                 Op::Acquire(
                     &key,
@@ -1318,6 +1661,7 @@ impl Backend for PostgresBackend {
                     lease_ms(request.lease),
                     queue,
                     self.identity.as_str(),
+                    claim_ms,
                 )
             } else {
                 Op::AcquireShared(shared::Ask {
@@ -1329,11 +1673,20 @@ impl Backend for PostgresBackend {
                     owner: self.identity.as_str(),
                 })
             };
-            match self.call(op).await? {
+            let reply = self.call(op).await;
+            if claim_ms.is_some() && reply.is_err() {
+                self.claims.forget(&key);
+            }
+            match reply? {
                 Reply::Conflict(why) => Ok(Attempt::Conflict(why)),
                 Reply::Acquire {
                     fence: Some(fence), ..
-                } => Ok(Attempt::acquired(u64::try_from(fence).unwrap_or(0))),
+                } => {
+                    if fair.is_some() {
+                        self.claims.forget(&key);
+                    }
+                    Ok(Attempt::acquired(u64::try_from(fence).unwrap_or(0)))
+                }
                 Reply::Acquire {
                     fence: None,
                     ttl_ms,
@@ -1356,6 +1709,7 @@ impl Backend for PostgresBackend {
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
             let key = stored_key(self.prefix_len, key);
+            self.claims.settled(&key).await;
             let op = if kind.is_mutex() {
                 Op::Release(&key, token)
             } else {
@@ -1376,6 +1730,8 @@ impl Backend for PostgresBackend {
     ) -> BoxFuture<'a, Result<(), BackendError>> {
         Box::pin(async move {
             let key = stored_key(self.prefix_len, key);
+            self.claims.settled(&key).await;
+            self.claims.left(&key);
             self.call(Op::Leave(&key, place)).await?;
             Ok(())
         })
@@ -1390,6 +1746,7 @@ impl Backend for PostgresBackend {
     ) -> BoxFuture<'a, Result<bool, BackendError>> {
         Box::pin(async move {
             let key = stored_key(self.prefix_len, key);
+            self.claims.settled(&key).await;
             let op = if kind.is_mutex() {
                 Op::Extend(&key, token, lease_ms(lease))
             } else {
@@ -1500,6 +1857,8 @@ struct Shared {
     tag: std::sync::OnceLock<String>,
     /// Rung when `tag` is set, for a connection that listens already.
     tag_set: tokio::sync::Notify,
+    /// Where a grant heard is recorded for the waiter whose claim it is.
+    claims: Arc<grant::Claims>,
     /// When a waiter last asked for a wake-up, and whether the task has stopped for good: the
     /// task decides to stop under this lock, after a waiter registers its wake-up and before
     /// it looks here, so a waiter either keeps the task going or sees it stopped and starts
@@ -1541,8 +1900,17 @@ const LINGER: Duration = Duration::from_secs(5);
 
 impl Shared {
     /// A release's payload: who is next in line ([`NO_ONE`], or 8 hex digits of a token) and
-    /// the key (empty: every key). Anything else on the channel wakes that key's waiters.
+    /// the key (empty: every key), or a grant to a place of this process (see [`WAKE_LINE`]),
+    /// recorded for its waiter. Anything else on the channel wakes that key's waiters.
     fn wake(&self, payload: &str) {
+        if let Some((next, claim, fence, key)) = grant::parse(payload) {
+            if !key.is_empty() {
+                self.claims.heard(key, claim, fence);
+            }
+            self.watchers
+                .wake(Some(key).filter(|k| !k.is_empty()), Some(next));
+            return;
+        }
         let (next, key) = match payload.get(..NO_ONE.len()) {
             Some(NO_ONE) => (None, &payload[NO_ONE.len()..]),
             Some(next) if next.bytes().all(|b| b.is_ascii_hexdigit()) => {
@@ -1586,7 +1954,11 @@ impl Shared {
 }
 
 impl Notifier {
-    fn new(config: tokio_postgres::Config, request_timeout: Duration) -> Self {
+    fn new(
+        config: tokio_postgres::Config,
+        request_timeout: Duration,
+        claims: Arc<grant::Claims>,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 config,
@@ -1595,6 +1967,7 @@ impl Notifier {
                 listening: tokio::sync::watch::Sender::new(Listening::default()),
                 tag: std::sync::OnceLock::new(),
                 tag_set: tokio::sync::Notify::new(),
+                claims,
                 run: Mutex::new(Run {
                     last_wait: Instant::now(),
                     stopped: false,
@@ -1843,6 +2216,28 @@ mod tests {
             .find(&shared_turn)
             .expect("dlock_acquire_shared takes the turn");
         assert!(turn_at < function.find("INSERT INTO dlock_locks").unwrap());
+        // A release's grant draws its fence only when it got the turn (tried, not waited for).
+        let tried = format!("pg_try_advisory_xact_lock({FENCE_TURN}, hashtext(p_key))");
+        assert!(WAKE_LINE.contains(&format!("THEN {tried}")));
+        assert!(WAKE_LINE.contains("CASE WHEN d.grants THEN nextval('dlock_fence')"));
+        assert_eq!(WAKE_LINE.matches("nextval").count(), 1);
+    }
+
+    /// Without the claim's columns the statements name neither column nor `$10`: each
+    /// replacement of [`UNCLAIMED`] finds its text.
+    #[test]
+    fn the_unclaimed_statements_leave_the_claim_out() {
+        for (with, _) in UNCLAIMED {
+            assert!(
+                ACQUIRE_QUEUED.contains(with) || LEAVE.contains(with),
+                "not in the statements: {with}"
+            );
+        }
+        for statement in [unclaimed(ACQUIRE_QUEUED), unclaimed(LEAVE)] {
+            assert!(!statement.contains("claim_ms") && !statement.contains("$10"));
+            assert!(!statement.contains(", claim") || statement.contains("NULL::text AS claim"));
+        }
+        assert!(ACQUIRE_QUEUED.contains("$10") && LEAVE.contains("RETURNING place, claim"));
     }
 
     /// The tombstone reads as a lapsed mutex hold everywhere, and the statements that look for
