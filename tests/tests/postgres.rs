@@ -1862,7 +1862,7 @@ async fn wait_until_asleep(db: &tokio_postgres::Client, database: &str, applicat
 }
 
 /// Fair mode's grant: the release that finds a fair waiter's place first in line makes the key
-/// that waiter's (`+<place><fence>:<key>` on the place's channel), and the waiter takes it up
+/// that waiter's (`+<place><claim><fence>:<key>` on the place's channel), and the waiter takes it up
 /// without asking (a locker that polls every 3s has it well within a second): the fence is the
 /// grant's, and the take-up then gives the hold the lease asked for and the holder's record, and
 /// the place leaves the queue. Its release frees the key.
@@ -2110,6 +2110,8 @@ async fn a_grant_not_taken_up_in_time_is_a_lost_hold() {
             .owner(owner)
             .timeout(Duration::from_secs(20))
             .expire(Duration::from_secs(30))
+            // No poll between the release and its notification: the grant is taken up.
+            .retry(Duration::from_secs(3), Duration::from_secs(3))
             .build()
             .expect("a valid URL")
     };
@@ -2290,9 +2292,7 @@ async fn a_grant_for_a_place_that_left_is_handed_back() {
     let impatient = {
         let (gone, key) = (gone.clone(), key.clone());
         tokio::spawn(async move {
-            let options = LockOptions::new()
-                .fair()
-                .timeout(Duration::from_millis(1500));
+            let options = LockOptions::new().fair().timeout(Duration::from_secs(3));
             gone.acquire(&key, options).await
         })
     };

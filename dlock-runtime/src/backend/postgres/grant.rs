@@ -45,6 +45,9 @@ struct Entry {
     ms: u64,
     /// The fence of the hold a release granted, once its notification came.
     granted: Option<u64>,
+    /// Whether the claim's time is known: not after a request that may have written it failed
+    /// (a grant for it is then not taken up, but still handed back once its place left).
+    timed: bool,
 }
 
 /// A grant for a waiter, to take up: the hold's fence, and by when the take-up must have
@@ -90,17 +93,26 @@ impl Claims {
                 sent_at: Instant::now(),
                 ms,
                 granted: None,
+                timed: true,
             },
         );
     }
 
-    /// The place of `key` holds no claim of this process that a grant could be taken up for: its
-    /// waiter took the key, or the request that wrote the claim failed (whether and when it was
-    /// written is unknown; the waiter's next attempt takes over a grant made for it).
+    /// The place of `key` holds no claim of this process any more: its waiter took the key.
     pub(super) fn forget(&self, key: &str) {
         let mut keys = self.keys();
         if !keys.is_empty() {
             keys.remove(key);
+        }
+    }
+
+    /// The request that wrote `key`'s claim failed: whether and when it was written is unknown,
+    /// so a grant for it is not taken up (the waiter's next attempt takes it over), but is still
+    /// handed back if the place leaves, counted as written now.
+    pub(super) fn unsure(&self, key: &str) {
+        if let Some(entry) = self.keys().get_mut(key) {
+            entry.timed = false;
+            entry.sent_at = Instant::now();
         }
     }
 
@@ -139,12 +151,12 @@ impl Claims {
             let Some(claims) = departed.get_mut(key) else {
                 return;
             };
-            let gone = claims.iter().position(|(token, _)| token.ends_with(claim));
-            let token = gone.map(|at| claims.swap_remove(at).0);
-            if claims.is_empty() {
-                departed.remove(key);
-            }
-            token
+            // Kept until its lease has passed: a release that the hand-back overtook may grant
+            // it again (a release is safe to repeat).
+            claims
+                .iter()
+                .find(|(token, _)| token.ends_with(claim))
+                .map(|(token, _)| token.clone())
         };
         if let Some(token) = handed_back {
             (self.hand_back)(key.to_owned(), token);
@@ -159,7 +171,8 @@ impl Claims {
         keys.get(key)?.granted?;
         let entry = keys.remove(key)?;
         let valid_until = valid_until(entry.sent_at, Duration::from_millis(entry.ms));
-        (entry.token == token && Instant::now() + margin < valid_until).then(|| Granted {
+        let in_time = entry.timed && Instant::now() + margin < valid_until;
+        (entry.token == token && in_time).then(|| Granted {
             fence: entry.granted.unwrap_or(0),
             valid_until,
         })
@@ -310,17 +323,30 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_grant_heard_for_a_claim_whose_place_left_is_handed_back_once() {
+    async fn a_grant_heard_for_a_claim_whose_place_left_is_handed_back() {
         let (claims, handed) = claims();
         claims.claimed("k", "0000000a", 10_000);
         claims.left("k");
         claims.claimed("k", "0000000b", 10_000);
         claims.heard("k", "0000000a", 7);
-        claims.heard("k", "0000000a", 7);
-        assert_eq!(
-            *handed.lock().unwrap(),
-            [("k".to_owned(), "0000000a".to_owned())]
-        );
+        claims.heard("k", "0000000a", 8);
+        claims.heard("k", "0000000c", 9);
+        let back = ("k".to_owned(), "0000000a".to_owned());
+        assert_eq!(*handed.lock().unwrap(), [back.clone(), back]);
         assert!(claims.granted_to("k", "0000000b", MARGIN).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_claim_whose_request_failed_is_handed_back_but_not_taken_up() {
+        let (claims, handed) = claims();
+        claims.claimed("k", "0000000a", 10_000);
+        claims.unsure("k");
+        claims.heard("k", "0000000a", 7);
+        assert!(claims.granted_to("k", "0000000a", MARGIN).is_none());
+        claims.claimed("k", "0000000a", 10_000);
+        claims.unsure("k");
+        claims.left("k");
+        claims.heard("k", "0000000a", 8);
+        assert_eq!(handed.lock().unwrap().len(), 1);
     }
 }

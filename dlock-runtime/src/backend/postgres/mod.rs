@@ -417,7 +417,8 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM left_line) THEN
 /// the grant has not run out, its holder is recorded (`$7`), and the place is kept (`$5`, moved
 /// to the back of the queue with a fresh deadline of `$6` ms, its claim gone) or leaves, as a
 /// taking attempt from the place would have done; lapsed places are dropped. `true` when the
-/// hold was there to take up.
+/// hold was there to take up; otherwise the place is left as it is (a place that was to leave
+/// then leaves by [`LEAVE`], which wakes the place after it).
 const ADOPT: &str = "\
 WITH held AS (
     UPDATE dlock_locks
@@ -429,10 +430,10 @@ WITH held AS (
     UPDATE dlock_waiters
        SET place = nextval('dlock_fence'), claim = NULL,
            gone_at = clock_timestamp() + $6::bigint * interval '1 millisecond'
-     WHERE key = $1 AND token = $4 AND $5::boolean
+     WHERE key = $1 AND token = $4 AND $5::boolean AND EXISTS (SELECT 1 FROM held)
 ), left_line AS (
     DELETE FROM dlock_waiters
-     WHERE key = $1 AND ((token = $4 AND NOT $5::boolean)
+     WHERE key = $1 AND ((token = $4 AND NOT $5::boolean AND EXISTS (SELECT 1 FROM held))
                          OR (token <> $4 AND gone_at <= clock_timestamp()))
 )
 SELECT EXISTS (SELECT 1 FROM held)";
@@ -905,8 +906,10 @@ impl PostgresBackend {
                     .map_err(|e| classify("take-up", e)),
                 Ok(Err(e)) => Err(classify("take-up", e)),
                 Err(_) => {
-                    // Too late to count on, whatever the answer (waited for, so that the key's
-                    // next request follows it).
+                    // Too late to count on, whatever the answer: lost now (the grant may lapse
+                    // any moment), and the answer waited for, so that the key's next request
+                    // follows it.
+                    alarm.fire();
                     let _ = tokio::time::timeout(bound, reply).await;
                     Err(BackendError::new(
                         "PostgreSQL take-up: no answer within the granted lease",
@@ -1375,9 +1378,7 @@ async fn setup(
         tracing::info!(
             "created the PostgreSQL lock table `dlock_locks` and sequence `dlock_fence`"
         );
-        shared_exists = true;
-        wakes = true;
-        claims = true;
+        (shared_exists, wakes, claims, grants) = (true, true, true, true);
     } else if !claims && add_claims(client).await? {
         // With the function that grants.
         (claims, wakes, grants, outdated) = (true, true, true, false);
@@ -1675,7 +1676,7 @@ impl Backend for PostgresBackend {
             };
             let reply = self.call(op).await;
             if claim_ms.is_some() && reply.is_err() {
-                self.claims.forget(&key);
+                self.claims.unsure(&key);
             }
             match reply? {
                 Reply::Conflict(why) => Ok(Attempt::Conflict(why)),
