@@ -1834,6 +1834,27 @@ async fn hear(url: &str, channel: &str) -> tokio::sync::mpsc::UnboundedReceiver<
     heard
 }
 
+/// Waits until a place in `key`'s queue has a claim (a fair waiter was refused), and returns
+/// the place's first 8 hex digits (its channel's) and the claim's token.
+async fn claimed(db: &tokio_postgres::Client, key: &str) -> (String, String) {
+    wait_for_count(
+        db,
+        "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND claim IS NOT NULL",
+        key,
+        1,
+        Duration::from_secs(10),
+        "claims in the queue",
+    )
+    .await;
+    db.query_one(
+        "SELECT left(token, 8), claim FROM dlock_waiters WHERE key = $1 AND claim IS NOT NULL",
+        &[&format!("dlock:{key}")],
+    )
+    .await
+    .map(|row| (row.get(0), row.get(1)))
+    .unwrap()
+}
+
 /// Waits until a connection of `database` named `application` listens on a place's channel (a
 /// waiter's wake-up is armed), then a little more: the waiter's attempt right after arming it
 /// has been answered, so the release that follows finds it asleep.
@@ -1887,23 +1908,7 @@ async fn a_release_grants_the_key_to_the_fair_waiter_first_in_line() {
             (guard, Instant::now(), waiter)
         })
     };
-    wait_for_count(
-        &db,
-        "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND claim IS NOT NULL",
-        &key,
-        1,
-        Duration::from_secs(10),
-        "claims in the queue",
-    )
-    .await;
-    let (place, claim): (String, String) = db
-        .query_one(
-            "SELECT left(token, 8), right(claim, 8) FROM dlock_waiters WHERE key = $1",
-            &[&stored],
-        )
-        .await
-        .map(|row| (row.get(0), row.get(1)))
-        .unwrap();
+    let (place, claim) = claimed(&db, &key).await;
     let mut heard = hear(&server.url(), &format!("dlock_wake_{place}")).await;
     wait_until_asleep(&db, "postgres", "granted").await;
     let held_fence = held.fencing_token();
@@ -1922,7 +1927,7 @@ async fn a_release_grants_the_key_to_the_fair_waiter_first_in_line() {
     assert!(guard.fencing_token() > held_fence);
     assert_eq!(
         payload,
-        format!("+{place}{claim}{}:{stored}", guard.fencing_token()),
+        format!("+{place}{}{}:{stored}", &claim[24..], guard.fencing_token()),
         "the release did not grant the key"
     );
     wait_for_count(
@@ -1977,17 +1982,8 @@ async fn a_grant_whose_waiter_left_goes_to_the_next_waiter_of_its_process() {
         })
     };
     let first = wait(key.clone());
-    wait_for_count(
-        &db,
-        "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND claim IS NOT NULL",
-        &key,
-        1,
-        Duration::from_secs(10),
-        "claims in the queue",
-    )
-    .await;
+    let (place, first_claim) = claimed(&db, &key).await;
     let claim = "SELECT claim FROM dlock_waiters WHERE key = $1";
-    let first_claim: String = db.query_one(claim, &[&stored]).await.unwrap().get(0);
     let second = wait(key.clone());
     tokio::time::sleep(Duration::from_millis(200)).await;
     first.abort();
@@ -1999,14 +1995,6 @@ async fn a_grant_whose_waiter_left_goes_to_the_next_waiter_of_its_process() {
         claim_now, first_claim,
         "the claim changed: not the path under test"
     );
-    let place: String = db
-        .query_one(
-            "SELECT left(token, 8) FROM dlock_waiters WHERE key = $1",
-            &[&stored],
-        )
-        .await
-        .unwrap()
-        .get(0);
     let mut heard = hear(&server.url(), &format!("dlock_wake_{place}")).await;
     let released_at = Instant::now();
     let held_fence = held.fencing_token();
@@ -2050,15 +2038,7 @@ async fn a_frozen_head_granted_the_key_holds_up_the_line_no_longer_than_its_plac
         .await
         .unwrap();
     let mut frozen = fair_waiter(&server, &key, "frozen");
-    wait_for_count(
-        &db,
-        "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND claim IS NOT NULL",
-        &key,
-        1,
-        Duration::from_secs(10),
-        "claims in the queue",
-    )
-    .await;
+    claimed(&db, &key).await;
     let mut patient = fair_waiter(&server, &key, "patient");
     wait_for_line(&db, &key, 2).await;
     let signal = |sig: &str, child: &std::process::Child| {
@@ -2138,15 +2118,7 @@ async fn a_grant_not_taken_up_in_time_is_a_lost_hold() {
         let key = key.clone();
         tokio::spawn(async move { waiter.acquire(&key, LockOptions::new().fair()).await })
     };
-    wait_for_count(
-        &db,
-        "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND claim IS NOT NULL",
-        &key,
-        1,
-        Duration::from_secs(10),
-        "claims in the queue",
-    )
-    .await;
+    claimed(&db, &key).await;
     wait_until_asleep(&db, "grant_late", "dlock").await;
     held.release().await.unwrap();
     let guard = tokio::time::timeout(Duration::from_secs(2), waiting)
@@ -2296,23 +2268,7 @@ async fn a_grant_for_a_place_that_left_is_handed_back() {
             gone.acquire(&key, options).await
         })
     };
-    wait_for_count(
-        &db,
-        "SELECT count(*) FROM dlock_waiters WHERE key = $1 AND claim IS NOT NULL",
-        &key,
-        1,
-        Duration::from_secs(10),
-        "claims in the queue",
-    )
-    .await;
-    let (place, claim): (String, String) = db
-        .query_one(
-            "SELECT left(token, 8), claim FROM dlock_waiters WHERE key = $1",
-            &[&stored],
-        )
-        .await
-        .map(|row| (row.get(0), row.get(1)))
-        .unwrap();
+    let (place, claim) = claimed(&db, &key).await;
     let behind = {
         let (waiter, key) = (
             named_slow_poller(&server, "grant-behind", Duration::from_secs(1)),
@@ -2354,4 +2310,113 @@ async fn a_grant_for_a_place_that_left_is_handed_back() {
     );
     assert!(guard.fencing_token() > u64::try_from(fence).unwrap());
     guard.release().await.unwrap();
+}
+
+/// A grant taken up by a waiter with another waiter of its process behind it keeps the place,
+/// moved to the back of the queue with its claim gone, and marks the hold contended (as a
+/// taking attempt from the place does): the release after it wakes that waiter (a 3s poller)
+/// within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_taken_up_with_a_waiter_behind_keeps_the_place() {
+    let server = pg::shared_server();
+    let db = pg::client(&server.url()).await;
+    let key = unique_key("grant-keep");
+    let held = locker(&server.url())
+        .acquire(&key, LockOptions::new())
+        .await
+        .unwrap();
+    let waiter = named_slow_poller(&server, "grant-keep", Duration::from_secs(1));
+    let wait = |key: String| {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            let guard = waiter.acquire(&key, LockOptions::new().fair()).await?;
+            Ok::<_, dlock_runtime::LockError>((guard, Instant::now()))
+        })
+    };
+    let first = wait(key.clone());
+    claimed(&db, &key).await;
+    wait_until_asleep(&db, "postgres", "grant-keep").await;
+    let second = wait(key.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held.release().await.unwrap();
+    let (guard, _) = first.await.unwrap().unwrap();
+    wait_for_count(
+        &db,
+        "SELECT count(*) FROM dlock_waiters w JOIN dlock_locks l ON l.key = w.key \
+          WHERE w.key = $1 AND w.claim IS NULL AND l.contended AND l.owner IS NOT NULL",
+        &key,
+        1,
+        Duration::from_secs(5),
+        "places kept behind a taken-up grant",
+    )
+    .await;
+    let released_at = Instant::now();
+    guard.release().await.unwrap();
+    let (guard, acquired_at) = second.await.unwrap().unwrap();
+    assert!(
+        acquired_at - released_at < Duration::from_secs(1),
+        "the waiter behind got the lock {:?} after the release: it polled",
+        acquired_at - released_at
+    );
+    guard.release().await.unwrap();
+}
+
+/// A take-up that finds the granted hold gone (a trigger skips its update) is a loss, and the
+/// place that was to leave with it leaves then, waking the place behind it (another locker, a
+/// 3s poller), which has the lock within a second; the granted row goes as it leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_take_up_that_finds_the_hold_gone_is_a_loss_and_the_line_goes_on() {
+    let server = pg::shared_server();
+    let url = pg::database(&server, "grant_gone");
+    let build = |owner: &str| {
+        Locker::builder()
+            .url(url.as_str())
+            .owner(owner)
+            .timeout(Duration::from_secs(20))
+            .expire(Duration::from_secs(30))
+            .retry(Duration::from_secs(3), Duration::from_secs(3))
+            .build()
+            .expect("a valid URL")
+    };
+    let (holder, first, behind) = (build("holder"), build("gone"), build("behind"));
+    dlock_tests::acquire_and_release(&holder, &unique_key("schema")).await;
+    let db = pg::client(&url).await;
+    db.batch_execute(
+        "CREATE FUNCTION skip_take_up() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF OLD.owner IS NULL AND NEW.owner LIKE '%gone%' THEN RETURN NULL; END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER skip_take_up BEFORE UPDATE ON dlock_locks
+             FOR EACH ROW EXECUTE FUNCTION skip_take_up();",
+    )
+    .await
+    .unwrap();
+    let key = unique_key("grant-gone");
+    let held = holder.acquire(&key, LockOptions::new()).await.unwrap();
+    let spawn = |locker: Locker, key: String| {
+        tokio::spawn(async move {
+            let guard = locker.acquire(&key, LockOptions::new().fair()).await?;
+            Ok::<_, dlock_runtime::LockError>((guard, Instant::now()))
+        })
+    };
+    let granted = spawn(first, key.clone());
+    claimed(&db, &key).await;
+    wait_until_asleep(&db, "grant_gone", "dlock").await;
+    let waiting = spawn(behind, key.clone());
+    wait_for_line(&db, &key, 2).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let (guard, _) = granted.await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(3), guard.lost())
+        .await
+        .expect("a take-up that found the hold gone was not a loss");
+    let (next, acquired_at) = waiting.await.unwrap().unwrap();
+    assert!(
+        acquired_at - released_at < Duration::from_secs(1),
+        "the place behind got the lock {:?} after the release: it polled",
+        acquired_at - released_at
+    );
+    assert!(next.fencing_token() > guard.fencing_token());
+    next.release().await.unwrap();
 }
