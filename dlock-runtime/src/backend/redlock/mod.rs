@@ -15,7 +15,9 @@
 //!   master with it, and that master refuses any proposal not above it. So fences strictly
 //!   increase across majorities, in the same round as the lock. A master whose counter is ahead
 //!   of the proposal (a client whose clock lags) answers with its counter, and the attempt is made
-//!   once more, above it.
+//!   once more, above it and at the clock of now. Behind still (other contenders took the key
+//!   and let it go between the two rounds), the attempt lost a race: it is refused, and asked
+//!   again at once from the line.
 //! - **Waiters do not race for votes**: an acquisition refused once asks the key's first master
 //!   (by slot) alone before the others, so of the waiters a release wakes, one goes on to the
 //!   other masters and the rest wait again, instead of all of them splitting the votes.
@@ -247,6 +249,14 @@ impl Vote {
             _ => Err(BackendError::new("RedLock: an unexpected reply to a grant")),
         }
     }
+}
+
+/// How many masters answered that the key is free but their counter is at or above the proposal.
+fn behind(votes: &[Result<Vote, BackendError>]) -> usize {
+    votes
+        .iter()
+        .filter(|v| matches!(v, Ok(Vote::Behind(_))))
+        .count()
 }
 
 /// What a client remembers of one acquisition under way (see [`RedLockBackend::memos`]).
@@ -716,6 +726,19 @@ impl RedLockBackend {
                 queued: false,
             });
         }
+        if granted + behind(&votes) >= self.quorum {
+            // Free on a majority, whose counters went past this attempt's proposal, asked again
+            // above them: other contenders took the key and let it go between the two (this one
+            // lost the race, as to a holder), and it is likely free now. Refused, to be asked
+            // again at once from the line, waking on the key's releases meanwhile; as an error,
+            // a waiter would sleep its retry pause with the key free and nobody to wake it, and
+            // a `try_acquire` would fail where it lost a race.
+            self.mark_refused(request.token);
+            return Ok(Attempt::Held {
+                ttl: Some(Duration::ZERO),
+                queued: false,
+            });
+        }
         let error = self.no_majority(
             "acquire",
             Round::granted(votes),
@@ -818,9 +841,11 @@ impl Backend for RedLockBackend {
                 None => self.ask(&plain, proposed, None).await,
             };
             if let Some(higher) = self.retry_above(&votes) {
-                // A lagging clock: once more, above every counter that refused it.
+                // A lagging clock, or a proposal made before another contender's (this task
+                // waited for a core meanwhile): once more, above every counter that refused it
+                // and at the clock of now.
                 let _ = self.undo(request.key, request.token).await;
-                proposed = proposed.max(higher);
+                proposed = self.proposal().max(higher);
                 votes = self.ask(&plain, proposed, None).await;
             }
             let decided = self.decide(&plain, started, proposed, votes).await;
@@ -990,9 +1015,10 @@ impl Backend for RedLockBackend {
             let mut proposed = self.proposal();
             let mut votes = self.pass_round(key, value, lease, proposed).await;
             if let Some(higher) = self.retry_above(&votes) {
-                // A lagging clock: once more, above every counter that refused it (a master that
-                // passed already grants again: it holds this pass's very value).
-                proposed = proposed.max(higher);
+                // A lagging clock: once more, above every counter that refused it and at the
+                // clock of now (a master that passed already grants again: it holds this
+                // pass's very value).
+                proposed = self.proposal().max(higher);
                 votes = self.pass_round(key, value, lease, proposed).await;
             }
             let count =
@@ -1419,6 +1445,67 @@ mod tests {
                 "{value:?}"
             );
         }
+    }
+
+    /// An attempt whose second round a majority still answered `Behind` (free there, counters
+    /// past its proposal: contenders took the key and let it go between its rounds) lost a
+    /// race: refused, to be asked again at once (no pause) from the first master first. Before,
+    /// it was a backend error: its waiter slept its retry pause with the key free and no
+    /// wake-up armed (`waiting::redlock_releases_keep_waking_the_line` failed under CPU load,
+    /// the key free for 0.85–1s), and a `try_acquire` failed with "no majority answered".
+    #[tokio::test]
+    async fn a_majority_still_behind_after_the_second_round_is_a_lost_race() {
+        use crate::backend::redis::test_server::Server;
+        let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
+        let hosts: Vec<String> = servers
+            .iter()
+            .map(|server| format!("127.0.0.1:{}", server.1))
+            .collect();
+        let url = format!("redis+redlock://{}", hosts.join(","));
+        let backend = from(&url, Duration::from_secs(30), Duration::from_millis(500)).unwrap();
+        let token = Token::generate().unwrap();
+        let request = Request {
+            key: "dlock:behind-twice",
+            token: &token,
+            lease: Duration::from_secs(30),
+            kind: LockKind::Mutex,
+            liveness: Duration::from_secs(4),
+            queue: None,
+        };
+        let proposed = backend.proposal();
+        let ahead = proposed + 1_000;
+        for votes in [
+            (0..3).map(|_| Ok(Vote::Behind(ahead))).collect(),
+            vec![
+                Ok(Vote::Behind(ahead)),
+                Ok(Vote::Granted),
+                Err(BackendError::new("no reply")),
+            ],
+        ] {
+            let decided = backend
+                .decide(&request, Instant::now(), proposed, votes)
+                .await;
+            assert!(
+                matches!(decided, Ok(Attempt::Held { ttl: Some(ttl), queued: false }) if ttl.is_zero()),
+                "{decided:?}"
+            );
+            assert!(backend.was_refused(&token), "asks the first master first");
+            backend.forget(&token);
+        }
+        // Behind on a minority only, the others down: still an error.
+        let decided = backend
+            .decide(
+                &request,
+                Instant::now(),
+                proposed,
+                vec![
+                    Ok(Vote::Behind(ahead)),
+                    Err(BackendError::new("no reply")),
+                    Err(BackendError::new("no reply")),
+                ],
+            )
+            .await;
+        assert!(decided.is_err(), "{decided:?}");
     }
 
     #[test]
