@@ -1384,6 +1384,25 @@ mod tests {
         assert_eq!(backend.memos().len(), 21);
     }
 
+    /// Three real Redis masters (stopped when the first item drops), their `host:port`s, and a
+    /// backend over them (30s leases, 500ms request timeout).
+    fn three_masters() -> (
+        Vec<crate::backend::redis::test_server::Server>,
+        Vec<String>,
+        RedLockBackend,
+    ) {
+        let servers: Vec<_> = (0..3)
+            .map(|_| crate::backend::redis::test_server::Server::start())
+            .collect();
+        let hosts: Vec<String> = servers
+            .iter()
+            .map(|server| format!("127.0.0.1:{}", server.1))
+            .collect();
+        let url = format!("redis+redlock://{}", hosts.join(","));
+        let backend = from(&url, Duration::from_secs(30), Duration::from_millis(500)).unwrap();
+        (servers, hosts, backend)
+    }
+
     /// A pass hands the lock over from its holder only, or again to this very pass's value: on
     /// three real masters, a key holding the next holder's token with another record and fence
     /// (what its own attempt answered late, or an earlier pass to it, leaves) is not the
@@ -1392,14 +1411,7 @@ mod tests {
     /// holder was told it had passed a lock it had lost. The holder's own hold passes.
     #[tokio::test]
     async fn a_pass_finding_the_next_holders_token_alone_passes_nothing() {
-        use crate::backend::redis::test_server::Server;
-        let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
-        let hosts: Vec<String> = servers
-            .iter()
-            .map(|server| format!("127.0.0.1:{}", server.1))
-            .collect();
-        let url = format!("redis+redlock://{}", hosts.join(","));
-        let backend = from(&url, Duration::from_secs(30), Duration::from_millis(500)).unwrap();
+        let (_servers, hosts, backend) = three_masters();
         let (holder, next) = (Token::generate().unwrap(), Token::generate().unwrap());
         let key = "dlock:pass-token-alone";
         // The key's value on every master, by one command each (`SET … PX`, or `GET`).
@@ -1455,14 +1467,7 @@ mod tests {
     /// the key free for 0.85–1s), and a `try_acquire` failed with "no majority answered".
     #[tokio::test]
     async fn a_majority_still_behind_after_the_second_round_is_a_lost_race() {
-        use crate::backend::redis::test_server::Server;
-        let servers: Vec<Server> = (0..3).map(|_| Server::start()).collect();
-        let hosts: Vec<String> = servers
-            .iter()
-            .map(|server| format!("127.0.0.1:{}", server.1))
-            .collect();
-        let url = format!("redis+redlock://{}", hosts.join(","));
-        let backend = from(&url, Duration::from_secs(30), Duration::from_millis(500)).unwrap();
+        let (_servers, _, backend) = three_masters();
         let token = Token::generate().unwrap();
         let request = Request {
             key: "dlock:behind-twice",
